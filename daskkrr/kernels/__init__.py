@@ -1,0 +1,71 @@
+"""Kernel functions evaluated on numpy blocks of rows.
+
+>>> from daskkrr.kernels import make_kernel
+>>> k = make_kernel("gaussian", sigma=2.0)
+>>> k.to_dict()
+{'name': 'gaussian', 'sigma': 2.0}
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from daskkrr.kernels.base import Kernel, squared_distances
+from daskkrr.kernels.dot import LinearKernel, PolynomialKernel
+from daskkrr.kernels.stationary import GaussianKernel, LaplacianKernel, MaternKernel
+
+KERNELS: dict[str, type[Kernel]] = {
+    cls.name: cls
+    for cls in (GaussianKernel, LaplacianKernel, MaternKernel, PolynomialKernel, LinearKernel)
+}
+# Common aliases users type.
+_ALIASES = {"rbf": "gaussian", "laplace": "laplacian", "poly": "polynomial"}
+
+
+def make_kernel(kernel: str | Kernel | dict[str, Any], **params: Any) -> Kernel:
+    """Build a kernel from a name and parameters, a ``to_dict()`` dict, or pass a Kernel through.
+
+    Parameters that the kernel does not take (for example ``sigma`` for the linear
+    kernel) are ignored when they are ``None``; otherwise they are an error.
+    """
+    if isinstance(kernel, Kernel):
+        return kernel
+    if isinstance(kernel, dict):
+        spec = dict(kernel)
+        name = spec.pop("name", None)
+        if name is None:
+            raise ValueError(f"kernel dict needs a 'name' key; got {kernel!r}")
+        return make_kernel(name, **spec, **params)
+    if not isinstance(kernel, str):
+        raise TypeError(f"kernel must be a name, a dict or a Kernel; got {type(kernel).__name__}")
+    key = _ALIASES.get(kernel.lower(), kernel.lower())
+    if key not in KERNELS:
+        raise ValueError(f"unknown kernel {kernel!r}; choose one of {sorted(KERNELS)}")
+    cls = KERNELS[key]
+    accepted = {f for f in cls.__dataclass_fields__}
+    given = {k: v for k, v in params.items() if v is not None}
+    extra = sorted(set(given) - accepted)
+    if extra:
+        raise ValueError(
+            f"kernel {key!r} does not take parameter(s) {extra}; it takes {sorted(accepted) or 'none'}"
+        )
+    return cls(**given)
+
+
+def kernel_from_dict(spec: dict[str, Any]) -> Kernel:
+    """Inverse of :meth:`Kernel.to_dict`."""
+    return make_kernel(spec)
+
+
+__all__ = [
+    "KERNELS",
+    "GaussianKernel",
+    "Kernel",
+    "LaplacianKernel",
+    "LinearKernel",
+    "MaternKernel",
+    "PolynomialKernel",
+    "kernel_from_dict",
+    "make_kernel",
+    "squared_distances",
+]

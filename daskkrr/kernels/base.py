@@ -1,0 +1,111 @@
+"""Kernel interface: small, comparable, JSON-serialisable kernel objects.
+
+A kernel evaluates ``k(A, B)`` for two numpy blocks of rows and ``diag(k(A, A))``.
+Blocks are float32 or float64; the result has the common floating dtype of the
+inputs (float32 only when both are float32). Kernels know nothing about Dask.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar
+
+import numpy as np
+
+_FLOATS = (np.float32, np.float64)
+
+
+def as_block(a: Any, name: str = "A") -> np.ndarray:
+    """Return ``a`` as a C-contiguous 2-D float32/float64 array (ints become float64)."""
+    arr = np.asarray(a)
+    if arr.ndim == 1:
+        arr = arr[None, :]
+    if arr.ndim != 2:
+        raise ValueError(f"{name} must be 2-D (rows, features); got shape {arr.shape}")
+    if arr.dtype not in _FLOATS:
+        if not (np.issubdtype(arr.dtype, np.number) or arr.dtype == bool):
+            raise TypeError(f"{name} must be numeric; got dtype {arr.dtype}")
+        arr = arr.astype(np.float64)
+    return np.ascontiguousarray(arr)
+
+
+def result_dtype(A: np.ndarray, B: np.ndarray) -> np.dtype:
+    return np.result_type(A.dtype, B.dtype)
+
+
+def _pair(A: Any, B: Any) -> tuple[np.ndarray, np.ndarray]:
+    A = as_block(A, "A")
+    B = as_block(B, "B")
+    if A.shape[1] != B.shape[1]:
+        raise ValueError(
+            f"k(A, B) needs the same number of features: A has shape {A.shape}, B has shape {B.shape}"
+        )
+    dt = result_dtype(A, B)
+    return A.astype(dt, copy=False), B.astype(dt, copy=False)
+
+
+def squared_distances(A: np.ndarray, B: np.ndarray) -> np.ndarray:
+    """Pairwise squared Euclidean distances by the GEMM expansion, clipped at zero."""
+    an = np.einsum("ij,ij->i", A, A)
+    bn = np.einsum("ij,ij->i", B, B)
+    D = A @ B.T
+    D *= -2
+    D += an[:, None]
+    D += bn[None, :]
+    np.maximum(D, 0, out=D)
+    return D
+
+
+@dataclasses.dataclass(frozen=True)
+class Kernel(ABC):
+    """Base class of all kernels.
+
+    Subclasses are frozen dataclasses: equal parameters mean equal kernels, and
+    ``to_dict``/``from_dict`` round-trip through JSON.
+    """
+
+    name: ClassVar[str] = ""
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise TypeError(
+                    f"{type(self).__name__}.{f.name} must be a real number; got {value!r}"
+                )
+            if not math.isfinite(value):
+                raise ValueError(f"{type(self).__name__}.{f.name} must be finite; got {value!r}")
+        self._validate()
+
+    def _validate(self) -> None:  # pragma: no cover - default: nothing to check
+        pass
+
+    def __call__(self, A: Any, B: Any) -> np.ndarray:
+        """Kernel matrix ``K[i, j] = k(A[i], B[j])`` of shape ``(len(A), len(B))``."""
+        A, B = _pair(A, B)
+        return self._block(A, B)
+
+    def diag(self, A: Any) -> np.ndarray:
+        """``diag(k(A, A))`` without forming the matrix."""
+        A = as_block(A)
+        return self._diag(A)
+
+    @abstractmethod
+    def _block(self, A: np.ndarray, B: np.ndarray) -> np.ndarray: ...
+
+    @abstractmethod
+    def _diag(self, A: np.ndarray) -> np.ndarray: ...
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready description, ``{"name": ..., <parameters>}``."""
+        return {"name": self.name, **dataclasses.asdict(self)}
+
+    def params(self) -> dict[str, float]:
+        return dataclasses.asdict(self)
+
+    @property
+    def is_stationary(self) -> bool:
+        """True when ``k(x, x)`` is the same constant for every x."""
+        return False

@@ -1,0 +1,97 @@
+"""Per-block kernel products used by every solver pass and by predict.
+
+These are the hot loop of daskkrr: each FALKON iteration calls
+:func:`knm_gram_matvec` once per row block, and predict calls
+:func:`knm_matvec` once per block. They are pure numpy functions on one block,
+bounded in memory by ``max_tile_bytes`` rather than by the block's row count, so
+an ``(n_b, M)`` kernel block is never materialised whole when it is large.
+
+Accumulation is always in float64, whatever the block dtype, so float32 data
+do not lose accuracy across many tiles.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from daskkrr.kernels.base import Kernel
+
+#: Largest kernel tile (rows x centers x itemsize) built at once.
+DEFAULT_TILE_BYTES = 32 * 2**20
+
+
+def _row_tiles(n_rows: int, n_centers: int, itemsize: int, max_tile_bytes: int):
+    step = max(1, int(max_tile_bytes // max(1, n_centers * itemsize)))
+    for start in range(0, n_rows, step):
+        yield slice(start, min(n_rows, start + step))
+
+
+def _cast(Xb: np.ndarray, Z: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    dt = np.result_type(Xb.dtype, Z.dtype, np.float32)
+    return np.asarray(Xb, dtype=dt), np.asarray(Z, dtype=dt)
+
+
+def knm_gram_matvec(
+    kernel: Kernel,
+    Xb: np.ndarray,
+    Z: np.ndarray,
+    U: np.ndarray,
+    max_tile_bytes: int = DEFAULT_TILE_BYTES,
+) -> np.ndarray:
+    """``k(Xb, Z)^T (k(Xb, Z) U)`` for one row block, as float64 of shape ``(M, t)``."""
+    Xb, Z = _cast(Xb, Z)
+    U2 = np.asarray(U, dtype=np.float64).reshape(Z.shape[0], -1)
+    Uc = U2.astype(Xb.dtype, copy=False)
+    out = np.zeros((Z.shape[0], U2.shape[1]), dtype=np.float64)
+    for sl in _row_tiles(Xb.shape[0], Z.shape[0], Xb.dtype.itemsize, max_tile_bytes):
+        Kt = kernel(Xb[sl], Z)
+        out += (Kt.T @ (Kt @ Uc)).astype(np.float64, copy=False)
+    return out.reshape((Z.shape[0],) + np.shape(U)[1:])
+
+
+def knm_t_matvec(
+    kernel: Kernel,
+    Xb: np.ndarray,
+    Z: np.ndarray,
+    V: np.ndarray,
+    max_tile_bytes: int = DEFAULT_TILE_BYTES,
+) -> np.ndarray:
+    """``k(Xb, Z)^T V`` for one row block (V has ``len(Xb)`` rows), as float64 ``(M, t)``."""
+    Xb, Z = _cast(Xb, Z)
+    V2 = np.asarray(V, dtype=np.float64).reshape(Xb.shape[0], -1)
+    out = np.zeros((Z.shape[0], V2.shape[1]), dtype=np.float64)
+    for sl in _row_tiles(Xb.shape[0], Z.shape[0], Xb.dtype.itemsize, max_tile_bytes):
+        Kt = kernel(Xb[sl], Z)
+        out += Kt.T.astype(np.float64, copy=False) @ V2[sl]
+    return out.reshape((Z.shape[0],) + np.shape(V)[1:])
+
+
+def knm_matvec(
+    kernel: Kernel,
+    Xb: np.ndarray,
+    Z: np.ndarray,
+    alpha: np.ndarray,
+    max_tile_bytes: int = DEFAULT_TILE_BYTES,
+) -> np.ndarray:
+    """``k(Xb, Z) alpha`` for one row block (the prediction), float64 ``(n_b,)`` or ``(n_b, t)``."""
+    Xb, Z = _cast(Xb, Z)
+    A2 = np.asarray(alpha, dtype=np.float64).reshape(Z.shape[0], -1)
+    out = np.empty((Xb.shape[0], A2.shape[1]), dtype=np.float64)
+    for sl in _row_tiles(Xb.shape[0], Z.shape[0], Xb.dtype.itemsize, max_tile_bytes):
+        out[sl] = kernel(Xb[sl], Z).astype(np.float64, copy=False) @ A2
+    return out.reshape((Xb.shape[0],) + np.shape(alpha)[1:])
+
+
+def knm_gram(
+    kernel: Kernel,
+    Xb: np.ndarray,
+    Z: np.ndarray,
+    max_tile_bytes: int = DEFAULT_TILE_BYTES,
+) -> np.ndarray:
+    """``k(Xb, Z)^T k(Xb, Z)`` for one row block, float64 ``(M, M)`` (direct Nystrom solve)."""
+    Xb, Z = _cast(Xb, Z)
+    out = np.zeros((Z.shape[0], Z.shape[0]), dtype=np.float64)
+    for sl in _row_tiles(Xb.shape[0], Z.shape[0], Xb.dtype.itemsize, max_tile_bytes):
+        Kt = kernel(Xb[sl], Z).astype(np.float64, copy=False)
+        out += Kt.T @ Kt
+    return out
