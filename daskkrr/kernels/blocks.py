@@ -82,16 +82,20 @@ def knm_matvec(
     return out.reshape((Xb.shape[0],) + np.shape(alpha)[1:])
 
 
-def knm_gram(
+def knm_gram_and_rhs(
     kernel: Kernel,
     Xb: np.ndarray,
+    Yb: np.ndarray,
     Z: np.ndarray,
     max_tile_bytes: int = DEFAULT_TILE_BYTES,
 ) -> np.ndarray:
-    """``k(Xb, Z)^T k(Xb, Z)`` for one row block, float64 ``(M, M)`` (direct Nystrom solve)."""
+    """``[K^T K | K^T Y]`` with ``K = k(Xb, Z)``: the direct Nystrom solve's one pass, ``(M, M + t)``."""
     Xb, Z = _cast(Xb, Z)
-    out = np.zeros((Z.shape[0], Z.shape[0]), dtype=np.float64)
-    for sl in _row_tiles(Xb.shape[0], Z.shape[0], Xb.dtype.itemsize, max_tile_bytes):
+    Y2 = np.asarray(Yb, dtype=np.float64).reshape(Xb.shape[0], -1)
+    M = Z.shape[0]
+    out = np.zeros((M, M + Y2.shape[1]), dtype=np.float64)
+    for sl in _row_tiles(Xb.shape[0], M, Xb.dtype.itemsize, max_tile_bytes):
         Kt = kernel(Xb[sl], Z).astype(np.float64, copy=False)
-        out += Kt.T @ Kt
+        out[:, :M] += Kt.T @ Kt
+        out[:, M:] += Kt.T @ Y2[sl]
     return out

@@ -77,7 +77,9 @@ class MaternKernel(_Stationary):
 
     def _block(self, A: np.ndarray, B: np.ndarray) -> np.ndarray:
         t = A.dtype.type
-        r = np.sqrt(squared_distances(A, B))
+        # Exact differences: the GEMM expansion's round-off (~1e-16 |a|^2) becomes
+        # ~1e-8 after the square root, too much near r = 0.
+        r = cdist(A, B, metric="euclidean").astype(A.dtype, copy=False)
         if self.nu == 0.5:
             r *= t(-1.0 / self.sigma)
             return np.exp(r, out=r)

@@ -1,0 +1,41 @@
+"""Data layer: open, write, convert, generate and standardise row-chunked data.
+
+Every function here works on *row blocks*: dask arrays whose blocks hold a
+contiguous range of rows and all columns, with the target split at the same
+row boundaries.
+
+* :func:`open_dataset` -- Zarr (v2/v3), xarray, numpy or dask sources -> ``(X, y)``.
+* :func:`write_zarr`, :func:`write_array_zarr` -- atomic, block-by-block Zarr v3 writers.
+* :func:`convert_table` -- stream a CSV/TSV (optionally gzip) table into Zarr.
+* :func:`make_regression`, :func:`make_classification` and their
+  ``write_*_zarr`` counterparts -- lazy synthetic data, one seed per block.
+* :class:`Standardizer` -- per-column scaling fitted in one pass.
+"""
+
+from __future__ import annotations
+
+from daskkrr.data.chunking import auto_chunk_rows
+from daskkrr.data.loading import open_dataset
+from daskkrr.data.scaling import Standardizer
+from daskkrr.data.synthetic import (
+    make_classification,
+    make_regression,
+    write_classification_zarr,
+    write_regression_zarr,
+)
+from daskkrr.data.tables import convert_table
+from daskkrr.data.writing import FORMAT_VERSION, write_array_zarr, write_zarr
+
+__all__ = [
+    "FORMAT_VERSION",
+    "Standardizer",
+    "auto_chunk_rows",
+    "convert_table",
+    "make_classification",
+    "make_regression",
+    "open_dataset",
+    "write_classification_zarr",
+    "write_array_zarr",
+    "write_regression_zarr",
+    "write_zarr",
+]

@@ -1,0 +1,305 @@
+"""Open features and targets from Zarr stores, xarray objects or in-memory arrays.
+
+:func:`open_dataset` is the single entry point. Whatever the source, it returns
+lazy, row-chunked dask arrays: every block of ``X`` holds all columns and ``y``
+is split at the same row boundaries. Opening reads metadata only.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import os
+import warnings
+from collections.abc import Hashable, Sequence
+from pathlib import Path
+from typing import Any
+
+import dask.array as da
+import numpy as np
+import xarray as xr
+import zarr
+from zarr.abc.store import Store
+
+from daskkrr.data.chunking import align_rows, as_row_blocks, numpy_to_dask
+from daskkrr.data.validation import check_chunk_rows, check_features, check_target
+
+__all__ = ["open_dataset"]
+
+#: Attributes with which xarray encodes values on disk (CF conventions); arrays that
+#: carry any of them are decoded through xarray rather than read raw.
+CF_ENCODING_ATTRS = frozenset(
+    {"scale_factor", "add_offset", "_FillValue", "missing_value", "_Unsigned", "dtype", "calendar"}
+)
+
+#: The default target name; with an in-memory source it means "no target".
+DEFAULT_TARGET = "y"
+
+
+def open_dataset(
+    source: Any,
+    x: str = "X",
+    y: str | Any | None = DEFAULT_TARGET,
+    chunks: int | None = None,
+) -> tuple[da.Array, da.Array | None]:
+    """Open features ``X`` and target ``y`` as lazy, row-chunked dask arrays.
+
+    Parameters
+    ----------
+    source : path, zarr Group/Store/Array, xarray Dataset/DataArray, or array
+        Where the data live:
+
+        * a path (``str`` / ``os.PathLike``, or an fsspec URL) to a Zarr store
+          (format 2 or 3) whose root group holds arrays named ``x`` and ``y``,
+          for example one written by :func:`write_zarr` or :func:`convert_table`;
+          stores written by ``xarray.Dataset.to_zarr`` are decoded through xarray
+          (CF ``scale_factor``/``add_offset``/``_FillValue``);
+        * a ``zarr.Group`` or a zarr store object holding such a group;
+        * an ``xarray.Dataset`` with variables ``x`` and ``y``;
+        * ``X`` itself: a numpy array (or anything ``np.asarray`` accepts), a
+          dask array, a ``zarr.Array`` or an ``xarray.DataArray``.
+    x : str, default="X"
+        Name of the feature array in a store or Dataset. Ignored for array sources.
+    y : str, array-like or None, default="y"
+        For a store or Dataset, the name of the target array; if no array of that
+        name exists and the source holds nothing but ``X``, no target is returned.
+        For an array source, the target itself (numpy, dask, zarr, xarray or any
+        array-like); the default name ``"y"`` then means "no target". Pass None to
+        open ``X`` alone.
+    chunks : int or None, default=None
+        Rows per block. None keeps the source's row chunking (numpy sources get
+        about 64 MiB per block, at least one row).
+
+    Returns
+    -------
+    X : dask array of shape (n, d)
+        One chunk across the columns; the source's dtype is kept.
+    y : dask array of shape (n,) or (n, t), or None
+        Chunked like ``X`` along the rows.
+
+    Raises
+    ------
+    FileNotFoundError
+        If a path does not exist or holds no Zarr group or array.
+    KeyError
+        If the store or Dataset has no array named ``x`` (or ``y``); the message
+        lists the names that exist.
+    TypeError
+        For non-numeric data, or a target name given with an in-memory array.
+    ValueError
+        For wrong dimensions, empty ``X`` or a row-count mismatch.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> X, y = open_dataset(np.ones((10, 3)), y=np.zeros(10), chunks=4)
+    >>> X.chunks
+    ((4, 4, 2), (3,))
+    """
+    if chunks is not None:
+        chunks = check_chunk_rows(chunks, "chunks")
+    if isinstance(source, xr.Dataset):
+        X, target = _from_xarray_dataset(source, x, y, "the xarray Dataset")
+    elif isinstance(source, (str, os.PathLike)):
+        X, target = _from_zarr_path(source, x, y)
+    elif isinstance(source, zarr.Group):
+        X, target = _from_zarr_group(source, x, y, _describe_group(source))
+    elif isinstance(source, Store):
+        X, target = _from_zarr_path(source, x, y)
+    else:
+        X, target = as_array(source, "X"), _array_target(y)
+    return _to_row_blocks(X, target, chunks)
+
+
+# --------------------------------------------------------------------------- sources
+
+
+def _from_zarr_path(source: str | os.PathLike | Store, x: str, y: Any) -> tuple[Any, Any]:
+    """Open a Zarr group (or a lone array, taken as X) at a path, URL or store."""
+    where = f"Zarr store {os.fspath(source)}" if not isinstance(source, Store) else str(source)
+    if isinstance(source, (str, os.PathLike)) and "://" not in os.fspath(source):
+        path = Path(source)
+        if not path.exists():
+            raise FileNotFoundError(
+                f"no Zarr store at {path}: the path does not exist "
+                f"(create one with daskkrr.data.write_zarr or daskkrr.data.convert_table)"
+            )
+    try:
+        node = zarr.open(source, mode="r")
+    except zarr.errors.NodeNotFoundError as exc:
+        hint = (
+            "; tables must be converted first with daskkrr.data.convert_table"
+            if Path(os.fspath(source)).suffix.lower() in {".csv", ".tsv", ".gz", ".txt"}
+            else ""
+        )
+        raise FileNotFoundError(f"{where} holds no Zarr group or array{hint}") from exc
+    if isinstance(node, zarr.Array):
+        return as_array(node, "X"), _array_target(y)
+    return _from_zarr_group(node, x, y, where)
+
+
+def _from_zarr_group(group: zarr.Group, x: str, y: Any, where: str) -> tuple[Any, Any]:
+    names = sorted(group.array_keys())
+    if x not in names:
+        dataset = _try_open_xarray(group)
+        if dataset is not None and x in dataset.variables:
+            return _from_xarray_dataset(dataset, x, y, where)
+        raise KeyError(_missing_name_message("feature", x, "x", names, where, group))
+    y_name = _target_name(y, names, names, x, where) if isinstance(y, str) else None
+    selected = [group[x]] + ([group[y_name]] if y_name is not None else [])
+    if any(_has_xarray_encoding(arr) for arr in selected):
+        dataset = _try_open_xarray(group)
+        if dataset is not None:
+            return _from_xarray_dataset(dataset, x, y_name if isinstance(y, str) else y, where)
+    X = da.from_zarr(group[x])
+    if isinstance(y, str):
+        return X, (None if y_name is None else da.from_zarr(group[y_name]))
+    return X, _array_target(y)
+
+
+def _from_xarray_dataset(ds: xr.Dataset, x: str, y: Any, where: str) -> tuple[Any, Any]:
+    names = sorted(str(k) for k in ds.variables)
+    if x not in ds.variables:
+        raise KeyError(_missing_name_message("feature", x, "x", names, where))
+    X = ds[x].data
+    if y is None:
+        return X, None
+    if not isinstance(y, str):
+        return X, _array_target(y)
+    data_names = sorted(str(k) for k in ds.data_vars)
+    y_name = _target_name(y, names, data_names, x, where)
+    return X, (None if y_name is None else ds[y_name].data)
+
+
+def _try_open_xarray(group: zarr.Group) -> xr.Dataset | None:
+    """Open ``group`` with xarray (lazily, store chunks), or None if xarray cannot."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            return xr.open_zarr(group.store, group=group.path or None, chunks={})
+    except Exception:  # not an xarray-readable group (e.g. no dimension names)
+        return None
+
+
+def _has_xarray_encoding(arr: zarr.Array) -> bool:
+    """Whether reading ``arr`` raw would differ from xarray's decoded values."""
+    attrs = dict(arr.attrs)
+    if CF_ENCODING_ATTRS & attrs.keys():
+        return True
+    units = attrs.get("units")
+    if isinstance(units, str) and " since " in units:
+        return True
+    # xarray reads a Zarr v2 fill_value as _FillValue (masked to NaN).
+    if "_ARRAY_DIMENSIONS" in attrs and arr.metadata.zarr_format == 2:
+        fill = arr.metadata.fill_value
+        if fill is not None and not (isinstance(fill, float) and math.isnan(fill)):
+            return True
+    return False
+
+
+# --------------------------------------------------------------------------- targets
+
+
+def _target_name(
+    y: str, names: Sequence[str], data_names: Sequence[str], x: str, where: str
+) -> str | None:
+    """Resolve a target name: the name, None when the source has no target, or raise.
+
+    ``names`` are all arrays/variables of the source, ``data_names`` those that
+    could hold data (an xarray Dataset's coordinates cannot be a missing target).
+    """
+    if y in names:
+        return y
+    if not [n for n in data_names if n != x]:
+        return None
+    raise KeyError(_missing_name_message("target", y, "y", names, where))
+
+
+def _array_target(y: Any) -> Any:
+    """The target that goes with an in-memory X: None, or an array."""
+    if y is None:
+        return None
+    if isinstance(y, str):
+        if y == DEFAULT_TARGET:
+            return None
+        raise TypeError(
+            f"y={y!r} is an array name, but the source is an array, not a store or "
+            f"Dataset; pass the target itself: open_dataset(X, y=y_array)"
+        )
+    return as_array(y, "y")
+
+
+def as_array(a: Any, name: str) -> np.ndarray | da.Array:
+    """A numpy or dask array from an array-like; zarr and dask-backed data stay lazy.
+
+    Parameters
+    ----------
+    a : array-like
+        numpy, dask, zarr or xarray array, or anything ``np.asarray`` accepts.
+    name : str
+        Name used in the error message.
+    """
+    if isinstance(a, xr.DataArray):
+        a = a.data
+    if isinstance(a, zarr.Array):
+        return da.from_zarr(a)
+    if isinstance(a, (da.Array, np.ndarray)):
+        return a
+    try:
+        return np.asarray(a)
+    except Exception as exc:
+        raise TypeError(
+            f"cannot read {name} of type {type(a).__name__} as an array; pass a numpy "
+            f"or dask array, an xarray object or a path to a Zarr store"
+        ) from exc
+
+
+# --------------------------------------------------------------------------- layout
+
+
+def _to_row_blocks(
+    X: Any, y: Any, chunks: int | None
+) -> tuple[da.Array, da.Array | None]:
+    """Validate (metadata only) and bring X and y into the row-block layout."""
+    n, _ = check_features(X, "X")
+    if y is not None:
+        check_target(y, n, "y", "X")
+    X = numpy_to_dask(X, chunks) if isinstance(X, np.ndarray) else as_row_blocks(X, chunks)
+    if y is None:
+        return X, None
+    if isinstance(y, np.ndarray):
+        y = da.from_array(y, chunks=(X.chunks[0],) + tuple(y.shape[1:]))
+    return X, align_rows(y, X)
+
+
+# --------------------------------------------------------------------------- messages
+
+
+def _missing_name_message(
+    role: str,
+    name: Hashable,
+    arg: str,
+    names: Sequence[str],
+    where: str,
+    group: zarr.Group | None = None,
+) -> str:
+    msg = f"no {role} array {name!r} in {where}; it holds arrays {list(names)}"
+    if group is not None:
+        subgroups = sorted(group.group_keys())
+        if subgroups:
+            msg += f" and groups {subgroups} (open a group with zarr.open_group(...)[name])"
+    close = difflib.get_close_matches(str(name), names, n=1, cutoff=0.5) or [
+        n for n in names if n.lower() == str(name).lower()
+    ]
+    if close:
+        msg += f"; did you mean {arg}={close[0]!r}?"
+    else:
+        msg += f"; pass {arg}=<one of them>"
+    if role == "target":
+        msg += " (or y=None to open X alone)"
+    return msg
+
+
+def _describe_group(group: zarr.Group) -> str:
+    path = group.path or "/"
+    return f"Zarr group {path!r} of {group.store}"

@@ -1,0 +1,369 @@
+"""Per-column standardisation fitted in one pass over row blocks.
+
+:meth:`Standardizer.fit` computes, for every row block independently, the row
+count, column means and sums of squared deviations (``M2``), and checks the
+block for NaN/inf. The block summaries are merged pairwise up a tree with Chan
+et al.'s parallel update::
+
+    n = n_a + n_b
+    delta = mean_b - mean_a
+    mean = mean_a + delta * n_b / n
+    M2 = M2_a + M2_b + delta**2 * n_a * n_b / n
+
+so the whole fit (features, target mean and finiteness checks) is a single
+dask computation whose intermediate results are of size ``d``, never ``n``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import dask
+import dask.array as da
+import numpy as np
+from sklearn.base import BaseEstimator, TransformerMixin
+from sklearn.exceptions import NotFittedError
+
+from daskkrr.data.chunking import align_rows, as_row_blocks, numpy_to_dask
+from daskkrr.data.validation import check_features, check_target
+
+__all__ = ["Moments", "Standardizer", "merge_moments"]
+
+#: Number of block summaries merged by one task of the reduction tree.
+SPLIT_EVERY = 8
+
+
+# --------------------------------------------------------------------------- pure algorithm
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Moments:
+    """Count, column means and sums of squared deviations of a set of rows.
+
+    Attributes
+    ----------
+    count : int
+        Number of rows.
+    mean : ndarray of shape (d,), float64
+    m2 : ndarray of shape (d,), float64
+        ``sum((x - mean) ** 2)`` per column.
+    """
+
+    count: int
+    mean: np.ndarray
+    m2: np.ndarray
+
+    @classmethod
+    def of(cls, block: np.ndarray) -> Moments:
+        """Moments of a 2-D block (rows, d), computed in float64 with two passes."""
+        x = np.asarray(block, dtype=np.float64)
+        mean = x.mean(axis=0)
+        return cls(x.shape[0], mean, np.square(x - mean).sum(axis=0))
+
+
+def merge_moments(a: Moments, b: Moments) -> Moments:
+    """Combine the moments of two disjoint sets of rows (Chan et al., 1979)."""
+    if a.count == 0:
+        return b
+    if b.count == 0:
+        return a
+    n = a.count + b.count
+    delta = b.mean - a.mean
+    mean = a.mean + delta * (b.count / n)
+    m2 = a.m2 + b.m2 + np.square(delta) * (a.count * b.count / n)
+    return Moments(n, mean, m2)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class BlockSummary:
+    """What the fit pass keeps of a group of row blocks.
+
+    ``x``/``y`` are None when the group contains non-finite values (or, for ``y``,
+    when there is no target); ``bad_x``/``bad_y`` then hold the ``(block, row)``
+    of the earliest offending row (global row index).
+    """
+
+    x: Moments | None
+    y: Moments | None
+    bad_x: tuple[int, int] | None = None
+    bad_y: tuple[int, int] | None = None
+
+
+def summarize_block(
+    X: np.ndarray, y: np.ndarray | None, block: int, start: int
+) -> BlockSummary:
+    """Moments and finiteness of one row block starting at global row ``start``."""
+    bad_x = _first_non_finite(X, block, start)
+    bad_y = None if y is None else _first_non_finite(y, block, start)
+    x_moments = Moments.of(X) if bad_x is None else None
+    y_moments = Moments.of(np.reshape(y, (len(y), -1))) if y is not None and bad_y is None else None
+    return BlockSummary(x_moments, y_moments, bad_x, bad_y)
+
+
+def merge_summaries(*parts: BlockSummary) -> BlockSummary:
+    """Merge summaries of disjoint row blocks; keeps the earliest non-finite location."""
+    x = y = None
+    bad_x = min((p.bad_x for p in parts if p.bad_x is not None), default=None)
+    bad_y = min((p.bad_y for p in parts if p.bad_y is not None), default=None)
+    if bad_x is None:
+        x = _merge_all([p.x for p in parts])
+    if bad_y is None and all(p.y is not None for p in parts):
+        y = _merge_all([p.y for p in parts])
+    return BlockSummary(x, y, bad_x, bad_y)
+
+
+def _merge_all(moments: list[Moments]) -> Moments:
+    total = moments[0]
+    for m in moments[1:]:
+        total = merge_moments(total, m)
+    return total
+
+
+def _first_non_finite(a: np.ndarray, block: int, start: int) -> tuple[int, int] | None:
+    if np.asarray(a).dtype.kind not in "fc":  # bool/int cannot hold NaN or inf
+        return None
+    finite = np.isfinite(a)
+    if finite.all():
+        return None
+    rows_ok = finite.reshape(len(a), -1).all(axis=1)
+    return block, start + int(np.argmin(rows_ok))
+
+
+# --------------------------------------------------------------------------- estimator
+
+
+class Standardizer(TransformerMixin, BaseEstimator):
+    """Remove the column mean and divide by the column standard deviation.
+
+    Like :class:`sklearn.preprocessing.StandardScaler`, for row-chunked dask
+    arrays: :meth:`fit` makes one pass over the blocks (see the module
+    docstring), :meth:`transform` is lazy.
+
+    Parameters
+    ----------
+    with_mean : bool, default=True
+        Subtract the column means.
+    with_std : bool, default=True
+        Divide by the column standard deviations (population, ``ddof=0``).
+        Constant columns get a scale of 1.
+
+    Attributes
+    ----------
+    mean_ : ndarray of shape (n_features,) or None
+        Column means (None if ``with_mean=False``).
+    scale_ : ndarray of shape (n_features,) or None
+        Column scales (None if ``with_std=False``).
+    n_samples_ : int
+        Number of rows seen by :meth:`fit`.
+    n_features_in_ : int
+        Number of columns seen by :meth:`fit`.
+    y_mean_ : float, ndarray of shape (n_targets,), or None
+        Mean of the target passed to :meth:`fit` (None if none was).
+
+    Examples
+    --------
+    >>> import dask.array as da
+    >>> X = da.from_array([[1.0, 5.0], [3.0, 5.0]], chunks=(1, 2))
+    >>> s = Standardizer().fit(X)
+    >>> s.mean_, s.scale_
+    (array([2., 5.]), array([1., 1.]))
+    >>> s.transform(X).compute()
+    array([[-1.,  0.],
+           [ 1.,  0.]])
+    """
+
+    def __init__(self, with_mean: bool = True, with_std: bool = True) -> None:
+        self.with_mean = with_mean
+        self.with_std = with_std
+
+    def fit(self, X: Any, y: Any | None = None) -> Standardizer:
+        """Compute column means and scales (and the target mean) in one pass.
+
+        Parameters
+        ----------
+        X : dask or numpy array of shape (n, d)
+            Features; blocks are processed independently.
+        y : dask or numpy array of shape (n,) or (n, t), optional
+            Target; checked for NaN/inf and averaged in the same pass.
+
+        Returns
+        -------
+        self
+
+        Raises
+        ------
+        ValueError
+            If ``X`` or ``y`` contains NaN or inf (the message names the rows).
+        """
+        X, y = _as_row_blocks(X, y)
+        summary = _fit_pass(X, y)
+        _raise_if_non_finite(summary, X.chunks[0])
+        n = summary.x.count
+        var = summary.x.m2 / n
+        self.n_samples_ = int(n)
+        self.n_features_in_ = int(X.shape[1])
+        self.mean_ = summary.x.mean if self.with_mean else None
+        self.scale_ = _scale_from_variance(var, summary.x.mean, n) if self.with_std else None
+        if summary.y is None:
+            self.y_mean_ = None
+        elif y.ndim == 1:
+            self.y_mean_ = float(summary.y.mean[0])
+        else:
+            self.y_mean_ = summary.y.mean
+        return self
+
+    def transform(self, X: Any) -> Any:
+        """Standardise ``X``: dask in -> lazy dask out, otherwise numpy out.
+
+        Floating inputs keep their dtype; bool/int inputs become float64.
+        """
+        return self._apply(X, inverse=False)
+
+    def inverse_transform(self, X: Any) -> Any:
+        """Undo :meth:`transform`: ``X * scale_ + mean_``."""
+        return self._apply(X, inverse=True)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready parameters and fitted state (lists of floats)."""
+        self._check_fitted()
+        y_mean = self.y_mean_
+        return {
+            "with_mean": bool(self.with_mean),
+            "with_std": bool(self.with_std),
+            "mean": None if self.mean_ is None else [float(v) for v in self.mean_],
+            "scale": None if self.scale_ is None else [float(v) for v in self.scale_],
+            "n_samples": int(self.n_samples_),
+            "n_features": int(self.n_features_in_),
+            "y_mean": (
+                None
+                if y_mean is None
+                else float(y_mean)
+                if np.ndim(y_mean) == 0
+                else [float(v) for v in y_mean]
+            ),
+        }
+
+    @classmethod
+    def from_dict(cls, state: dict[str, Any]) -> Standardizer:
+        """Rebuild a fitted Standardizer from :meth:`to_dict` output."""
+        required = {"with_mean", "with_std", "mean", "scale", "n_samples", "n_features"}
+        missing = sorted(required - set(state))
+        if missing:
+            raise KeyError(f"Standardizer state is missing keys {missing}; use to_dict() output")
+        self = cls(with_mean=bool(state["with_mean"]), with_std=bool(state["with_std"]))
+        d = int(state["n_features"])
+        self.n_features_in_ = d
+        self.n_samples_ = int(state["n_samples"])
+        self.mean_ = _vector(state["mean"], d, "mean")
+        self.scale_ = _vector(state["scale"], d, "scale")
+        y_mean = state.get("y_mean")
+        self.y_mean_ = (
+            None
+            if y_mean is None
+            else float(y_mean)
+            if np.ndim(y_mean) == 0
+            else np.asarray(y_mean, dtype=np.float64)
+        )
+        return self
+
+    # ----------------------------------------------------------------------- helpers
+
+    def _check_fitted(self) -> None:
+        if not hasattr(self, "n_samples_"):
+            raise NotFittedError(
+                "this Standardizer is not fitted yet; call fit(X) (or from_dict) first"
+            )
+
+    def _apply(self, X: Any, inverse: bool) -> Any:
+        self._check_fitted()
+        lazy = isinstance(X, da.Array)
+        if not lazy:
+            X = np.asarray(X)
+        _, d = check_features(X, "X")
+        if d != self.n_features_in_:
+            raise ValueError(
+                f"X has {d} features but this Standardizer was fitted with {self.n_features_in_}"
+            )
+        dtype = X.dtype if X.dtype.kind == "f" else np.dtype(np.float64)
+        out = X.astype(dtype, copy=False) if lazy else np.array(X, dtype=dtype)
+        mean = None if self.mean_ is None else self.mean_.astype(dtype)
+        scale = None if self.scale_ is None else self.scale_.astype(dtype)
+        if inverse:
+            if scale is not None:
+                out = out * scale
+            if mean is not None:
+                out = out + mean
+        else:
+            if mean is not None:
+                out = out - mean
+            if scale is not None:
+                out = out / scale
+        return out
+
+
+# --------------------------------------------------------------------------- orchestration
+
+
+def _as_row_blocks(X: Any, y: Any | None) -> tuple[da.Array, da.Array | None]:
+    """Validate and bring (X, y) into the row-block layout without reading data."""
+    if not isinstance(X, da.Array):
+        X = np.asarray(X)
+    n, _ = check_features(X, "X")
+    X = numpy_to_dask(X) if isinstance(X, np.ndarray) else as_row_blocks(X)
+    if y is None:
+        return X, None
+    if not isinstance(y, da.Array):
+        y = np.asarray(y)
+    check_target(y, n, "y", "X")
+    if isinstance(y, np.ndarray):
+        y = da.from_array(y, chunks=(X.chunks[0],) + y.shape[1:])
+    return X, align_rows(y, X)
+
+
+def _fit_pass(X: da.Array, y: da.Array | None) -> BlockSummary:
+    """Summaries of every block, merged up a tree, in one dask computation."""
+    x_blocks = X.to_delayed().ravel()
+    y_blocks = [None] * len(x_blocks) if y is None else list(y.to_delayed().ravel())
+    starts = np.concatenate([[0], np.cumsum(X.chunks[0])[:-1]]).tolist()
+    summarize = dask.delayed(summarize_block, pure=True)
+    merge = dask.delayed(merge_summaries, pure=True)
+    level = [
+        summarize(xb, yb, i, int(start))
+        for i, (xb, yb, start) in enumerate(zip(x_blocks, y_blocks, starts))
+    ]
+    while len(level) > 1:
+        level = [merge(*level[i : i + SPLIT_EVERY]) for i in range(0, len(level), SPLIT_EVERY)]
+    (summary,) = dask.compute(level[0])
+    return summary
+
+
+def _raise_if_non_finite(summary: BlockSummary, row_chunks: tuple[int, ...]) -> None:
+    bounds = np.concatenate([[0], np.cumsum(row_chunks)]).astype(int)
+    for name, bad in (("X", summary.bad_x), ("y", summary.bad_y)):
+        if bad is not None:
+            block, row = bad
+            raise ValueError(
+                f"{name} has NaN or inf in rows {bounds[block]}-{bounds[block + 1] - 1} "
+                f"(block {block}, first at row {row}); clean or impute them before fitting"
+            )
+
+
+def _scale_from_variance(var: np.ndarray, mean: np.ndarray, n: int) -> np.ndarray:
+    """Standard deviations, with 1 for columns that are constant up to rounding.
+
+    A constant column's computed variance is not always exactly 0: the mean of
+    ``n`` equal values carries a rounding error of order ``n * eps * |mean|``.
+    """
+    eps = np.finfo(np.float64).eps
+    constant = var <= np.square(n * eps * mean)
+    return np.where(constant, 1.0, np.sqrt(var))
+
+
+def _vector(values: Any, d: int, name: str) -> np.ndarray | None:
+    if values is None:
+        return None
+    out = np.asarray(values, dtype=np.float64)
+    if out.shape != (d,):
+        raise ValueError(f"Standardizer state: {name} has shape {out.shape}, expected ({d},)")
+    return out

@@ -1,0 +1,363 @@
+"""Synthetic regression and classification data, generated block by block.
+
+Every row block is drawn from its own random stream,
+``SeedSequence(random_state, spawn_key=(1, block_index))``, so blocks are
+generated independently (in parallel, on any worker) and nothing ever holds the
+whole array. Features are iid standard normal. The target is a fixed smooth
+function of at most five randomly chosen features (see :class:`SmoothTarget`)
+whose parameters come from ``SeedSequence(random_state, spawn_key=(0,))``; a
+Gaussian-kernel model can learn it.
+
+The output is deterministic for a given ``random_state`` and ``chunk_rows``
+(changing ``chunk_rows`` changes which stream produces which row).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any
+
+import dask.array as da
+import numpy as np
+
+from daskkrr.data.chunking import auto_chunk_rows
+from daskkrr.data.validation import check_chunk_rows
+from daskkrr.data.writing import write_zarr
+
+__all__ = [
+    "SmoothTarget",
+    "make_classification",
+    "make_regression",
+    "write_classification_zarr",
+    "write_regression_zarr",
+]
+
+#: Number of features the target depends on (at most).
+N_ACTIVE = 5
+#: Number of sine terms in the target function.
+N_SINES = 4
+#: Weight of the pairwise product term (before normalisation).
+PRODUCT_WEIGHT = 0.5
+#: Size of the fixed sample that normalises the target and places class thresholds.
+N_CALIBRATION = 20_000
+
+_PARAMS_KEY = 0
+_BLOCKS_KEY = 1
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class SmoothTarget:
+    """A fixed smooth nonlinear function of a few features, with mean 0 and variance 1.
+
+    ``f(x) = (sum_j a_j sin(x_A . w_j + b_j) + c x_A0 x_A1 - offset) / scale``
+    on the active features ``A``; ``offset`` and ``scale`` are the mean and
+    standard deviation of the raw function on a fixed calibration sample, so
+    that for standard normal features ``f`` has mean about 0 and variance about 1.
+
+    Attributes
+    ----------
+    active : ndarray of int
+        Sorted indices of the features the function depends on.
+    weights : ndarray of shape (len(active), N_SINES)
+        Projection vectors ``w_j`` (columns).
+    phases, amplitudes : ndarray of shape (N_SINES,)
+        ``b_j`` and ``a_j``.
+    product_scale : float
+        ``c``, the weight of the product of the first two active features
+        (0 when there is only one feature).
+    offset, scale : float
+        Normalisation constants.
+    """
+
+    active: np.ndarray
+    weights: np.ndarray
+    phases: np.ndarray
+    amplitudes: np.ndarray
+    product_scale: float
+    offset: float = 0.0
+    scale: float = 1.0
+
+    @classmethod
+    def draw(cls, n_features: int, random_state: int) -> SmoothTarget:
+        """Draw the function's parameters for ``n_features`` inputs and normalise it."""
+        rng = np.random.default_rng(np.random.SeedSequence(random_state, spawn_key=(_PARAMS_KEY,)))
+        k = min(N_ACTIVE, n_features)
+        active = np.sort(rng.choice(n_features, size=k, replace=False))
+        # Features are N(0, 1): projections of norm ~1 give wavelengths of a few units.
+        weights = rng.standard_normal((k, N_SINES)) / np.sqrt(k)
+        phases = rng.uniform(0.0, 2.0 * np.pi, N_SINES)
+        amplitudes = rng.uniform(0.5, 1.5, N_SINES)
+        raw = cls(active, weights, phases, amplitudes, PRODUCT_WEIGHT if k >= 2 else 0.0)
+        values = raw.on_active(calibration_sample(random_state, k)[0])
+        scale = float(values.std())
+        return dataclasses.replace(
+            raw, offset=float(values.mean()), scale=scale if scale > 0 else 1.0
+        )
+
+    def __call__(self, X: np.ndarray) -> np.ndarray:
+        """Evaluate on a block ``X`` (rows, d); returns float64 of shape (rows,)."""
+        return self.on_active(np.asarray(X)[:, self.active])
+
+    def on_active(self, Xa: np.ndarray) -> np.ndarray:
+        """Evaluate on the active columns only, ``Xa = X[:, active]``."""
+        Xa = np.asarray(Xa, dtype=np.float64)
+        f = np.sin(Xa @ self.weights + self.phases) @ self.amplitudes
+        if self.product_scale:
+            f = f + self.product_scale * Xa[:, 0] * Xa[:, 1]
+        return (f - self.offset) / self.scale
+
+
+def calibration_sample(random_state: int, n_active: int) -> tuple[np.ndarray, np.ndarray]:
+    """Fixed ``(N_CALIBRATION, n_active)`` standard normal sample and noise draws.
+
+    Features are iid, so the active columns alone describe the target's distribution.
+    """
+    rng = np.random.default_rng(np.random.SeedSequence(random_state, spawn_key=(_PARAMS_KEY, 1)))
+    return rng.standard_normal((N_CALIBRATION, n_active)), rng.standard_normal(N_CALIBRATION)
+
+
+def make_regression(
+    n: int,
+    d: int,
+    chunk_rows: int | None = None,
+    noise: float = 0.1,
+    random_state: int = 0,
+    dtype: Any = "float64",
+) -> tuple[da.Array, da.Array]:
+    """Lazy synthetic regression data with a smooth nonlinear target.
+
+    Parameters
+    ----------
+    n, d : int
+        Number of rows and features (both >= 1).
+    chunk_rows : int or None, default=None
+        Rows per block; None picks about 64 MiB per block of ``X``.
+    noise : float, default=0.1
+        Standard deviation of the Gaussian noise added to the target; the
+        noiseless target has mean about 0 and variance about 1, so this is the
+        noise-to-signal ratio.
+    random_state : int, default=0
+        Seed; the data are a deterministic function of it and of ``chunk_rows``.
+    dtype : dtype-like, default="float64"
+        Floating dtype of ``X`` and ``y``.
+
+    Returns
+    -------
+    X : dask array of shape (n, d)
+        Standard normal features, one chunk across the columns.
+    y : dask array of shape (n,)
+        ``f(X) + noise * N(0, 1)`` with ``f`` a :class:`SmoothTarget`.
+    """
+    X, target, _ = _features(n, d, chunk_rows, noise, random_state, dtype)
+    y = X.map_blocks(
+        _regression_block,
+        target=target,
+        noise=float(noise),
+        random_state=random_state,
+        out_dtype=X.dtype,
+        drop_axis=1,
+        dtype=X.dtype,
+        meta=np.empty((0,), dtype=X.dtype),
+    )
+    return X, y
+
+
+def make_classification(
+    n: int,
+    d: int,
+    n_classes: int = 2,
+    chunk_rows: int | None = None,
+    noise: float = 0.1,
+    random_state: int = 0,
+    dtype: Any = "float64",
+) -> tuple[da.Array, da.Array]:
+    """Lazy synthetic classification data with nonlinear class boundaries.
+
+    A latent score ``f(x) + noise * N(0, 1)`` (``f`` as in :func:`make_regression`)
+    is cut at fixed thresholds, its quantiles on a calibration sample, so the
+    ``n_classes`` classes are about equally frequent.
+
+    Parameters
+    ----------
+    n, d : int
+        Number of rows and features (both >= 1).
+    n_classes : int, default=2
+        Number of classes (>= 2); labels are ``0 .. n_classes - 1``.
+    chunk_rows, noise, random_state, dtype
+        As in :func:`make_regression`; ``noise`` blurs the class boundaries.
+
+    Returns
+    -------
+    X : dask array of shape (n, d)
+    y : dask array of shape (n,), int64
+    """
+    if isinstance(n_classes, bool) or not isinstance(n_classes, (int, np.integer)) or n_classes < 2:
+        raise ValueError(f"n_classes must be an integer >= 2; got {n_classes!r}")
+    X, target, _ = _features(n, d, chunk_rows, noise, random_state, dtype)
+    thresholds = _class_thresholds(target, int(n_classes), float(noise), random_state)
+    y = X.map_blocks(
+        _classification_block,
+        target=target,
+        thresholds=thresholds,
+        noise=float(noise),
+        random_state=random_state,
+        drop_axis=1,
+        dtype=np.int64,
+        meta=np.empty((0,), dtype=np.int64),
+    )
+    return X, y
+
+
+def write_regression_zarr(
+    path: str | os.PathLike,
+    n: int,
+    d: int,
+    chunk_rows: int | None = None,
+    noise: float = 0.1,
+    random_state: int = 0,
+    dtype: Any = "float64",
+    overwrite: bool = False,
+) -> Path:
+    """Generate :func:`make_regression` data straight into a Zarr store, block by block.
+
+    Parameters are those of :func:`make_regression`, plus ``path`` and ``overwrite``
+    as in :func:`write_zarr`. The generator settings are stored in the group
+    attribute ``"synthetic"``.
+
+    Returns
+    -------
+    pathlib.Path
+    """
+    X, y = make_regression(n, d, chunk_rows, noise, random_state, dtype)
+    attrs = {"synthetic": _settings("make_regression", n, d, X, noise, random_state)}
+    return write_zarr(X, y, path, overwrite=overwrite, attrs=attrs)
+
+
+def write_classification_zarr(
+    path: str | os.PathLike,
+    n: int,
+    d: int,
+    n_classes: int = 2,
+    chunk_rows: int | None = None,
+    noise: float = 0.1,
+    random_state: int = 0,
+    dtype: Any = "float64",
+    overwrite: bool = False,
+) -> Path:
+    """Generate :func:`make_classification` data straight into a Zarr store, block by block.
+
+    Parameters are those of :func:`make_classification`, plus ``path`` and
+    ``overwrite`` as in :func:`write_zarr`.
+
+    Returns
+    -------
+    pathlib.Path
+    """
+    X, y = make_classification(n, d, n_classes, chunk_rows, noise, random_state, dtype)
+    settings = _settings("make_classification", n, d, X, noise, random_state)
+    settings["n_classes"] = int(n_classes)
+    return write_zarr(X, y, path, overwrite=overwrite, attrs={"synthetic": settings})
+
+
+# --------------------------------------------------------------------------- blocks
+
+
+def _features(
+    n: int, d: int, chunk_rows: int | None, noise: float, random_state: int, dtype: Any
+) -> tuple[da.Array, SmoothTarget, int]:
+    """Lazy standard-normal ``X`` with one random stream per block, and the target function."""
+    n = check_chunk_rows(n, "n")
+    d = check_chunk_rows(d, "d")
+    dtype = np.dtype(dtype)
+    if dtype.kind != "f":
+        raise TypeError(f"dtype must be a floating type such as 'float64'; got {dtype}")
+    if not np.isfinite(noise) or noise < 0:
+        raise ValueError(f"noise must be a finite number >= 0; got {noise!r}")
+    if isinstance(random_state, bool) or not isinstance(random_state, (int, np.integer)):
+        raise TypeError(f"random_state must be an int; got {random_state!r}")
+    if random_state < 0:
+        raise ValueError(f"random_state must be >= 0; got {random_state}")
+    rows = auto_chunk_rows(d, dtype.itemsize, n_rows=n) if chunk_rows is None else chunk_rows
+    rows = min(check_chunk_rows(rows), n)
+    row_chunks = (rows,) * (n // rows) + ((n % rows,) if n % rows else ())
+    X = da.map_blocks(
+        _feature_block,
+        random_state=int(random_state),
+        out_dtype=dtype,
+        chunks=(row_chunks, (d,)),
+        dtype=dtype,
+        meta=np.empty((0, 0), dtype=dtype),
+    )
+    return X, SmoothTarget.draw(d, int(random_state)), rows
+
+
+def _block_streams(random_state: int, block: int) -> list[np.random.SeedSequence]:
+    """Independent (features, noise) seed sequences of one row block."""
+    return np.random.SeedSequence(random_state, spawn_key=(_BLOCKS_KEY, block)).spawn(2)
+
+
+def _feature_block(
+    random_state: int, out_dtype: np.dtype, block_info: dict | None = None
+) -> np.ndarray:
+    info = block_info[None]
+    block = info["chunk-location"][0]
+    shape = info["chunk-shape"]
+    rng = np.random.default_rng(_block_streams(random_state, block)[0])
+    return rng.standard_normal(shape).astype(out_dtype, copy=False)
+
+
+def _latent_block(
+    X: np.ndarray, target: SmoothTarget, noise: float, random_state: int, block: int
+) -> np.ndarray:
+    rng = np.random.default_rng(_block_streams(random_state, block)[1])
+    return target(X) + noise * rng.standard_normal(X.shape[0])
+
+
+def _regression_block(
+    X: np.ndarray,
+    target: SmoothTarget,
+    noise: float,
+    random_state: int,
+    out_dtype: np.dtype,
+    block_info: dict | None = None,
+) -> np.ndarray:
+    block = block_info[0]["chunk-location"][0]
+    return _latent_block(X, target, noise, random_state, block).astype(out_dtype, copy=False)
+
+
+def _classification_block(
+    X: np.ndarray,
+    target: SmoothTarget,
+    thresholds: np.ndarray,
+    noise: float,
+    random_state: int,
+    block_info: dict | None = None,
+) -> np.ndarray:
+    block = block_info[0]["chunk-location"][0]
+    latent = _latent_block(X, target, noise, random_state, block)
+    return np.searchsorted(thresholds, latent).astype(np.int64)
+
+
+def _class_thresholds(
+    target: SmoothTarget, n_classes: int, noise: float, random_state: int
+) -> np.ndarray:
+    """Quantiles of the latent score on the calibration sample (balanced classes)."""
+    sample, noise_draws = calibration_sample(random_state, len(target.active))
+    latent = target.on_active(sample) + noise * noise_draws
+    return np.quantile(latent, np.arange(1, n_classes) / n_classes)
+
+
+def _settings(
+    generator: str, n: int, d: int, X: da.Array, noise: float, random_state: int
+) -> dict[str, Any]:
+    return {
+        "generator": generator,
+        "n": int(n),
+        "d": int(d),
+        "chunk_rows": int(X.chunks[0][0]),
+        "noise": float(noise),
+        "random_state": int(random_state),
+        "dtype": str(X.dtype),
+    }

@@ -1,0 +1,185 @@
+"""Write features and targets to a daskkrr Zarr store.
+
+Layout of a daskkrr store (Zarr format 3)::
+
+    <path>/            group, attrs {"daskkrr_format": 1, ...}
+        X              (n, d) array, chunks (chunk_rows, d)
+        y              (n,) or (n, t) array, chunks (chunk_rows,) / (chunk_rows, t); optional
+
+:func:`daskkrr.data.open_dataset` reads it back. :func:`write_array_zarr`
+stores a single array (e.g. predictions) the same way under a name of choice.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import dask.array as da
+import numpy as np
+import xarray as xr
+import zarr
+
+from daskkrr.data.atomic import atomic_directory, check_destination
+from daskkrr.data.chunking import as_row_blocks, numpy_to_dask, uniform_row_chunks
+from daskkrr.data.loading import as_array, open_dataset
+from daskkrr.data.validation import check_features
+
+__all__ = ["FORMAT_VERSION", "create_store", "write_array_zarr", "write_zarr"]
+
+#: Value of the ``daskkrr_format`` group attribute written by this version.
+FORMAT_VERSION = 1
+
+
+def write_zarr(
+    X: Any,
+    y: Any | None,
+    path: str | os.PathLike,
+    chunk_rows: int | None = None,
+    overwrite: bool = False,
+    *,
+    attrs: Mapping[str, Any] | None = None,
+) -> Path:
+    """Write ``X`` (and ``y``) atomically to a row-chunked Zarr v3 store.
+
+    Parameters
+    ----------
+    X : array of shape (n, d)
+        numpy, dask, zarr or xarray array. A dask array is written block by block,
+        never loaded whole.
+    y : array of shape (n,) or (n, t), or None
+        Target; None writes ``X`` only.
+    path : str or os.PathLike
+        Directory of the new store.
+    chunk_rows : int or None, default=None
+        Rows per Zarr chunk (every chunk holds all columns). None keeps the row
+        chunking of a dask ``X`` (its first block) and chooses about 64 MiB per
+        chunk for in-memory data.
+    overwrite : bool, default=False
+        Replace an existing ``path``.
+    attrs : mapping, optional
+        Extra JSON-serialisable group attributes (``daskkrr_format`` is reserved).
+
+    Returns
+    -------
+    pathlib.Path
+        ``path``.
+
+    Raises
+    ------
+    FileExistsError
+        If ``path`` exists and ``overwrite`` is False.
+    TypeError, ValueError
+        For invalid arrays (see :func:`open_dataset`).
+
+    Notes
+    -----
+    The store is built in a hidden sibling directory and renamed to ``path`` at
+    the end; if anything fails, nothing is left at ``path``.
+    """
+    if isinstance(X, (str, os.PathLike, xr.Dataset, zarr.Group)):
+        raise TypeError(
+            f"write_zarr takes arrays, not a {type(X).__name__}; open the source first: "
+            f"X, y = daskkrr.data.open_dataset(source)"
+        )
+    if isinstance(y, str):
+        raise TypeError(f"y must be an array or None, not the name {y!r}")
+    check_destination(path, overwrite)
+    X, y = open_dataset(X, y=y, chunks=chunk_rows)
+    arrays = {"X": X} if y is None else {"X": X, "y": y}
+    return _write_arrays(arrays, path, overwrite, attrs)
+
+
+def write_array_zarr(
+    array: Any,
+    path: str | os.PathLike,
+    name: str = "array",
+    chunk_rows: int | None = None,
+    overwrite: bool = False,
+    *,
+    attrs: Mapping[str, Any] | None = None,
+) -> Path:
+    """Write one row-chunked array (e.g. predictions) atomically to a Zarr v3 store.
+
+    Parameters
+    ----------
+    array : array of shape (n,) or (n, t)
+        numpy, dask, zarr or xarray array; a dask array is written block by block.
+    path : str or os.PathLike
+        Directory of the new store.
+    name : str, default="array"
+        Name of the array inside the store's root group.
+    chunk_rows, overwrite, attrs
+        As in :func:`write_zarr`.
+
+    Returns
+    -------
+    pathlib.Path
+        ``path``.
+    """
+    if not isinstance(name, str) or not name or "/" in name:
+        raise ValueError(f"name must be a non-empty array name without '/'; got {name!r}")
+    check_destination(path, overwrite)
+    array = as_array(array, name)
+    if array.ndim not in (1, 2):
+        raise ValueError(
+            f"{name} must be 1-D or 2-D (rows first); got shape {tuple(array.shape)}"
+        )
+    check_features(array.reshape(-1, 1) if array.ndim == 1 else array, name)
+    if isinstance(array, np.ndarray):
+        array = numpy_to_dask(array, chunk_rows)
+    else:
+        array = as_row_blocks(array, chunk_rows)
+    return _write_arrays({name: array}, path, overwrite, attrs)
+
+
+def _write_arrays(
+    arrays: dict[str, da.Array],
+    path: str | os.PathLike,
+    overwrite: bool,
+    attrs: Mapping[str, Any] | None,
+) -> Path:
+    """Store row-aligned dask arrays as a daskkrr group at ``path``, atomically."""
+    first = next(iter(arrays.values()))
+    rows = first.chunks[0][0]
+    if not uniform_row_chunks(first):  # Zarr chunks are regular; dask blocks may not be
+        arrays = {key: a.rechunk({0: rows}) for key, a in arrays.items()}
+    with atomic_directory(path, overwrite) as tmp:
+        group = create_store(tmp, arrays, rows, attrs)
+        da.store(list(arrays.values()), [group[key] for key in arrays], lock=False, compute=True)
+    return Path(path)
+
+
+def create_store(
+    path: str | os.PathLike,
+    templates: Mapping[str, Any],
+    chunk_rows: int,
+    attrs: Mapping[str, Any] | None = None,
+) -> zarr.Group:
+    """Create a daskkrr group of empty arrays shaped and typed like ``templates``.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        Directory to create the group in (overwritten).
+    templates : mapping of str to objects with ``shape`` and ``dtype``
+        Name and template of each array. A leading dimension of 0 creates an
+        array to be grown with ``resize``.
+    chunk_rows : int
+        Rows per chunk; every chunk holds all columns.
+    attrs : mapping, optional
+        Extra group attributes (``daskkrr_format`` is set by this function).
+
+    Returns
+    -------
+    zarr.Group
+        Opened for writing.
+    """
+    group = zarr.open_group(path, mode="w", zarr_format=3)
+    group.attrs.update({**dict(attrs or {}), "daskkrr_format": FORMAT_VERSION})
+    for name, like in templates.items():
+        shape = tuple(int(s) for s in like.shape)
+        group.create_array(name, shape=shape, chunks=(chunk_rows,) + shape[1:], dtype=like.dtype)
+    return group

@@ -1,0 +1,242 @@
+"""The shared Nystrom pipeline behind every daskkrr estimator.
+
+``fit`` = open and validate the data -> one statistics pass (standardisation and
+finiteness) -> choose centers -> solve for the coefficients (FALKON's CG or the
+direct solve) -> a small fitted model: centers, coefficients, kernel, scaling.
+The per-block arithmetic lives in :mod:`daskkrr.kernels.blocks`; the scheduling
+of blocks in :mod:`daskkrr.parallel`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import numbers
+import time
+from typing import Any
+
+import dask.array as da
+import numpy as np
+from sklearn.base import BaseEstimator
+
+from daskkrr.data import Standardizer
+from daskkrr.kernels import Kernel, make_kernel
+from daskkrr.kernels.blocks import knm_gram_and_rhs, knm_gram_matvec, knm_matvec, knm_t_matvec
+from daskkrr.models._inputs import is_in_memory, load_features, load_training_data
+from daskkrr.parallel import RowBlockPasses, resolve_client
+from daskkrr.sampling import CenterSampler, make_sampler
+from daskkrr.solvers import FalkonPreconditioner, falkon_solve
+
+logger = logging.getLogger("daskkrr")
+
+_DTYPES = ("float32", "float64")
+
+
+def _check_positive(name: str, value: Any, *, allow_none: bool = False, integer: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    kind = numbers.Integral if integer else numbers.Real
+    if isinstance(value, bool) or not isinstance(value, kind):
+        what = "an integer" if integer else "a number"
+        raise TypeError(f"{name} must be {what}; got {value!r} ({type(value).__name__})")
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{name} must be > 0; got {value!r}")
+
+
+class NystromModelBase(BaseEstimator):
+    """Parameters and fitted state shared by the Nystrom estimators (not used directly)."""
+
+    #: "falkon" (preconditioned CG) or "direct" (one Gram pass, M x M solve).
+    _solver = "falkon"
+    #: Return 1-D coefficients/predictions for a 1-D target (regressors).
+    _squeeze_single_target = True
+
+    # ----------------------------------------------------------------- checks
+    def _validate_params(self) -> None:
+        if self.sigma is not None:
+            _check_positive("sigma", self.sigma)
+        _check_positive("penalty", self.penalty)
+        _check_positive("n_centers", self.n_centers, integer=True)
+        if getattr(self, "max_iter", 1) is not None:
+            _check_positive("max_iter", getattr(self, "max_iter", 1), integer=True)
+        if getattr(self, "tol", 1.0) is not None:
+            _check_positive("tol", getattr(self, "tol", 1.0))
+        if self.dtype not in _DTYPES:
+            raise ValueError(f"dtype must be one of {_DTYPES}; got {self.dtype!r}")
+        if self.chunks is not None:
+            _check_positive("chunks", self.chunks, integer=True)
+        if self.kernel_params is not None and not isinstance(self.kernel_params, dict):
+            raise TypeError(f"kernel_params must be a dict or None; got {type(self.kernel_params).__name__}")
+        make_sampler(self.sampler) if isinstance(self.sampler, str) else None
+        if not isinstance(self.sampler, (str, CenterSampler)):
+            raise TypeError(
+                f"sampler must be a name or a CenterSampler; got {type(self.sampler).__name__}"
+            )
+
+    def _make_kernel(self, n_features: int) -> Kernel:
+        params = dict(self.kernel_params or {})
+        name = self.kernel if isinstance(self.kernel, str) else None
+        if isinstance(self.kernel, Kernel):
+            return self.kernel
+        if name is not None and name.lower() in ("gaussian", "rbf", "laplacian", "laplace", "matern"):
+            # Median-distance heuristic for standardised features: squared distances ~ 2 d.
+            params.setdefault("sigma", float(self.sigma) if self.sigma is not None else math.sqrt(n_features))
+        elif self.sigma is not None and name is not None:
+            raise ValueError(f"kernel {self.kernel!r} takes no sigma; pass sigma=None")
+        return make_kernel(self.kernel, **params)
+
+    # --------------------------------------------------------------- the fit
+    def _prepare(self, X: Any, y: Any) -> tuple[da.Array, da.Array, bool]:
+        """Open, validate and standardise; return scaled X, 2-D targets and whether y was 1-D."""
+        self._validate_params()
+        Xd, yd = load_training_data(X, y, self.chunks)
+        n, d = Xd.shape
+        if self.n_centers > n:
+            raise ValueError(
+                f"n_centers={self.n_centers} is larger than the number of training rows ({n}); "
+                f"use n_centers <= {n}"
+            )
+        Y = self._encode_targets(yd)
+        scaler = Standardizer(with_mean=self.standardize, with_std=self.standardize)
+        t0 = time.perf_counter()
+        scaler.fit(Xd, Y)  # one pass: statistics and finiteness of X and Y
+        logger.info("statistics pass over %d rows in %.2fs", n, time.perf_counter() - t0)
+        self.scaler_ = scaler if self.standardize else None
+        self.y_mean_ = np.asarray(scaler.y_mean_, dtype=np.float64).reshape(-1) if self.standardize else np.zeros(Y.shape[1])
+        Xs = scaler.transform(Xd) if self.standardize else Xd
+        Xs = Xs.astype(self.dtype)
+        Y = Y - self.y_mean_ if self.standardize else Y
+        self.n_features_in_ = int(d)
+        return Xs, Y, yd.ndim == 1 and self._squeeze_single_target
+
+    def _encode_targets(self, y: da.Array) -> da.Array:
+        """Regression: targets as float64 of shape (n, t)."""
+        Y = y.astype(np.float64)
+        return Y[:, None] if Y.ndim == 1 else Y.rechunk({1: -1})
+
+    def _fit_nystrom(self, X: Any, y: Any) -> "NystromModelBase":
+        start = time.perf_counter()
+        Xs, Y, one_d = self._prepare(X, y)
+        client = resolve_client(self.client)
+        n = int(Xs.shape[0])
+        self.kernel_ = self._make_kernel(self.n_features_in_)
+        seed = _seed(self.random_state)
+        sampler = make_sampler(self.sampler)
+        t0 = time.perf_counter()
+        dictionary = sampler.select(
+            Xs, self.kernel_, n_centers=self.n_centers, penalty=float(self.penalty),
+            random_state=seed, client=client,
+        )
+        logger.info("selected %d centers with %s in %.2fs", dictionary.size, type(sampler).__name__,
+                    time.perf_counter() - t0)
+        Z = np.ascontiguousarray(dictionary.centers, dtype=self.dtype)
+        Kmm = self.kernel_(Z.astype(np.float64), Z.astype(np.float64))
+        precond = FalkonPreconditioner.from_kernel_matrix(
+            Kmm, penalty=float(self.penalty), n=n, weights=None if dictionary.is_uniform else dictionary.weights
+        )
+        passes = RowBlockPasses(Xs, Y, client=client)
+        Zh = passes.broadcast(Z)
+        if self._solver == "direct":
+            GB = passes.reduce(_gram_rhs_task, self.kernel_, Zh, with_y=True)
+            M = Z.shape[0]
+            coef = precond.direct_solve(GB[:, :M], GB[:, M:])
+            self.n_iter_ = 0
+            self.residuals_ = np.zeros((1, Y.shape[1]))
+            self.converged_ = True
+        else:
+            b = passes.reduce(_rhs_task, self.kernel_, Zh, with_y=True)
+
+            def gram_matvec(u: np.ndarray) -> np.ndarray:
+                return passes.reduce(_gram_matvec_task, self.kernel_, Zh, u)
+
+            def progress(it: int, rel: np.ndarray) -> None:
+                logger.info("CG iteration %d: relative residual %.3e", it, float(rel.max()))
+
+            coef, result = falkon_solve(
+                precond, gram_matvec, b, tol=float(self.tol), max_iter=int(self.max_iter),
+                callback=progress if self.verbose else None,
+            )
+            self.n_iter_ = int(result.n_iter)
+            self.residuals_ = result.residuals
+            self.converged_ = bool(result.converged)
+        self.n_data_passes_ = passes.n_passes + 1  # + the statistics pass
+        self.centers_ = Z
+        self.center_indices_ = dictionary.indices
+        self.center_weights_ = dictionary.weights
+        self.sampler_info_ = dict(dictionary.info)
+        self.jitter_ = float(precond.jitter)
+        self.coef_ = coef[:, 0] if (one_d and coef.ndim == 2) else coef
+        self.fit_time_ = time.perf_counter() - start
+        logger.info("fit done in %.2fs (%d CG iterations)", self.fit_time_, self.n_iter_)
+        return self
+
+    # --------------------------------------------------------------- predict
+    def _check_fitted(self) -> None:
+        if not hasattr(self, "coef_"):
+            raise RuntimeError(f"this {type(self).__name__} is not fitted yet; call fit(X, y) first")
+
+    def _raw_decision(self, X: Any) -> Any:
+        """``k(scale(X), Z) coef + y_mean``: numpy in, numpy out; anything else, a lazy dask array."""
+        self._check_fitted()
+        coef2 = self.coef_.reshape(self.coef_.shape[0], -1)
+        if is_in_memory(X):
+            Xn = np.asarray(X)
+            if Xn.ndim == 1:
+                Xn = Xn[None, :] if Xn.shape[0] == self.n_features_in_ else Xn[:, None]
+            self._check_n_features(Xn.shape)
+            if not np.issubdtype(Xn.dtype, np.number):
+                raise TypeError(f"X must be numeric; got dtype {Xn.dtype}")
+            Xs = self.scaler_.transform(Xn) if self.scaler_ is not None else Xn
+            out = knm_matvec(self.kernel_, np.asarray(Xs, dtype=self.dtype), self.centers_, coef2)
+            return out + self.y_mean_
+        Xd = load_features(X, self.chunks)
+        self._check_n_features(Xd.shape)
+        Xs = self.scaler_.transform(Xd) if self.scaler_ is not None else Xd
+        Xs = Xs.astype(self.dtype)
+        t = coef2.shape[1]
+        out = Xs.map_blocks(
+            _predict_block, self.kernel_, self.centers_, coef2, self.y_mean_,
+            dtype=np.float64, chunks=(Xs.chunks[0], (t,)),
+        )
+        return out
+
+    def _check_n_features(self, shape: tuple[int, ...]) -> None:
+        if len(shape) != 2 or shape[1] != self.n_features_in_:
+            raise ValueError(
+                f"X has shape {tuple(shape)} but this model was fitted on {self.n_features_in_} features"
+            )
+
+    # ------------------------------------------------------------ persistence
+    def save(self, path: Any, *, overwrite: bool = False) -> Any:
+        """Save the fitted model (arrays + JSON metadata, no pickle); see :func:`daskkrr.load`."""
+        from daskkrr.models.persistence import save_model
+
+        return save_model(self, path, overwrite=overwrite)
+
+
+# Block tasks: RowBlockPasses calls fn(X_b, [Y_b,] *args).
+def _rhs_task(Xb: np.ndarray, Yb: np.ndarray, kernel: Kernel, Z: np.ndarray) -> np.ndarray:
+    return knm_t_matvec(kernel, Xb, Z, Yb)
+
+
+def _gram_rhs_task(Xb: np.ndarray, Yb: np.ndarray, kernel: Kernel, Z: np.ndarray) -> np.ndarray:
+    return knm_gram_and_rhs(kernel, Xb, Yb, Z)
+
+
+def _gram_matvec_task(Xb: np.ndarray, kernel: Kernel, Z: np.ndarray, U: np.ndarray) -> np.ndarray:
+    return knm_gram_matvec(kernel, Xb, Z, U)
+
+
+def _predict_block(Xb: np.ndarray, kernel: Kernel, Z: np.ndarray, coef: np.ndarray, y_mean: np.ndarray) -> np.ndarray:
+    return knm_matvec(kernel, Xb, Z, coef) + y_mean
+
+
+def _seed(random_state: Any) -> int | None:
+    """One integer seed from ``random_state`` (int, None, or a numpy Generator/RandomState)."""
+    if random_state is None or isinstance(random_state, numbers.Integral):
+        return None if random_state is None else int(random_state)
+    if isinstance(random_state, np.random.Generator):
+        return int(random_state.integers(2**63 - 1))
+    if isinstance(random_state, np.random.RandomState):
+        return int(random_state.randint(2**31 - 1))
+    raise TypeError(f"random_state must be None, an int or a numpy Generator; got {random_state!r}")

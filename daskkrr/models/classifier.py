@@ -1,0 +1,78 @@
+"""Classification by one-vs-all regularised least squares on FALKON."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import dask.array as da
+import numpy as np
+from sklearn.base import ClassifierMixin
+
+from daskkrr.models.base import NystromModelBase
+from daskkrr.models.regressors import FalkonRegressor
+
+
+def _one_vs_all(yb: np.ndarray, classes: np.ndarray) -> np.ndarray:
+    """Targets in {-1, +1}: one column per class, or one column for two classes."""
+    yb = np.asarray(yb).reshape(-1)
+    if len(classes) == 2:
+        return np.where(yb == classes[1], 1.0, -1.0)[:, None]
+    return np.where(yb[:, None] == classes[None, :], 1.0, -1.0)
+
+
+def _labels(scores: np.ndarray, classes: np.ndarray) -> np.ndarray:
+    idx = (scores > 0).astype(int) if scores.ndim == 1 else scores.argmax(axis=1)
+    return classes[idx]
+
+
+class FalkonClassifier(ClassifierMixin, NystromModelBase):
+    """Kernel classifier: FALKON regression on +-1 one-vs-all targets.
+
+    The least-squares ("regularised least squares") classifier of the FALKON papers:
+    each class gets a column of targets, +1 for its rows and -1 for the others (a
+    single column for two classes), all columns are solved in one CG run, and the
+    predicted class is the one with the largest decision value.
+
+    Parameters are those of :class:`FalkonRegressor`.
+
+    Attributes
+    ----------
+    classes_ : ndarray of shape (n_classes,)
+        Class labels, sorted.
+    coef_ : ndarray of shape (M, 1) for two classes, else (M, n_classes)
+    Other fitted attributes as for :class:`FalkonRegressor`.
+    """
+
+    _solver = "falkon"
+    _squeeze_single_target = False
+
+    # Same parameters as FalkonRegressor (scikit-learn reads them from __init__'s signature).
+    __init__ = FalkonRegressor.__init__
+
+    def fit(self, X: Any, y: Any = None) -> "FalkonClassifier":
+        """Fit on anything :func:`daskkrr.open_dataset` takes; y holds class labels."""
+        return self._fit_nystrom(X, y)
+
+    def _encode_targets(self, y: da.Array) -> da.Array:
+        if y.ndim != 1 and not (y.ndim == 2 and y.shape[1] == 1):
+            raise ValueError(f"y must hold one label per row; got shape {y.shape}")
+        y = y.reshape(-1) if y.ndim == 2 else y
+        classes = np.unique(np.asarray(da.unique(y).compute()))
+        if len(classes) < 2:
+            raise ValueError(f"y has a single class ({classes.tolist()}); a classifier needs at least two")
+        self.classes_ = classes
+        t = 1 if len(classes) == 2 else len(classes)
+        return y.map_blocks(_one_vs_all, classes, dtype=np.float64, chunks=(y.chunks[0], (t,)), new_axis=1)
+
+    def decision_function(self, X: Any) -> Any:
+        """Decision values: shape (n,) for two classes (positive means ``classes_[1]``), else (n, n_classes)."""
+        out = self._raw_decision(X)
+        return out[:, 0] if len(self.classes_) == 2 else out
+
+    def predict(self, X: Any) -> Any:
+        """Predicted class labels (numpy for numpy input, a lazy dask array otherwise)."""
+        scores = self.decision_function(X)
+        if isinstance(scores, np.ndarray):
+            return _labels(scores, self.classes_)
+        return scores.map_blocks(_labels, self.classes_, dtype=self.classes_.dtype,
+                                 drop_axis=1 if scores.ndim == 2 else None)

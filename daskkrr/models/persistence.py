@@ -1,0 +1,155 @@
+"""Model files: numpy arrays in an ``.npz`` plus JSON metadata, never pickle.
+
+A model is a directory::
+
+    MODEL/
+      daskkrr-model.json   format name and version, estimator, parameters, kernel,
+                           feature scaling, fitted scalars, library version
+      arrays.npz           centers, coefficients, center indices/weights, ...
+
+Loading reads the arrays with ``allow_pickle=False`` and builds the estimator from
+a fixed registry of classes, so a model file can never run code. The directory is
+written under a temporary name and renamed into place at the end: an error leaves
+nothing at the destination.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import daskkrr
+from daskkrr.data.atomic import atomic_directory
+
+FORMAT_NAME = "daskkrr-model"
+FORMAT_VERSION = 1
+METADATA_FILE = "daskkrr-model.json"
+ARRAYS_FILE = "arrays.npz"
+
+_ARRAYS = ("centers_", "coef_", "center_indices_", "center_weights_", "residuals_", "y_mean_")
+_SCALARS = ("n_features_in_", "n_iter_", "converged_", "jitter_", "n_data_passes_", "fit_time_")
+
+
+class ModelFormatError(ValueError):
+    """The path does not hold a daskkrr model this version can read."""
+
+
+def _estimator_classes() -> dict[str, type]:
+    from daskkrr.models import ExactKernelRidge, FalkonClassifier, FalkonRegressor, NystromRegressor
+
+    return {c.__name__: c for c in (FalkonRegressor, NystromRegressor, ExactKernelRidge, FalkonClassifier)}
+
+
+def _jsonable_params(model: Any) -> dict[str, Any]:
+    params = {}
+    for key, value in model.get_params(deep=False).items():
+        if key == "client":
+            continue
+        if key == "sampler" and not isinstance(value, str):
+            value = getattr(value, "name", None) or type(value).__name__
+        if key == "kernel" and not isinstance(value, str):
+            value = value.to_dict()
+        if isinstance(value, np.generic):
+            value = value.item()
+        if key == "random_state" and not (value is None or isinstance(value, int)):
+            value = None
+        params[key] = value
+    return params
+
+
+def save_model(model: Any, path: str | os.PathLike, *, overwrite: bool = False) -> Path:
+    """Write a fitted estimator to the directory ``path``; return the path."""
+    model._check_fitted()
+    meta: dict[str, Any] = {
+        "format": FORMAT_NAME,
+        "format_version": FORMAT_VERSION,
+        "library_version": daskkrr.__version__,
+        "estimator": type(model).__name__,
+        "params": _jsonable_params(model),
+        "kernel": model.kernel_.to_dict(),
+        "scaler": None if model.scaler_ is None else model.scaler_.to_dict(),
+        "fitted": {k: _py(getattr(model, k)) for k in _SCALARS if hasattr(model, k)},
+        "sampler_info": _py(getattr(model, "sampler_info_", {})),
+    }
+    arrays = {k.rstrip("_"): np.asarray(getattr(model, k)) for k in _ARRAYS}
+    if hasattr(model, "classes_"):
+        classes = np.asarray(model.classes_)
+        if classes.dtype.kind not in "biuf":
+            meta["classes"] = classes.tolist()  # strings travel in JSON
+        else:
+            arrays["classes"] = classes
+    with atomic_directory(path, overwrite=overwrite) as tmp:
+        np.savez(tmp / ARRAYS_FILE, **arrays)
+        (tmp / METADATA_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True))
+    return Path(path)
+
+
+def load_model(path: str | os.PathLike) -> Any:
+    """Read a model written by :func:`save_model`. Runs no code from the file."""
+    from daskkrr.data import Standardizer
+    from daskkrr.kernels import kernel_from_dict
+
+    path = Path(path)
+    meta_path = path / METADATA_FILE
+    if not meta_path.is_file():
+        raise FileNotFoundError(f"{path} is not a daskkrr model directory (no {METADATA_FILE})")
+    try:
+        meta = json.loads(meta_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ModelFormatError(f"{meta_path} is not valid JSON: {exc}") from exc
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT_NAME:
+        raise ModelFormatError(f"{meta_path} is not a daskkrr model file")
+    version = meta.get("format_version")
+    if version != FORMAT_VERSION:
+        raise ModelFormatError(
+            f"{path} has model format version {version!r}; this daskkrr ({daskkrr.__version__}) reads "
+            f"version {FORMAT_VERSION}. Re-fit the model or load it with the daskkrr version that wrote it "
+            f"({meta.get('library_version', 'unknown')})"
+        )
+    classes = _estimator_classes()
+    name = meta.get("estimator")
+    if name not in classes:
+        raise ModelFormatError(f"{path}: unknown estimator {name!r}; expected one of {sorted(classes)}")
+    try:
+        with np.load(path / ARRAYS_FILE, allow_pickle=False) as npz:
+            arrays = {k: npz[k] for k in npz.files}
+    except ValueError as exc:  # object arrays need pickle: refused
+        raise ModelFormatError(f"{path / ARRAYS_FILE} holds pickled objects; refusing to load it") from exc
+    except (OSError, EOFError) as exc:
+        raise ModelFormatError(f"{path / ARRAYS_FILE} cannot be read: {exc}") from exc
+    cls = classes[name]
+    params = dict(meta.get("params", {}))
+    model = cls(**params)
+    model.kernel_ = kernel_from_dict(meta["kernel"])
+    model.scaler_ = None if meta.get("scaler") is None else Standardizer.from_dict(meta["scaler"])
+    for key in _ARRAYS:
+        short = key.rstrip("_")
+        if short not in arrays:
+            raise ModelFormatError(f"{path / ARRAYS_FILE} lacks the array {short!r}")
+        setattr(model, key, arrays[short])
+    for key, value in meta.get("fitted", {}).items():
+        if key in _SCALARS:
+            setattr(model, key, value)
+    model.sampler_info_ = meta.get("sampler_info", {})
+    if "classes" in arrays:
+        model.classes_ = arrays["classes"]
+    elif "classes" in meta:
+        model.classes_ = np.asarray(meta["classes"])
+    return model
+
+
+def _py(value: Any) -> Any:
+    """numpy scalars and containers -> plain JSON-ready Python."""
+    if isinstance(value, dict):
+        return {str(k): _py(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_py(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    return value

@@ -1,0 +1,138 @@
+"""FALKON: Nystrom kernel ridge regression by preconditioned conjugate gradient.
+
+The Nystrom KRR system for centers ``Z`` (``M`` of them) is
+
+    (K_nM^T K_nM + lambda n K_MM) alpha = K_nM^T y.
+
+FALKON (Rudi, Carratino, Rosasco 2017) approximates ``K_nM^T K_nM`` by
+``(n/M) K_MM D^2 K_MM`` (``D = I`` for uniform centers; ``D = diag(sqrt(w))`` with
+importance weights for leverage-score centers, Rudi et al. 2018) and builds two
+Cholesky factors
+
+    T^T T = D K_MM D + jitter I,      A^T A = T T^T / M + lambda I,
+
+so that with ``alpha = D T^{-1} A^{-1} beta`` the system becomes
+
+    A^{-T} ( T^{-T} D K_nM^T K_nM D T^{-1} v / n + lambda v ) = A^{-T} T^{-T} D K_nM^T y / n,
+    v = A^{-1} beta,
+
+whose condition number is close to one. Only ``K_nM^T (K_nM u)`` touches the data:
+that is the caller's ``gram_matvec``, one distributed pass per iteration.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import numpy as np
+
+from daskkrr.solvers.cg import CGResult, conjugate_gradient
+from daskkrr.solvers.linalg import cholesky_jitter, solve_upper
+
+
+@dataclasses.dataclass
+class FalkonPreconditioner:
+    """The factors ``T`` and ``A`` of FALKON's preconditioner.
+
+    Build it with :meth:`from_kernel_matrix`. ``n`` is the number of training rows,
+    ``penalty`` FALKON's lambda.
+    """
+
+    T: np.ndarray
+    A: np.ndarray
+    d: np.ndarray
+    penalty: float
+    n: int
+    jitter: float
+
+    @classmethod
+    def from_kernel_matrix(
+        cls, Kmm: np.ndarray, *, penalty: float, n: int, weights: np.ndarray | None = None
+    ) -> "FalkonPreconditioner":
+        Kmm = np.asarray(Kmm, dtype=np.float64)
+        M = Kmm.shape[0]
+        if Kmm.shape != (M, M):
+            raise ValueError(f"K_MM must be square; got shape {Kmm.shape}")
+        if not penalty > 0:
+            raise ValueError(f"penalty must be > 0; got {penalty!r}")
+        d = np.ones(M) if weights is None else np.sqrt(np.asarray(weights, dtype=np.float64))
+        if d.shape != (M,):
+            raise ValueError(f"weights must have shape ({M},); got {np.shape(weights)}")
+        T, jitter = cholesky_jitter(d[:, None] * Kmm * d[None, :], what="center kernel matrix K_MM")
+        inner = T @ T.T / M
+        inner[np.diag_indices(M)] += penalty
+        A, _ = cholesky_jitter(inner, what="FALKON inner matrix T T^T / M + lambda I")
+        return cls(T=T, A=A, d=d, penalty=float(penalty), n=int(n), jitter=jitter)
+
+    @property
+    def n_centers(self) -> int:
+        return self.T.shape[0]
+
+    def to_coefficients(self, beta: np.ndarray) -> np.ndarray:
+        """``alpha = D T^{-1} A^{-1} beta``."""
+        v = solve_upper(self.A, beta)
+        return self._d_col(beta) * solve_upper(self.T, v)
+
+    def _d_col(self, like: np.ndarray) -> np.ndarray:
+        return self.d if like.ndim == 1 else self.d[:, None]
+
+    def rhs(self, knm_t_y: np.ndarray) -> np.ndarray:
+        """Preconditioned right-hand side ``A^{-T} T^{-T} D K_nM^T y / n``."""
+        w = solve_upper(self.T, self._d_col(knm_t_y) * knm_t_y, trans=True) / self.n
+        return solve_upper(self.A, w, trans=True)
+
+    def operator(
+        self, gram_matvec: Callable[[np.ndarray], np.ndarray]
+    ) -> Callable[[np.ndarray], np.ndarray]:
+        """The preconditioned FALKON operator ``beta -> P^T H P beta / n``."""
+
+        def apply(beta: np.ndarray) -> np.ndarray:
+            v = solve_upper(self.A, beta)
+            u = self._d_col(v) * solve_upper(self.T, v)
+            c = np.asarray(gram_matvec(u), dtype=np.float64).reshape(u.shape)
+            w = solve_upper(self.T, self._d_col(c) * c, trans=True) / self.n
+            return solve_upper(self.A, w + self.penalty * v, trans=True)
+
+        return apply
+
+    def direct_solve(self, gram: np.ndarray, knm_t_y: np.ndarray) -> np.ndarray:
+        """Solve the same preconditioned system exactly from ``G = K_nM^T K_nM``.
+
+        ``(T^{-T} D G D T^{-1} / n + lambda I) v = T^{-T} D K_nM^T y / n``,
+        ``alpha = D T^{-1} v``. The matrix is symmetric with eigenvalues >= lambda,
+        so its Cholesky factorisation is stable.
+        """
+        D = self.d
+        L = solve_upper(self.T, D[:, None] * gram * D[None, :], trans=True)  # T^-T D G D
+        C = solve_upper(self.T, L.T, trans=True).T / self.n  # (T^-T D G D T^-1) / n
+        C = (C + C.T) / 2
+        C[np.diag_indices_from(C)] += self.penalty
+        rhs = solve_upper(self.T, self._d_col(knm_t_y) * knm_t_y, trans=True) / self.n
+        R, _ = cholesky_jitter(C, what="preconditioned Nystrom system")
+        v = solve_upper(R, solve_upper(R, rhs, trans=True))
+        return self._d_col(v) * solve_upper(self.T, v)
+
+
+def falkon_solve(
+    preconditioner: FalkonPreconditioner,
+    gram_matvec: Callable[[np.ndarray], np.ndarray],
+    knm_t_y: np.ndarray,
+    *,
+    tol: float = 1e-7,
+    max_iter: int = 50,
+    true_residual_every: int = 10,
+    beta0: np.ndarray | None = None,
+    callback: Callable[[int, np.ndarray], None] | None = None,
+) -> tuple[np.ndarray, CGResult]:
+    """Run FALKON's CG; return the Nystrom coefficients ``alpha`` and the CG record."""
+    result = conjugate_gradient(
+        preconditioner.operator(gram_matvec),
+        preconditioner.rhs(knm_t_y),
+        x0=beta0,
+        tol=tol,
+        max_iter=max_iter,
+        true_residual_every=true_residual_every,
+        callback=callback,
+    )
+    return preconditioner.to_coefficients(result.x), result
