@@ -207,7 +207,8 @@ def test_xarray_store_with_cf_encoding_is_decoded(tmp_path, zarr_format):
 
 def test_plain_xarray_store(tmp_path, Xy):
     X, y = Xy
-    xr.Dataset({"X": (("n", "d"), X), "y": ("n", y)}).to_zarr(tmp_path / "xr.zarr", consolidated=False)
+    ds = xr.Dataset({"X": (("n", "d"), X), "y": ("n", y)})
+    ds.to_zarr(tmp_path / "xr.zarr", consolidated=False)
     Xd, yd = open_dataset(tmp_path / "xr.zarr")
     np.testing.assert_array_equal(Xd.compute(), X)
     np.testing.assert_array_equal(yd.compute(), y)
@@ -232,7 +233,8 @@ def test_table_path_points_to_convert(tmp_path):
 def test_missing_feature_name_lists_arrays(tmp_path, Xy):
     X, y = Xy
     path = _raw_store(tmp_path / "raw.zarr", X, y, x_name="features")
-    with pytest.raises(KeyError, match=r"no feature array 'X' in Zarr store .*raw\.zarr.*\['features', 'y'\]"):
+    message = r"no feature array 'X' in Zarr store .*raw\.zarr.*\['features', 'y'\]"
+    with pytest.raises(KeyError, match=message):
         open_dataset(path)
 
 
@@ -245,7 +247,8 @@ def test_missing_target_name_lists_arrays(tmp_path, Xy):
 
 def test_missing_dataset_variable():
     ds = xr.Dataset({"x": (("n", "d"), np.ones((3, 2)))})
-    with pytest.raises(KeyError, match=r"no feature array 'X' in the xarray Dataset.*did you mean x='x'"):
+    message = r"no feature array 'X' in the xarray Dataset.*did you mean x='x'"
+    with pytest.raises(KeyError, match=message):
         open_dataset(ds)
 
 
@@ -256,7 +259,11 @@ def test_missing_dataset_variable():
         (np.ones((2, 2, 2)), ValueError, r"X must be 2-D .*got 3-D"),
         (np.ones((0, 3)), ValueError, r"X has shape \(0, 3\); at least 1 row and 1 column"),
         (np.ones((3, 0)), ValueError, r"X has shape \(3, 0\)"),
-        (np.array([["a", "b"]], dtype=object), TypeError, r"X has dtype object; expected bool, integer or float: encode"),
+        (
+            np.array([["a", "b"]], dtype=object),
+            TypeError,
+            r"X has dtype object; expected bool, integer or float: encode",
+        ),
         (np.array([["a", "b"]]), TypeError, r"X has dtype <U1"),
         (np.ones((2, 2), dtype=complex), TypeError, r"X has dtype complex128.*np.real"),
         (np.zeros((2, 2), dtype="datetime64[s]"), TypeError, r"X has dtype datetime64\[s\]"),
@@ -304,7 +311,9 @@ def test_unknown_chunk_sizes():
         open_dataset(X)
 
 
-@pytest.mark.parametrize(("chunks", "error"), [(0, ValueError), (-3, ValueError), (2.5, TypeError), (True, TypeError)])
+@pytest.mark.parametrize(
+    ("chunks", "error"), [(0, ValueError), (-3, ValueError), (2.5, TypeError), (True, TypeError)]
+)
 def test_invalid_chunks(chunks, error):
     with pytest.raises(error, match="chunks must be"):
         open_dataset(np.ones((4, 2)), chunks=chunks)
@@ -333,7 +342,7 @@ def test_write_zarr_dask_irregular_chunks_and_2d_target(tmp_path, Xy):
     Xd = da.from_array(X, chunks=((30, 50, 23), (1, 3)))
     path = write_zarr(Xd, da.from_array(Y, chunks=(40, 1)), tmp_path / "d.zarr")
     group = zarr.open_group(path, mode="r")
-    assert group["X"].chunks == (30, 4) and group["y"].chunks == (30, 2)
+    assert group["X"].chunks == (50, 4) and group["y"].chunks == (50, 2)  # largest block
     assert group["y"].dtype == np.int32
     np.testing.assert_array_equal(group["X"][:], X)
     np.testing.assert_array_equal(group["y"][:], Y)
@@ -422,3 +431,11 @@ def test_write_array_zarr(tmp_path):
         write_array_zarr(pred, path, name="y_pred")
     with pytest.raises(ValueError, match="must be 1-D or 2-D"):
         write_array_zarr(np.ones((2, 2, 2)), tmp_path / "q.zarr")
+
+
+def test_newer_store_format_is_refused(tmp_path, Xy):
+    X, y = Xy
+    path = write_zarr(X, y, tmp_path / "d.zarr")
+    zarr.open_group(path, mode="r+").attrs["daskkrr_format"] = FORMAT_VERSION + 1
+    with pytest.raises(ValueError, match=r"daskkrr_format 2, but this version .* upgrade daskkrr"):
+        open_dataset(path)

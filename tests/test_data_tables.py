@@ -108,7 +108,11 @@ def test_explicit_separator(tmp_path, frame):
 
 def test_missing_target_names_columns(tmp_path, frame):
     source = _write_gzip_tsv(tmp_path / "t.tsv.gz", frame)
-    with pytest.raises(KeyError, match=r"target column 'price' not found in .*t\.tsv\.gz; its columns are \['a', 'b', 'target', 'c'\]"):
+    message = (
+        r"target column 'price' not found in .*t\.tsv\.gz; "
+        r"its columns are \['a', 'b', 'target', 'c'\]"
+    )
+    with pytest.raises(KeyError, match=message):
         convert_table(source, tmp_path / "out.zarr", target="price")
     _assert_nothing_left(tmp_path, tmp_path / "out.zarr")
 
@@ -116,7 +120,8 @@ def test_missing_target_names_columns(tmp_path, frame):
 def test_non_numeric_column_is_named(tmp_path, frame):
     frame["city"] = "Paris"
     source = _write_gzip_tsv(tmp_path / "t.tsv.gz", frame)
-    with pytest.raises(ValueError, match=r"column 'city' of .* is not numeric \(line 2 holds 'Paris'\)"):
+    message = r"column 'city' of .* is not numeric \(line 2 holds 'Paris'\)"
+    with pytest.raises(ValueError, match=message):
         convert_table(source, tmp_path / "out.zarr", target="target")
     _assert_nothing_left(tmp_path, tmp_path / "out.zarr")
 

@@ -15,6 +15,10 @@ from daskkrr.data.validation import check_chunk_rows
 #: Target size of one block when the caller does not choose one.
 DEFAULT_BLOCK_BYTES = 64 * 2**20
 
+#: Value of the ``daskkrr_format`` group attribute of the Zarr stores daskkrr
+#: writes (arrays ``X`` and optional ``y``, chunked by rows); readers refuse newer ones.
+FORMAT_VERSION = 1
+
 
 def auto_chunk_rows(
     n_features: int,

@@ -21,7 +21,7 @@ import xarray as xr
 import zarr
 from zarr.abc.store import Store
 
-from daskkrr.data.chunking import align_rows, as_row_blocks, numpy_to_dask
+from daskkrr.data.chunking import FORMAT_VERSION, align_rows, as_row_blocks, numpy_to_dask
 from daskkrr.data.validation import check_chunk_rows, check_features, check_target
 
 __all__ = ["open_dataset"]
@@ -62,7 +62,8 @@ def open_dataset(
         Name of the feature array in a store or Dataset. Ignored for array sources.
     y : str, array-like or None, default="y"
         For a store or Dataset, the name of the target array; if no array of that
-        name exists and the source holds nothing but ``X``, no target is returned.
+        name exists and the source holds nothing but ``X``, no target is returned
+        (an in-memory target array may be passed instead of a name).
         For an array source, the target itself (numpy, dask, zarr, xarray or any
         array-like); the default name ``"y"`` then means "no target". Pass None to
         open ``X`` alone.
@@ -139,6 +140,12 @@ def _from_zarr_path(source: str | os.PathLike | Store, x: str, y: Any) -> tuple[
 
 
 def _from_zarr_group(group: zarr.Group, x: str, y: Any, where: str) -> tuple[Any, Any]:
+    version = group.attrs.get("daskkrr_format")
+    if isinstance(version, int) and version > FORMAT_VERSION:
+        raise ValueError(
+            f"{where} has daskkrr_format {version}, but this version of daskkrr reads "
+            f"formats up to {FORMAT_VERSION}; upgrade daskkrr"
+        )
     names = sorted(group.array_keys())
     if x not in names:
         dataset = _try_open_xarray(group)

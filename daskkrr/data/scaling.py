@@ -196,7 +196,7 @@ class Standardizer(TransformerMixin, BaseEstimator):
         ValueError
             If ``X`` or ``y`` contains NaN or inf (the message names the rows).
         """
-        X, y = _as_row_blocks(X, y)
+        X, y = _prepare_inputs(X, y)
         summary = _fit_pass(X, y)
         _raise_if_non_finite(summary, X.chunks[0])
         n = summary.x.count
@@ -286,7 +286,7 @@ class Standardizer(TransformerMixin, BaseEstimator):
                 f"X has {d} features but this Standardizer was fitted with {self.n_features_in_}"
             )
         dtype = X.dtype if X.dtype.kind == "f" else np.dtype(np.float64)
-        out = X.astype(dtype, copy=False) if lazy else np.array(X, dtype=dtype)
+        out = X.astype(dtype, copy=False)
         mean = None if self.mean_ is None else self.mean_.astype(dtype)
         scale = None if self.scale_ is None else self.scale_.astype(dtype)
         if inverse:
@@ -305,7 +305,7 @@ class Standardizer(TransformerMixin, BaseEstimator):
 # --------------------------------------------------------------------------- orchestration
 
 
-def _as_row_blocks(X: Any, y: Any | None) -> tuple[da.Array, da.Array | None]:
+def _prepare_inputs(X: Any, y: Any | None) -> tuple[da.Array, da.Array | None]:
     """Validate and bring (X, y) into the row-block layout without reading data."""
     if not isinstance(X, da.Array):
         X = np.asarray(X)

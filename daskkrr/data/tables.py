@@ -30,6 +30,14 @@ __all__ = ["convert_table", "infer_separator"]
 _OPENERS: dict[str, Callable[..., IO[Any]]] = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}
 _SEPARATORS = {".tsv": "\t", ".tab": "\t", ".csv": ","}
 _SNIFF_BYTES = 64 * 1024
+_READ_ERRORS = (
+    pd.errors.ParserError,
+    pd.errors.EmptyDataError,
+    UnicodeDecodeError,
+    EOFError,
+    gzip.BadGzipFile,
+    lzma.LZMAError,
+)
 
 
 def convert_table(
@@ -158,11 +166,10 @@ def _stream_table(
                 X_arr[rows:stop] = X_block
                 y_arr[rows:stop] = y_block
                 rows = stop
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, EOFError,
-            gzip.BadGzipFile, lzma.LZMAError) as exc:
+    except _READ_ERRORS as exc:
         raise ValueError(
             f"cannot read {source} as a table with separator {sep!r}: {exc}; check the file "
-            f"(and its compression) or pass sep="
+            f"and its compression, or pass the right sep="
         ) from exc
     if rows == 0:
         raise ValueError(f"{source} has a header but no data rows; nothing to convert")

@@ -23,15 +23,11 @@ import xarray as xr
 import zarr
 
 from daskkrr.data.atomic import atomic_directory, check_destination
-from daskkrr.data.chunking import as_row_blocks, numpy_to_dask, uniform_row_chunks
+from daskkrr.data.chunking import FORMAT_VERSION, as_row_blocks, numpy_to_dask, uniform_row_chunks
 from daskkrr.data.loading import as_array, open_dataset
 from daskkrr.data.validation import check_features
 
 __all__ = ["FORMAT_VERSION", "create_store", "write_array_zarr", "write_zarr"]
-
-#: Value of the ``daskkrr_format`` group attribute written by this version.
-FORMAT_VERSION = 1
-
 
 def write_zarr(
     X: Any,
@@ -55,8 +51,8 @@ def write_zarr(
         Directory of the new store.
     chunk_rows : int or None, default=None
         Rows per Zarr chunk (every chunk holds all columns). None keeps the row
-        chunking of a dask ``X`` (its first block) and chooses about 64 MiB per
-        chunk for in-memory data.
+        chunking of a dask ``X`` (irregular blocks are rechunked to the largest
+        block size) and chooses about 64 MiB per chunk for in-memory data.
     overwrite : bool, default=False
         Replace an existing ``path``.
     attrs : mapping, optional
@@ -143,7 +139,7 @@ def _write_arrays(
 ) -> Path:
     """Store row-aligned dask arrays as a daskkrr group at ``path``, atomically."""
     first = next(iter(arrays.values()))
-    rows = first.chunks[0][0]
+    rows = max(first.chunks[0])
     if not uniform_row_chunks(first):  # Zarr chunks are regular; dask blocks may not be
         arrays = {key: a.rechunk({0: rows}) for key, a in arrays.items()}
     with atomic_directory(path, overwrite) as tmp:

@@ -8,6 +8,7 @@ import dask.array as da
 import numpy as np
 from sklearn.base import ClassifierMixin
 
+from daskkrr.models._inputs import is_in_memory
 from daskkrr.models.base import NystromModelBase
 from daskkrr.models.regressors import FalkonRegressor
 
@@ -50,8 +51,21 @@ class FalkonClassifier(ClassifierMixin, NystromModelBase):
     __init__ = FalkonRegressor.__init__
 
     def fit(self, X: Any, y: Any = None) -> "FalkonClassifier":
-        """Fit on anything :func:`daskkrr.open_dataset` takes; y holds class labels."""
-        return self._fit_nystrom(X, y)
+        """Fit on anything :func:`daskkrr.open_dataset` takes; y holds class labels.
+
+        Labels may be any sortable values (strings too) when ``y`` is in memory;
+        labels in a dask array or Zarr store must be numeric.
+        """
+        labels = None
+        if y is not None and is_in_memory(y):
+            y_arr = np.asarray(y)
+            if y_arr.dtype.kind not in "biuf":
+                # Text labels become integer codes; classes_ maps them back.
+                labels, y = np.unique(y_arr.reshape(-1), return_inverse=True)
+        self._fit_nystrom(X, y)
+        if labels is not None:
+            self.classes_ = labels[self.classes_.astype(np.int64)]
+        return self
 
     def _encode_targets(self, y: da.Array) -> da.Array:
         if y.ndim != 1 and not (y.ndim == 2 and y.shape[1] == 1):

@@ -100,11 +100,12 @@ def squeak_reference(
     rls = np.zeros(0)
     sizes = []
     for t in range(n):
-        # S_bar: one column per copy of each entry, then qbar copies of the new point.
-        col_rows = np.concatenate([np.repeat(rows, q), np.full(qbar, t)])
-        col_scale = np.concatenate(
-            [np.repeat(1.0 / np.sqrt(qbar * p), q), np.full(qbar, 1.0 / np.sqrt(qbar))]
-        )
+        # S_bar: q_j copies of (qbar p_j)^{-1/2} e_j per entry, then qbar copies of
+        # qbar^{-1/2} e_t. Only S_bar S_bar^T enters Eq. 5 (A (A^T A + gamma I)^{-1} A^T
+        # = A A^T (A A^T + gamma I)^{-1}), so the copies of one row are merged into a
+        # single column of squared norm q_j / (qbar p_j) (the new point: qbar / qbar = 1).
+        col_rows = np.append(rows, t)
+        col_scale = np.append(np.sqrt(q / (qbar * p)), 1.0)
         query = np.append(rows, t)
         tau = _eq5_estimates(K, col_rows, col_scale, query, gamma, eps)
         p_old = np.append(p, 1.0)

@@ -1,0 +1,115 @@
+"""The working state of a SQUEAK/DISQUEAK dictionary: numpy arrays only, O(m^2 + m d).
+
+A dictionary is a set of unique rows ("entries") ``j`` with
+
+- ``copies`` q_j >= 1 (the multiplicity of the paper),
+- ``probs`` p~_j (the probability the entry was last resampled with),
+- ``rls`` the last Eq. 4/5 estimate of its ridge leverage score,
+- ``gram`` the kernel matrix among the entries (kept so the next update does not
+  recompute it).
+
+Its *selection weight* is ``s_j = q_j / (qbar p_j)``: the diagonal of ``S S^T`` in
+Eq. 3, i.e. ``sum_j s_j k(z_j, .) k(z_j, .)^T`` estimates ``sum_i k(x_i, .) k(x_i, .)^T``.
+:meth:`to_center_dictionary` converts it to the package-wide convention
+``w_j = (M / n) s_j`` (all ones for uniform sampling).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from daskkrr.sampling.base import CenterDictionary
+
+
+@dataclasses.dataclass
+class DictionaryState:
+    """Unique dictionary entries with their copies, probabilities, RLS estimates and Gram."""
+
+    points: np.ndarray
+    indices: np.ndarray
+    probs: np.ndarray
+    copies: np.ndarray
+    rls: np.ndarray
+    gram: np.ndarray
+
+    @classmethod
+    def empty(cls, n_features: int, dtype: Any = np.float64) -> DictionaryState:
+        return cls(
+            points=np.zeros((0, n_features), dtype=dtype),
+            indices=np.zeros(0, dtype=np.int64),
+            probs=np.zeros(0),
+            copies=np.zeros(0, dtype=np.int64),
+            rls=np.zeros(0),
+            gram=np.zeros((0, 0)),
+        )
+
+    @property
+    def size(self) -> int:
+        """Number of unique entries."""
+        return int(self.indices.shape[0])
+
+    @property
+    def n_copies(self) -> int:
+        """Dictionary size counted with multiplicity, ``sum_j q_j`` (|I| in the papers)."""
+        return int(self.copies.sum())
+
+    def selection_weights(self, qbar: int) -> np.ndarray:
+        """``s_j = q_j / (qbar p_j)``."""
+        return self.copies / (qbar * self.probs)
+
+    def d_eff_estimate(self, qbar: int, eps: float) -> float:
+        """Importance-weighted sum of the RLS estimates, ``sum_j s_j tau~_j / (1 - eps)``.
+
+        Estimates ``d_eff(gamma)`` of all rows the dictionary summarises (Eq. 4/5
+        estimates are about ``(1 - eps)`` times the exact RLS).
+        """
+        return float(np.sum(self.selection_weights(qbar) * self.rls) / (1.0 - eps))
+
+    def take(self, keep: np.ndarray) -> DictionaryState:
+        """The entries selected by the integer or boolean index ``keep``."""
+        keep = np.flatnonzero(keep) if np.asarray(keep).dtype == bool else np.asarray(keep)
+        return DictionaryState(
+            points=self.points[keep],
+            indices=self.indices[keep],
+            probs=self.probs[keep],
+            copies=self.copies[keep],
+            rls=self.rls[keep],
+            gram=self.gram[np.ix_(keep, keep)] if self.gram.shape[0] else self.gram,
+        )
+
+    def without_gram(self) -> DictionaryState:
+        """A copy with an empty Gram matrix (what travels back to the client)."""
+        return dataclasses.replace(self, gram=np.zeros((0, 0)))
+
+    def nbytes(self) -> int:
+        return int(sum(a.nbytes for a in (self.points, self.indices, self.probs, self.copies,
+                                          self.rls, self.gram)))
+
+    def to_center_dictionary(self, qbar: int, n_rows: int, info: dict[str, Any]) -> CenterDictionary:
+        """Unique centers with weights ``w_j = (M / n) q_j / (qbar p_j)``, M = number of entries.
+
+        With this normalisation ``(n / M) sum_j w_j k(z_j, .) k(z_j, .)^T`` is the
+        dictionary's estimate of ``K_nM^T K_nM`` restricted to the centers, and a
+        uniform sample would get all-ones weights.
+        """
+        if self.size == 0:
+            raise RuntimeError(
+                "the dictionary is empty: no row was kept. Increase qbar, lower gamma "
+                "(or the penalty), or check that X has rows"
+            )
+        order = np.argsort(self.indices, kind="stable")
+        st = self.take(order)
+        weights = (st.size / n_rows) * st.selection_weights(qbar)
+        info = dict(info)
+        info["rls_estimates"] = st.rls.tolist()
+        return CenterDictionary(
+            centers=st.points,
+            indices=st.indices,
+            weights=weights,
+            counts=st.copies.astype(np.int64),
+            probabilities=st.probs,
+            info=info,
+        )

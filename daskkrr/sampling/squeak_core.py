@@ -1,0 +1,259 @@
+"""SQUEAK / DISQUEAK dictionary updates on numpy blocks (no Dask here).
+
+How one batch of new rows is processed (:func:`squeak_batch`), following Alg. 1 of
+Calandriello, Lazaric & Valko, a batch at a time instead of a point at a time:
+
+1. *Estimate* each new row's RLS against the current dictionary plus the row itself
+   (Eq. 4/5 with ``qbar`` copies of ``qbar^{-1/2} e_x``, i.e. weight 1):
+   with ``A = D K_DD D + gamma I = L L^T`` (``D = diag(sqrt(s))``) and
+   ``r_x = (k_xx - ||L^{-1} D k_D(x)||^2) / gamma``, Sherman-Morrison gives
+   ``tau~_x = (1 - eps) r_x / (1 + r_x)``.
+2. *Expand*: ``p_x = max(min(tau~_x, 1), floor_x)``, ``q_x ~ Binomial(qbar, p_x)``;
+   rows with ``q_x > 0`` join the dictionary. The factor ``L`` is extended with
+   their rows by a Schur complement (the old entries keep their weights).
+3. *Shrink* every entry once: Eq. 4 against the expanded dictionary,
+   ``tau~_i = (1 - eps) / gamma * (k_ii - ||L'^{-1} D' k_D'(z_i)||^2)``,
+   ``p_i <- max(min(tau~_i, p_i), floor_i)``, ``q_i ~ Binomial(q_i, p_new / p_old)``;
+   entries left with no copy are dropped for good.
+
+The floors reproduce the ``p/2`` clause of Alg. 1 (an RLS at most halves when one
+point is added, Lemma 1), compounded over the batch: ``p_old 2^{-b}`` for old entries
+and ``2^{-(b - j)}`` for the j-th of b new rows (whose previous probability is 1).
+
+:func:`merge_dictionaries` is DISQUEAK's Dict-Merge + Dict-Update (Alg. 2): the union
+of two dictionaries resampled with the Eq. 5 estimator, whose inner regularisation
+is ``(1 + eps) gamma`` because both halves are only eps-accurate.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+from daskkrr.kernels import Kernel
+from daskkrr.sampling.cholesky import (
+    cholesky_with_jitter,
+    extend_cholesky,
+    forward_solve,
+    weighted_gram,
+)
+from daskkrr.sampling.dictionary_state import DictionaryState
+
+#: Kernel/solve tiles are bounded by this many bytes (rows of a batch x entries x 8).
+DEFAULT_BATCH_BYTES = 64 * 2**20
+
+
+@dataclasses.dataclass(frozen=True)
+class SqueakParams:
+    """Parameters of the dictionary updates.
+
+    Attributes
+    ----------
+    gamma : float
+        Regularisation in kernel-matrix units.
+    qbar : int
+        Copies drawn for a new row.
+    eps : float
+        Accuracy parameter in (0, 1).
+    batch_min : int
+        Smallest batch of new rows (the batch grows with the dictionary: ``max(batch_min, m)``).
+    batch_bytes : int
+        Upper bound on ``batch rows x entries x 8`` bytes.
+    halving_floor : bool
+        Apply the ``p/2``-per-point floor of Alg. 1.
+    """
+
+    gamma: float
+    qbar: int
+    eps: float
+    batch_min: int = 64
+    batch_bytes: int = DEFAULT_BATCH_BYTES
+    halving_floor: bool = True
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.gamma) and self.gamma > 0):
+            raise ValueError(f"gamma must be finite and > 0; got {self.gamma!r}")
+        if int(self.qbar) != self.qbar or self.qbar < 1:
+            raise ValueError(f"qbar must be a positive integer; got {self.qbar!r}")
+        if not 0.0 < self.eps < 1.0:
+            raise ValueError(f"eps must be in (0, 1); got {self.eps!r}")
+        if self.batch_min < 1:
+            raise ValueError(f"batch_min must be >= 1; got {self.batch_min!r}")
+
+    def batch_rows(self, n_entries: int) -> int:
+        """Rows in the next batch for a dictionary of ``n_entries`` unique entries."""
+        cap = max(1, self.batch_bytes // (8 * max(1, n_entries)))
+        return int(max(1, min(max(self.batch_min, n_entries), cap)))
+
+
+def _factor(state: DictionaryState, qbar: int, reg: float) -> tuple[np.ndarray, np.ndarray]:
+    """Cholesky factor of ``D K_DD D + reg I`` and ``sqrt(s)``."""
+    sw = np.sqrt(state.selection_weights(qbar))
+    L, _ = cholesky_with_jitter(weighted_gram(state.gram, sw, reg))
+    return L, sw
+
+
+def estimate_new_rows(
+    state: DictionaryState,
+    L: np.ndarray,
+    sqrt_w: np.ndarray,
+    Xb: np.ndarray,
+    kernel: Kernel,
+    params: SqueakParams,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Eq. 4 estimates of new rows against the dictionary plus the row itself.
+
+    Returns
+    -------
+    tau : ndarray of shape (b,)
+        ``(1 - eps) r / (1 + r)``.
+    K_Db : ndarray of shape (m, b)
+        Kernel between the entries and the new rows (float64).
+    V : ndarray of shape (m, b)
+        ``L^{-1} D K_Db`` (reused to extend the factor).
+    """
+    kb = np.asarray(kernel.diag(Xb), dtype=np.float64)
+    if state.size:
+        K_Db = np.asarray(kernel(state.points, Xb), dtype=np.float64)
+        V = forward_solve(L, sqrt_w[:, None] * K_Db)
+        resid = kb - np.einsum("ij,ij->j", V, V)
+    else:
+        K_Db = np.zeros((0, Xb.shape[0]))
+        V = K_Db
+        resid = kb
+    r = np.maximum(resid, 0.0) / params.gamma
+    return (1.0 - params.eps) * r / (1.0 + r), K_Db, V
+
+
+def entry_estimates(
+    L: np.ndarray, sqrt_w: np.ndarray, gram: np.ndarray, params: SqueakParams
+) -> np.ndarray:
+    """Eq. 4/5 estimates of the entries themselves, given the factor of their weighted Gram.
+
+    ``tau~_i = (1 - eps) / gamma * (k_ii - ||L^{-1} D k_D(z_i)||^2)``; the inner
+    regularisation (gamma or (1 + eps) gamma) is whatever ``L`` was built with.
+    """
+    if gram.shape[0] == 0:
+        return np.zeros(0)
+    U = forward_solve(L, sqrt_w[:, None] * gram)
+    resid = np.diag(gram) - np.einsum("ij,ij->j", U, U)
+    return (1.0 - params.eps) / params.gamma * np.maximum(resid, 0.0)
+
+
+def resample(
+    probs: np.ndarray,
+    copies: np.ndarray,
+    tau: np.ndarray,
+    floor: np.ndarray,
+    rng: np.random.Generator,
+) -> tuple[np.ndarray, np.ndarray]:
+    """SHRINK: ``p' = max(min(tau, p), floor)``, ``q' ~ Binomial(q, p'/p)``."""
+    p_new = np.maximum(np.minimum(tau, probs), np.minimum(floor, probs))
+    ratio = np.clip(p_new / probs, 0.0, 1.0)
+    return p_new, rng.binomial(copies, ratio)
+
+
+def squeak_batch(
+    state: DictionaryState,
+    Xb: np.ndarray,
+    first_row: int,
+    kernel: Kernel,
+    params: SqueakParams,
+    rng: np.random.Generator,
+) -> DictionaryState:
+    """Process one batch of new rows: estimate, expand, then shrink every entry once.
+
+    Parameters
+    ----------
+    state : DictionaryState
+        Dictionary of the rows seen so far (its Gram must be present).
+    Xb : ndarray of shape (b, d)
+        The new rows, in stream order.
+    first_row : int
+        Global row index of ``Xb[0]``.
+    kernel : Kernel
+    params : SqueakParams
+    rng : numpy Generator
+        The batch's own random stream.
+    """
+    b = Xb.shape[0]
+    if b == 0:
+        return state
+    qbar, gamma = params.qbar, params.gamma
+    L, sw = _factor(state, qbar, gamma)
+    tau_new, K_Db, V = estimate_new_rows(state, L, sw, Xb, kernel, params)
+
+    # EXPAND
+    if params.halving_floor:
+        floor_new = np.exp2(-(b - np.arange(b, dtype=np.float64)))
+        floor_old = state.probs * math.ldexp(1.0, -min(b, 1000))
+    else:
+        floor_new = np.zeros(b)
+        floor_old = np.zeros(state.size)
+    p_new = np.maximum(np.minimum(tau_new, 1.0), floor_new)
+    q_new = rng.binomial(qbar, p_new)
+    kept = np.flatnonzero(q_new > 0)
+    w_kept = q_new[kept] / (qbar * p_new[kept])
+    sw_kept = np.sqrt(w_kept)
+    K_nn = np.asarray(kernel(Xb[kept], Xb[kept]), dtype=np.float64)
+    corner = weighted_gram(K_nn, sw_kept, gamma)
+    L_ext, _ = extend_cholesky(L, V[:, kept] * sw_kept[None, :], corner)
+    m = state.size
+    gram = np.empty((m + kept.size, m + kept.size))
+    gram[:m, :m] = state.gram
+    gram[:m, m:] = K_Db[:, kept]
+    gram[m:, :m] = K_Db[:, kept].T
+    gram[m:, m:] = K_nn
+    expanded = DictionaryState(
+        points=np.concatenate([state.points, Xb[kept].astype(state.points.dtype, copy=False)]),
+        indices=np.concatenate([state.indices, first_row + kept.astype(np.int64)]),
+        probs=np.concatenate([state.probs, p_new[kept]]),
+        copies=np.concatenate([state.copies, q_new[kept]]),
+        rls=np.concatenate([state.rls, tau_new[kept]]),
+        gram=gram,
+    )
+
+    # SHRINK every entry once, against the expanded dictionary.
+    sw_ext = np.concatenate([sw, sw_kept])
+    tau = entry_estimates(L_ext, sw_ext, gram, params)
+    floor = np.concatenate([floor_old, floor_new[kept]])
+    probs, copies = resample(expanded.probs, expanded.copies, tau, floor, rng)
+    expanded.probs, expanded.copies, expanded.rls = probs, copies, tau
+    return expanded.take(copies > 0)
+
+
+def merge_dictionaries(
+    left: DictionaryState,
+    right: DictionaryState,
+    kernel: Kernel,
+    params: SqueakParams,
+    rng: np.random.Generator,
+) -> DictionaryState:
+    """DISQUEAK's Dict-Merge then Dict-Update with the Eq. 5 estimator.
+
+    ``tau~_i = (1 - eps) / gamma * (k_ii - k_i^T S (S^T K S + (1 + eps) gamma I)^{-1} S^T k_i)``
+    for every entry of the union, ``p_i <- min(tau~_i, p_i)``,
+    ``q_i ~ Binomial(q_i, p_new / p_old)``.
+    """
+    if left.size == 0:
+        return right
+    if right.size == 0:
+        return left
+    m1 = left.size
+    cross = np.asarray(kernel(left.points, right.points), dtype=np.float64)
+    gram = np.block([[left.gram, cross], [cross.T, right.gram]])
+    union = DictionaryState(
+        points=np.concatenate([left.points, right.points.astype(left.points.dtype, copy=False)]),
+        indices=np.concatenate([left.indices, right.indices]),
+        probs=np.concatenate([left.probs, right.probs]),
+        copies=np.concatenate([left.copies, right.copies]),
+        rls=np.concatenate([left.rls, right.rls]),
+        gram=gram,
+    )
+    L, sw = _factor(union, params.qbar, (1.0 + params.eps) * params.gamma)
+    tau = entry_estimates(L, sw, gram, params)
+    probs, copies = resample(union.probs, union.copies, tau, np.zeros(m1 + right.size), rng)
+    union.probs, union.copies, union.rls = probs, copies, tau
+    return union.take(copies > 0)

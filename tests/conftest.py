@@ -1,0 +1,43 @@
+"""Shared fixtures: small seeded data, the shared real data sets, local clusters."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+# Block tasks run BLAS inside dask threads/workers: one BLAS thread each keeps the
+# 2-core CI machine from oversubscription.
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+
+def shared_file(name: str) -> Path:
+    """Path of a file in ../shared/data, or skip the test with the reason."""
+    path = SHARED_DATA / name
+    if not path.is_file():
+        pytest.skip(f"{path} is absent: the shared data sets live beside the checkout in CI only")
+    return path
+
+
+@pytest.fixture
+def regression_data():
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(1200, 4))
+    y = np.sin(1.5 * X[:, 0]) + 0.5 * X[:, 1] * X[:, 2] + 0.05 * rng.normal(size=1200)
+    return X, y
+
+
+@pytest.fixture(scope="module")
+def cluster2():
+    """A LocalCluster with two single-threaded worker processes."""
+    from distributed import Client, LocalCluster
+
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+                      dashboard_address=None, memory_limit="2GiB") as cluster:
+        with Client(cluster, set_as_default=False) as client:
+            yield client
