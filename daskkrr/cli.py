@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -161,6 +162,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s: %(message)s")
     if not args.verbose:
+        # Quiet the scheduler/worker chatter, here and in worker processes (they inherit the env).
+        os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "error")
+        import dask
+
+        dask.config.refresh()
         logging.getLogger("distributed").setLevel(logging.ERROR)
     try:
         _COMMANDS[args.command](args)

@@ -113,3 +113,30 @@ class DictionaryState:
             probabilities=st.probs,
             info=info,
         )
+
+
+def thin_to_size(state: DictionaryState, size: int, rng: np.random.Generator) -> DictionaryState:
+    """Keep exactly ``size`` entries by thinning every copy with one common probability ``c``.
+
+    Each copy survives with probability ``c`` (``q_j -> Binomial(q_j, c)``, ``p_j -> c p_j``,
+    as a SHRINK step with ratio c, i.e. a run with ``c * qbar`` copies), where ``c`` is
+    the largest value leaving exactly ``size`` entries with a copy. Implemented by order
+    statistics: entry j survives iff the smallest of its ``q_j`` uniforms,
+    ``t_j ~ Beta(1, q_j)``, is below ``c``; ``c`` is the ``(size + 1)``-th smallest ``t``; a
+    survivor keeps ``1 + Binomial(q_j - 1, (c - t_j) / (1 - t_j))`` copies.
+    """
+    m = state.size
+    if size >= m:
+        return state
+    if size < 1:
+        raise ValueError(f"cannot thin a dictionary to {size} entries; ask for at least 1")
+    q = state.copies.astype(np.int64)
+    t = 1.0 - rng.random(m) ** (1.0 / q)
+    order = np.argsort(t, kind="stable")
+    keep = np.sort(order[:size])
+    c = float(t[order[size]])
+    extra = rng.binomial(q[keep] - 1, np.clip((c - t[keep]) / (1.0 - t[keep]), 0.0, 1.0))
+    out = state.take(keep)
+    out.copies = 1 + extra
+    out.probs = c * out.probs
+    return out
