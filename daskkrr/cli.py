@@ -1,7 +1,8 @@
 """The ``daskkrr`` command line.
 
 Every command exits 0 on success and 1 with a one-line ``daskkrr: error: ...`` on
-any error (2 for bad usage, 130 when interrupted). Commands that compute connect
+any error (2 for bad usage, 130 on Ctrl-C, 128 + the signal number on SIGTERM or
+SIGHUP; outputs are then not written). Commands that compute connect
 to ``--scheduler`` (or ``$DASK_SCHEDULER_ADDRESS``) or start a local cluster
 sized to the machine and close it afterwards.
 """
@@ -49,6 +50,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--chunk-rows", type=int, default=50_000)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--overwrite", action="store_true")
+    _add_scheduler(p)
 
     p = sub.add_parser("fit", help="fit a model on a Zarr store and save it")
     p.add_argument("--data", required=True, help="Zarr store with arrays X and y")
@@ -65,6 +67,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=["float32", "float64"], default=None)
     p.add_argument("--seed", dest="random_state", type=int, default=None)
     p.add_argument("--overwrite", action="store_true")
+    p.add_argument("--checkpoint", metavar="DIR", default=None,
+                   help="save the fit's state to DIR as it goes (falkon and classifier estimators)")
+    p.add_argument("--checkpoint-every", dest="checkpoint_every", type=int, default=5, metavar="K",
+                   help="CG iterations between checkpoints (default: 5)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the interrupted fit saved in --checkpoint DIR (starts afresh if DIR has none)")
+    p.add_argument("--no-progress", dest="progress", action="store_false",
+                   help="no progress bar on stderr (with -v the log shows progress instead)")
     _add_scheduler(p)
 
     p = sub.add_parser("predict", help="predict with a saved model into a Zarr store")
@@ -81,6 +91,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-iter", type=int, default=15)
     p.add_argument("--seed", type=int, default=0)
     _add_scheduler(p)
+
+    p = sub.add_parser("run", help="run a workflow file (data, model, evaluation, outputs) into a new run directory")
+    p.add_argument("workflow", help="workflow TOML file")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="TABLE.KEY=VALUE",
+                   help="override a value of the file, e.g. --set data.store=today.zarr (repeatable)")
+    p.add_argument("--runs-dir", default=None, help="where run directories go (default: the file's runs_dir)")
+    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars on stderr")
+    _add_scheduler(p)
     return parser
 
 
@@ -94,13 +112,17 @@ def _cmd_convert(args: argparse.Namespace) -> None:
 
 def _cmd_generate(args: argparse.Namespace) -> None:
     from daskkrr.data import write_classification_zarr, write_regression_zarr
+    from daskkrr.data.atomic import check_destination
+    from daskkrr.parallel import cluster_client
 
-    if args.classes:
-        write_classification_zarr(args.output, args.n, args.d, n_classes=args.classes,
-                                  chunk_rows=args.chunk_rows, random_state=args.seed, overwrite=args.overwrite)
-    else:
-        write_regression_zarr(args.output, args.n, args.d, chunk_rows=args.chunk_rows,
-                              random_state=args.seed, overwrite=args.overwrite)
+    check_destination(args.output, args.overwrite)  # fail before starting a cluster
+    with cluster_client(args.scheduler, n_workers=args.workers):  # blocks are generated on the workers
+        if args.classes:
+            write_classification_zarr(args.output, args.n, args.d, n_classes=args.classes,
+                                      chunk_rows=args.chunk_rows, random_state=args.seed, overwrite=args.overwrite)
+        else:
+            write_regression_zarr(args.output, args.n, args.d, chunk_rows=args.chunk_rows,
+                                  random_state=args.seed, overwrite=args.overwrite)
     print(f"wrote {args.output}: {args.n} rows x {args.d} features")
 
 
@@ -116,14 +138,75 @@ def _cmd_fit(args: argparse.Namespace) -> None:
     overrides = {k: getattr(args, k) for k in
                  ("kernel", "sigma", "penalty", "n_centers", "sampler", "max_iter", "tol", "dtype", "random_state")}
     model = build_estimator(config, **overrides, verbose=True if args.verbose else None)
+    fit_kwargs = _checkpoint_kwargs(args, model)
+    _check_before_start(model, args.data)
     with cluster_client(args.scheduler, n_workers=args.workers) as client:
         model.set_params(client=client)
         t0 = time.perf_counter()
-        model.fit(args.data)
+        with _fit_progress(args, client):
+            model.fit(args.data, **fit_kwargs)
         model.set_params(client=None)
         model.save(args.out, overwrite=args.overwrite)
     print(f"fitted {type(model).__name__} with {model.centers_.shape[0]} centers in "
           f"{time.perf_counter() - t0:.1f}s ({model.n_iter_} CG iterations); wrote {args.out}")
+
+
+def _fit_progress(args: argparse.Namespace, client: Any) -> Any:
+    """Progress of the fit on stderr: a bar (unless --no-progress or -v) and the dashboard page's link."""
+    from daskkrr.dashboard import dashboard_url
+    from daskkrr.progress import ProgressBar, report
+
+    def announce(progress: Any, event: str) -> None:
+        if event == "begin" and args.progress:
+            url = dashboard_url(client)
+            if url:
+                print(f"daskkrr: progress on the dashboard: {url}", file=sys.stderr, flush=True)
+
+    return report(bar=ProgressBar() if args.progress and not args.verbose else False, callback=announce)
+
+
+def _cmd_run(args: argparse.Namespace) -> None:
+    from daskkrr.workflow import run_workflow
+
+    result = run_workflow(args.workflow, overrides=args.overrides, runs_dir=args.runs_dir,
+                          scheduler=args.scheduler, n_workers=args.workers,
+                          progress=args.progress and not args.verbose)
+    m = result.metrics
+    figures = ", ".join(f"{k} {v:.4g}" for k, v in m.get("metrics", {}).items()
+                        if k in ("rmse", "mae", "r2", "accuracy") and isinstance(v, float))
+    print(f"run {result.run_id} succeeded in {m.get('seconds', 0):.1f}s ({m.get('evaluation')}: {figures}); "
+          f"wrote {result.run_dir}")
+
+
+def _check_before_start(model: Any, data: str, features_only: bool = False) -> None:
+    """Refuse bad parameters and a missing or damaged store before a cluster is started."""
+    from daskkrr.data import open_dataset
+
+    if hasattr(model, "_validate_params") and not hasattr(model, "coef_"):
+        model._validate_params()
+    X, _ = open_dataset(data, y=None if features_only else "y")  # reads metadata only
+    if features_only:
+        model._check_n_features(X.shape)
+
+
+def _checkpoint_kwargs(args: argparse.Namespace, model: Any) -> dict[str, Any]:
+    """``fit`` keywords for --checkpoint/--resume, checked before any work starts."""
+    if args.checkpoint is None:
+        if args.resume:
+            raise ValueError("--resume needs --checkpoint DIR (the directory of the interrupted fit)")
+        return {}
+    import inspect
+
+    if "checkpoint" not in inspect.signature(model.fit).parameters:
+        raise ValueError(
+            f"--checkpoint is supported by the falkon and classifier estimators, not by "
+            f"{type(model).__name__}; drop --checkpoint or use --estimator falkon"
+        )
+    from daskkrr.checkpoint import FitCheckpoint
+
+    # Bad --checkpoint-every, or a checkpoint that exists without --resume: refused before any work.
+    FitCheckpoint(args.checkpoint, every=args.checkpoint_every, resume=args.resume)
+    return {"checkpoint": args.checkpoint, "checkpoint_every": args.checkpoint_every, "resume": args.resume}
 
 
 def _cmd_predict(args: argparse.Namespace) -> None:
@@ -134,6 +217,7 @@ def _cmd_predict(args: argparse.Namespace) -> None:
 
     check_destination(args.out, args.overwrite)
     model = load_model(args.model)
+    _check_before_start(model, args.data, features_only=True)
     with cluster_client(args.scheduler, n_workers=args.workers):
         pred = model.predict(args.data)
         write_array_zarr(pred, args.out, name="y_pred", overwrite=args.overwrite)
@@ -141,10 +225,12 @@ def _cmd_predict(args: argparse.Namespace) -> None:
 
 
 def _cmd_quickstart(args: argparse.Namespace) -> None:
+    from daskkrr.progress import ProgressBar, report
     from daskkrr.quickstart import run_quickstart
 
-    run_quickstart(n=args.n, d=args.d, n_centers=args.centers, max_iter=args.max_iter, seed=args.seed,
-                   scheduler=args.scheduler, n_workers=args.workers)
+    with report(bar=False if args.verbose else ProgressBar()):  # the fit's progress on stderr
+        run_quickstart(n=args.n, d=args.d, n_centers=args.centers, max_iter=args.max_iter, seed=args.seed,
+                       scheduler=args.scheduler, n_workers=args.workers)
 
 
 _COMMANDS = {
@@ -153,6 +239,7 @@ _COMMANDS = {
     "fit": _cmd_fit,
     "predict": _cmd_predict,
     "quickstart": _cmd_quickstart,
+    "run": _cmd_run,
 }
 
 
@@ -168,11 +255,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         dask.config.refresh()
         logging.getLogger("distributed").setLevel(logging.ERROR)
+    from daskkrr.signals import Interrupted, interrupt_on_signals
+
     try:
-        _COMMANDS[args.command](args)
-    except KeyboardInterrupt:
-        print("daskkrr: interrupted", file=sys.stderr)
-        return 130
+        # SIGTERM/SIGHUP unwind like Ctrl-C: temporary outputs are removed, local clusters closed.
+        with interrupt_on_signals():
+            _COMMANDS[args.command](args)
+    except KeyboardInterrupt as exc:
+        why = f" ({exc})" if isinstance(exc, Interrupted) else ""
+        print(f"daskkrr: interrupted{why}; no partial output was left", file=sys.stderr)
+        return 128 + exc.signum if isinstance(exc, Interrupted) else 130
     except Exception as exc:  # one line, no traceback, for any failure
         if args.verbose:
             logger.exception("command failed")

@@ -45,6 +45,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "random_state": (int,),
     "verbose": (bool,),
     "max_samples": (int,),
+    "strategy": (str,),
 }
 
 
@@ -61,6 +62,10 @@ def read_config(path: str | os.PathLike) -> dict[str, Any]:
         raise FileNotFoundError(f"config file {path} does not exist") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path} is not valid TOML: {exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path} is not a TOML file: it is not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
+    except IsADirectoryError:
+        raise ConfigError(f"config {path} is a directory; pass the path of a .toml file") from None
     unknown = sorted(set(raw) - {"model"})
     if unknown:
         raise ConfigError(f"{path}: unknown table(s) {unknown}; only [model] is allowed")

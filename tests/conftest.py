@@ -5,13 +5,17 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import numpy as np
-import pytest
-
 # Block tasks run BLAS inside dask threads/workers: one BLAS thread each keeps the
-# 2-core CI machine from oversubscription.
+# 2-core CI machine from oversubscription. The variables reach worker processes;
+# numpy may already be loaded here (by plugins), so limit this process directly too.
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+from threadpoolctl import threadpool_limits  # noqa: E402
+
+_BLAS_ONE_THREAD = threadpool_limits(limits=1, user_api="blas")
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 

@@ -57,7 +57,10 @@ def test_nothing_of_size_n_reaches_the_client(store, cluster2, monkeypatch):
         return result
 
     monkeypatch.setattr(Client, "gather", spy)
-    model = FalkonRegressor(client=cluster2, n_centers=50, max_iter=5, random_state=0).fit(path)
+    # strategy="recompute": one pass per CG iteration, all through the cluster ("auto" may pick
+    # the two-pass gram strategy at this size).
+    model = FalkonRegressor(client=cluster2, n_centers=50, max_iter=5, random_state=0,
+                            strategy="recompute").fit(path)
     assert sizes, "the fit gathered nothing through the client: the spy is not wired"
     n = 6000
     assert max(sizes) < n * 8, f"a result of {max(sizes)} bytes (>= n floats) reached the client"

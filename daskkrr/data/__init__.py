@@ -24,10 +24,12 @@ from daskkrr.data.synthetic import (
     write_regression_zarr,
 )
 from daskkrr.data.tables import convert_table
+from daskkrr.data.validation import CorruptStoreError
 from daskkrr.data.writing import FORMAT_VERSION, write_array_zarr, write_zarr
 
 __all__ = [
     "FORMAT_VERSION",
+    "CorruptStoreError",
     "Standardizer",
     "auto_chunk_rows",
     "convert_table",

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -79,8 +80,16 @@ def _move_into_place(tmp: Path, path: Path, overwrite: bool) -> None:
     _remove(old)
 
 
-def _remove(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path, ignore_errors=True)
-    elif path.exists() or path.is_symlink():
-        path.unlink(missing_ok=True)
+def _remove(path: Path, attempts: int = 50) -> None:
+    """Delete ``path``. A failed parallel write may still have tasks finishing their
+    chunks into it for a moment after the error, so retry until it is really gone."""
+    absent = 0
+    for _ in range(attempts):
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        elif path.exists() or path.is_symlink():
+            path.unlink(missing_ok=True)
+        absent = absent + 1 if not (path.exists() or path.is_symlink()) else 0
+        if absent == 2:  # gone, and no late writer brought it back
+            return
+        time.sleep(0.05)

@@ -19,10 +19,11 @@ import dask.array as da
 import numpy as np
 import xarray as xr
 import zarr
+from dask.base import tokenize
 from zarr.abc.store import Store
 
 from daskkrr.data.chunking import FORMAT_VERSION, align_rows, as_row_blocks, numpy_to_dask
-from daskkrr.data.validation import check_chunk_rows, check_features, check_target
+from daskkrr.data.validation import CorruptStoreError, check_chunk_rows, check_features, check_target
 
 __all__ = ["open_dataset"]
 
@@ -130,13 +131,76 @@ def _from_zarr_path(source: str | os.PathLike | Store, x: str, y: Any) -> tuple[
     except zarr.errors.NodeNotFoundError as exc:
         hint = (
             "; tables must be converted first with daskkrr.data.convert_table"
-            if Path(os.fspath(source)).suffix.lower() in {".csv", ".tsv", ".gz", ".txt"}
+            if not isinstance(source, Store)
+            and Path(os.fspath(source)).suffix.lower() in {".csv", ".tsv", ".gz", ".txt"}
             else ""
         )
         raise FileNotFoundError(f"{where} holds no Zarr group or array{hint}") from exc
+    except Exception as exc:  # damaged metadata: invalid JSON, missing fields, unknown codecs...
+        raise _corrupt(where, exc) from exc
     if isinstance(node, zarr.Array):
-        return as_array(node, "X"), _array_target(y)
+        return checked_from_zarr(node, where, "X"), _array_target(y)
     return _from_zarr_group(node, x, y, where)
+
+
+def _raise_if_damaged(group: zarr.Group, name: str, where: str) -> None:
+    """Zarr lists a node with damaged metadata as absent; tell "damaged" from "missing"."""
+    try:
+        group[name]
+    except KeyError as exc:
+        if exc.args and exc.args[0] == name:
+            return  # really absent
+        raise _corrupt(where, exc, f"the metadata of array {name!r} is damaged") from exc
+    except Exception as exc:
+        raise _corrupt(where, exc, f"the metadata of array {name!r} is damaged") from exc
+
+
+def _corrupt(
+    where: str, exc: BaseException, what: str = "its Zarr metadata is damaged or not Zarr"
+) -> CorruptStoreError:
+    return CorruptStoreError(
+        f"{where} cannot be read: {what} ({type(exc).__name__}: {exc}); "
+        f"re-create the store (daskkrr convert / daskkrr generate / daskkrr.data.write_zarr)"
+    )
+
+
+class CheckedZarrArray:
+    """Read access to a ``zarr.Array`` whose failures name the store, the array and the rows.
+
+    Dask reads each block with ``array[region]`` in a task, possibly on a worker;
+    a damaged chunk (bad compression, truncated file) then raises
+    :class:`CorruptStoreError` instead of a codec's bare message.
+    """
+
+    def __init__(self, array: zarr.Array, where: str, name: str) -> None:
+        self.array = array
+        self.where = where
+        self.name = name
+        self.shape = tuple(array.shape)
+        self.dtype = array.dtype
+        self.ndim = array.ndim
+
+    def __getitem__(self, key: Any) -> np.ndarray:
+        try:
+            return self.array[key]
+        except Exception as exc:
+            rows = key[0] if isinstance(key, tuple) and key else key
+            span = (
+                f"rows {rows.start or 0}-{(self.shape[0] if rows.stop is None else rows.stop) - 1}"
+                if isinstance(rows, slice) else "a block"
+            )
+            raise _corrupt(self.where, exc, f"{span} of array {self.name!r} are damaged") from exc
+
+    def __dask_tokenize__(self) -> Any:
+        return ("daskkrr.CheckedZarrArray", tokenize(self.array), self.where, self.name)
+
+
+def checked_from_zarr(array: zarr.Array, where: str, name: str) -> da.Array:
+    """``da.from_zarr(array)`` whose block reads raise :class:`CorruptStoreError` on damage."""
+    return da.from_array(
+        CheckedZarrArray(array, where, name), chunks=array.chunks,
+        name="from-zarr-" + tokenize(array), inline_array=False,
+    )
 
 
 def _from_zarr_group(group: zarr.Group, x: str, y: Any, where: str) -> tuple[Any, Any]:
@@ -146,21 +210,28 @@ def _from_zarr_group(group: zarr.Group, x: str, y: Any, where: str) -> tuple[Any
             f"{where} has daskkrr_format {version}, but this version of daskkrr reads "
             f"formats up to {FORMAT_VERSION}; upgrade daskkrr"
         )
-    names = sorted(group.array_keys())
+    try:
+        names = sorted(group.array_keys())
+    except Exception as exc:  # an array's metadata is damaged
+        raise _corrupt(where, exc) from exc
     if x not in names:
+        _raise_if_damaged(group, x, where)
         dataset = _try_open_xarray(group)
         if dataset is not None and x in dataset.variables:
             return _from_xarray_dataset(dataset, x, y, where)
         raise KeyError(_missing_name_message("feature", x, "x", names, where, group))
     y_name = _target_name(y, names, names, x, where) if isinstance(y, str) else None
-    selected = [group[x]] + ([group[y_name]] if y_name is not None else [])
+    try:
+        selected = [group[x]] + ([group[y_name]] if y_name is not None else [])
+    except Exception as exc:
+        raise _corrupt(where, exc) from exc
     if any(_has_xarray_encoding(arr) for arr in selected):
         dataset = _try_open_xarray(group)
         if dataset is not None:
             return _from_xarray_dataset(dataset, x, y_name if isinstance(y, str) else y, where)
-    X = da.from_zarr(group[x])
+    X = checked_from_zarr(selected[0], where, x)
     if isinstance(y, str):
-        return X, (None if y_name is None else da.from_zarr(group[y_name]))
+        return X, (None if y_name is None else checked_from_zarr(selected[1], where, y_name))
     return X, _array_target(y)
 
 
@@ -249,7 +320,7 @@ def as_array(a: Any, name: str) -> np.ndarray | da.Array:
     if isinstance(a, xr.DataArray):
         a = a.data
     if isinstance(a, zarr.Array):
-        return da.from_zarr(a)
+        return checked_from_zarr(a, f"Zarr array {a.path or '/'!r} of {a.store}", name)
     if isinstance(a, (da.Array, np.ndarray)):
         return a
     try:

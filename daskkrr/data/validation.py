@@ -18,6 +18,14 @@ import numpy as np
 NUMERIC_KINDS = "biuf"
 
 
+class CorruptStoreError(ValueError):
+    """A Zarr store exists but its metadata or chunks cannot be read.
+
+    Raised when opening (damaged ``zarr.json``/``.zarray``) or, lazily, by the task
+    that reads a damaged chunk; the message names the store, the array and the rows.
+    """
+
+
 def check_numeric_dtype(dtype: Any, name: str) -> np.dtype:
     """Return ``dtype`` as a numpy dtype, or raise TypeError if it is not bool/int/float.
 

@@ -15,18 +15,19 @@ def is_in_memory(X: Any) -> bool:
     """True for numpy arrays, lists and other array-likes that are already in memory."""
     if isinstance(X, (np.ndarray, list, tuple)):
         return True
-    return hasattr(X, "__array__") and not isinstance(X, da.Array) and not _is_xarray(X)
+    lazy = isinstance(X, da.Array) or _module_of(X) in ("xarray", "zarr")
+    return hasattr(X, "__array__") and not lazy
 
 
-def _is_xarray(X: Any) -> bool:
-    return type(X).__module__.startswith("xarray")
+def _module_of(X: Any) -> str:
+    return type(X).__module__.split(".", 1)[0]
 
 
 def is_store(X: Any) -> bool:
     """True for a path to (or an open) Zarr store / xarray Dataset."""
     if isinstance(X, (str, os.PathLike)):
         return True
-    return type(X).__module__.startswith("zarr") or type(X).__name__ == "Dataset"
+    return _module_of(X) == "zarr" or type(X).__name__ == "Dataset"
 
 
 def load_training_data(X: Any, y: Any, chunks: int | None) -> tuple[da.Array, da.Array]:

@@ -19,11 +19,14 @@ import dask.array as da
 import numpy as np
 from sklearn.base import BaseEstimator
 
+from daskkrr.checkpoint import FitCheckpoint, fit_fingerprint
 from daskkrr.data import Standardizer
 from daskkrr.kernels import Kernel, make_kernel
 from daskkrr.kernels.blocks import knm_gram_and_rhs, knm_gram_matvec, knm_matvec, knm_t_matvec
 from daskkrr.models._inputs import is_in_memory, load_features, load_training_data
-from daskkrr.parallel import RowBlockPasses, resolve_client
+from daskkrr.parallel import resolve_client, scheduler_context
+from daskkrr.parallel.strategies import check_strategy, make_operator, plan_strategy, prepare_passes
+from daskkrr.progress import current_tracker, tracked_fit
 from daskkrr.sampling import CenterSampler, make_sampler
 from daskkrr.solvers import FalkonPreconditioner, falkon_solve
 
@@ -40,7 +43,19 @@ def _check_positive(name: str, value: Any, *, allow_none: bool = False, integer:
         what = "an integer" if integer else "a number"
         raise TypeError(f"{name} must be {what}; got {value!r} ({type(value).__name__})")
     if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"{name} must be > 0; got {value!r}")
+        hint = _HINTS.get(name, "")
+        raise ValueError(f"{name} must be > 0; got {value!r}" + (f" ({hint})" if hint else ""))
+
+
+#: What each positive parameter means, for error messages.
+_HINTS = {
+    "sigma": "the kernel length scale, e.g. sigma=1.0, or sigma=None for sqrt(n_features)",
+    "penalty": "the ridge penalty lambda, e.g. penalty=1e-6",
+    "n_centers": "the number of Nystrom centers, e.g. n_centers=1000",
+    "max_iter": "the number of CG iterations, e.g. max_iter=20",
+    "tol": "the relative residual at which CG stops, e.g. tol=1e-7",
+    "chunks": "rows per block, or chunks=None to keep the input's",
+}
 
 
 class NystromModelBase(BaseEstimator):
@@ -61,6 +76,12 @@ class NystromModelBase(BaseEstimator):
             _check_positive("max_iter", getattr(self, "max_iter", 1), integer=True)
         if getattr(self, "tol", 1.0) is not None:
             _check_positive("tol", getattr(self, "tol", 1.0))
+        check_strategy(getattr(self, "strategy", "auto"))
+        if self._solver == "direct" and getattr(self, "strategy", "auto") not in ("auto", "gram"):
+            raise ValueError(
+                f"{type(self).__name__} solves directly from one Gram pass; strategy must be 'auto' or "
+                f"'gram', got {self.strategy!r}. Use FalkonRegressor(strategy=...) for the CG strategies"
+            )
         if self.dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {_DTYPES}; got {self.dtype!r}")
         if self.chunks is not None:
@@ -72,6 +93,20 @@ class NystromModelBase(BaseEstimator):
             raise TypeError(
                 f"sampler must be a name or a CenterSampler; got {type(self.sampler).__name__}"
             )
+        for flag in ("standardize", "verbose"):
+            if not isinstance(getattr(self, flag, False), (bool, np.bool_)):
+                raise TypeError(f"{flag} must be True or False; got {getattr(self, flag)!r}")
+        if isinstance(self.random_state, bool) or (
+            isinstance(self.random_state, numbers.Integral) and self.random_state < 0
+        ):
+            raise ValueError(f"random_state must be None or an integer >= 0; got {self.random_state!r}")
+        if not (self.random_state is None or isinstance(
+                self.random_state, (numbers.Integral, np.random.Generator, np.random.RandomState))):
+            raise TypeError(
+                f"random_state must be None, an integer >= 0 or a numpy Generator; got {self.random_state!r}"
+            )
+        # Kernel name and parameters (e.g. polynomial gamma > 0), before any pass over the data.
+        self._make_kernel(1)
 
     def _make_kernel(self, n_features: int) -> Kernel:
         params = dict(self.kernel_params or {})
@@ -96,10 +131,14 @@ class NystromModelBase(BaseEstimator):
                 f"n_centers={self.n_centers} is larger than the number of training rows ({n}); "
                 f"use n_centers <= {n}"
             )
-        Y = self._encode_targets(yd)
         scaler = Standardizer(with_mean=self.standardize, with_std=self.standardize)
         t0 = time.perf_counter()
-        scaler.fit(Xd, Y)  # one pass: statistics and finiteness of X and Y
+        current_tracker().begin(n, Xd.numblocks[0], d)  # progress: bar, logs, dashboard
+        current_tracker().phase("statistics")
+        with scheduler_context(resolve_client(self.client)):  # the passes run where the fit runs
+            Y = self._encode_targets(yd)
+            scaler.fit(Xd, Y)  # one pass: statistics and finiteness of X and Y
+        current_tracker().pass_done()
         logger.info("statistics pass over %d rows in %.2fs", n, time.perf_counter() - t0)
         self.scaler_ = scaler if self.standardize else None
         self.y_mean_ = np.asarray(scaler.y_mean_, dtype=np.float64).reshape(-1) if self.standardize else np.zeros(Y.shape[1])
@@ -114,51 +153,67 @@ class NystromModelBase(BaseEstimator):
         Y = y.astype(np.float64)
         return Y[:, None] if Y.ndim == 1 else Y.rechunk({1: -1})
 
-    def _fit_nystrom(self, X: Any, y: Any) -> "NystromModelBase":
+    @tracked_fit
+    def _fit_nystrom(
+        self, X: Any, y: Any, checkpoint: Any = None, checkpoint_every: int = 5, resume: bool = False
+    ) -> "NystromModelBase":
         start = time.perf_counter()
+        # Checks the arguments and refuses an existing checkpoint without resume, before any work.
+        ckpt = FitCheckpoint(checkpoint, every=checkpoint_every, resume=resume)
         Xs, Y, one_d = self._prepare(X, y)
         client = resolve_client(self.client)
         n = int(Xs.shape[0])
         self.kernel_ = self._make_kernel(self.n_features_in_)
         seed = _seed(self.random_state)
         sampler = make_sampler(self.sampler)
+        ckpt.start(lambda: fit_fingerprint(self, Xs, Y, client))  # loads (and checks) a saved state
         t0 = time.perf_counter()
-        dictionary = sampler.select(
+        current_tracker().phase("sampling")
+        dictionary = ckpt.centers(lambda: sampler.select(
             Xs, self.kernel_, n_centers=self.n_centers, penalty=float(self.penalty),
             random_state=seed, client=client,
-        )
+        ))
         logger.info("selected %d centers with %s in %.2fs", dictionary.size, type(sampler).__name__,
                     time.perf_counter() - t0)
+        current_tracker().sampled(dictionary)
+        current_tracker().phase("preconditioner")
         Z = np.ascontiguousarray(dictionary.centers, dtype=self.dtype)
         Kmm = self.kernel_(Z.astype(np.float64), Z.astype(np.float64))
         precond = FalkonPreconditioner.from_kernel_matrix(
             Kmm, penalty=float(self.penalty), n=n, weights=None if dictionary.is_uniform else dictionary.weights
         )
-        passes = RowBlockPasses(Xs, Y, client=client)
+        # Strategy (recompute | cache | gram) from the cost model unless given; see daskkrr.parallel.strategies.
+        plan = plan_strategy(
+            "gram" if self._solver == "direct" else getattr(self, "strategy", "auto"), Xs,
+            n_centers=Z.shape[0], n_targets=Y.shape[1], iterations=int(getattr(self, "max_iter", 1)),
+            tol=float(getattr(self, "tol", 1e-7)), client=client, in_memory=is_in_memory(X),
+        )
+        self.strategy_ = plan.strategy
+        passes = current_tracker().watch(prepare_passes(Xs, Y, client, plan))  # reports each pass
         Zh = passes.broadcast(Z)
+        operator = make_operator(plan.strategy, passes, self.kernel_, Zh, Z.shape[0],
+                                 preconditioner=None if self._solver == "direct" else precond)
         if self._solver == "direct":
-            GB = passes.reduce(_gram_rhs_task, self.kernel_, Zh, with_y=True)
-            M = Z.shape[0]
-            coef = precond.direct_solve(GB[:, :M], GB[:, M:])
+            coef = precond.direct_solve(operator.gram, operator.knm_t_y)
             self.n_iter_ = 0
             self.residuals_ = np.zeros((1, Y.shape[1]))
             self.converged_ = True
         else:
-            b = passes.reduce(_rhs_task, self.kernel_, Zh, with_y=True)
-
-            def gram_matvec(u: np.ndarray) -> np.ndarray:
-                return passes.reduce(_gram_matvec_task, self.kernel_, Zh, u)
+            b = ckpt.rhs(operator.rhs)
+            gram_matvec = operator.gram_matvec
 
             def progress(it: int, rel: np.ndarray) -> None:
-                logger.info("CG iteration %d: relative residual %.3e", it, float(rel.max()))
+                current_tracker().cg_iteration(it, rel)  # logs at INFO; bar if verbose
 
             coef, result = falkon_solve(
                 precond, gram_matvec, b, tol=float(self.tol), max_iter=int(self.max_iter),
-                callback=progress if self.verbose else None,
+                callback=progress,
+                state=ckpt.cg_state, on_state=ckpt.on_state, state_every=ckpt.every,
             )
             self.n_iter_ = int(result.n_iter)
             self.residuals_ = result.residuals
             self.converged_ = bool(result.converged)
+        operator.close()  # frees cached kernel blocks
         self.n_data_passes_ = passes.n_passes + 1  # + the statistics pass
         self.centers_ = Z
         self.center_indices_ = dictionary.indices
@@ -186,6 +241,7 @@ class NystromModelBase(BaseEstimator):
             self._check_n_features(Xn.shape)
             if not np.issubdtype(Xn.dtype, np.number):
                 raise TypeError(f"X must be numeric; got dtype {Xn.dtype}")
+            _check_finite_rows(Xn, 0)
             Xs = self.scaler_.transform(Xn) if self.scaler_ is not None else Xn
             out = knm_matvec(self.kernel_, np.asarray(Xs, dtype=self.dtype), self.centers_, coef2)
             return out + self.y_mean_
@@ -203,7 +259,8 @@ class NystromModelBase(BaseEstimator):
     def _check_n_features(self, shape: tuple[int, ...]) -> None:
         if len(shape) != 2 or shape[1] != self.n_features_in_:
             raise ValueError(
-                f"X has shape {tuple(shape)} but this model was fitted on {self.n_features_in_} features"
+                f"X has shape {tuple(shape)} but this model was fitted on {self.n_features_in_} features; "
+                f"pass the same {self.n_features_in_} columns, in the same order, as in fit"
             )
 
     # ------------------------------------------------------------ persistence
@@ -227,8 +284,24 @@ def _gram_matvec_task(Xb: np.ndarray, kernel: Kernel, Z: np.ndarray, U: np.ndarr
     return knm_gram_matvec(kernel, Xb, Z, U)
 
 
-def _predict_block(Xb: np.ndarray, kernel: Kernel, Z: np.ndarray, coef: np.ndarray, y_mean: np.ndarray) -> np.ndarray:
+def _predict_block(
+    Xb: np.ndarray, kernel: Kernel, Z: np.ndarray, coef: np.ndarray, y_mean: np.ndarray,
+    block_info: dict | None = None,
+) -> np.ndarray:
+    start = block_info[0]["array-location"][0][0] if block_info and 0 in block_info else 0
+    _check_finite_rows(Xb, start)
     return knm_matvec(kernel, Xb, Z, coef) + y_mean
+
+
+def _check_finite_rows(Xb: np.ndarray, start: int) -> None:
+    """Refuse NaN/inf features (their predictions would be NaN), naming the first bad row."""
+    if Xb.dtype.kind not in "fc" or np.isfinite(Xb).all():
+        return
+    bad = np.flatnonzero(~np.isfinite(Xb).reshape(len(Xb), -1).all(axis=1))
+    raise ValueError(
+        f"X has NaN or inf in {bad.size} row(s) of rows {start}-{start + len(Xb) - 1}, the first at "
+        f"row {start + int(bad[0])}; their predictions would be NaN: clean or impute them before predicting"
+    )
 
 
 def _seed(random_state: Any) -> int | None:

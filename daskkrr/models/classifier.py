@@ -50,11 +50,20 @@ class FalkonClassifier(ClassifierMixin, NystromModelBase):
     # Same parameters as FalkonRegressor (scikit-learn reads them from __init__'s signature).
     __init__ = FalkonRegressor.__init__
 
-    def fit(self, X: Any, y: Any = None) -> "FalkonClassifier":
+    def fit(
+        self,
+        X: Any,
+        y: Any = None,
+        *,
+        checkpoint: Any = None,
+        checkpoint_every: int = 5,
+        resume: bool = False,
+    ) -> "FalkonClassifier":
         """Fit on anything :func:`daskkrr.open_dataset` takes; y holds class labels.
 
         Labels may be any sortable values (strings too) when ``y`` is in memory;
-        labels in a dask array or Zarr store must be numeric.
+        labels in a dask array or Zarr store must be numeric. ``checkpoint``,
+        ``checkpoint_every`` and ``resume`` are as for :meth:`FalkonRegressor.fit`.
         """
         labels = None
         if y is not None and is_in_memory(y):
@@ -62,7 +71,7 @@ class FalkonClassifier(ClassifierMixin, NystromModelBase):
             if y_arr.dtype.kind not in "biuf":
                 # Text labels become integer codes; classes_ maps them back.
                 labels, y = np.unique(y_arr.reshape(-1), return_inverse=True)
-        self._fit_nystrom(X, y)
+        self._fit_nystrom(X, y, checkpoint=checkpoint, checkpoint_every=checkpoint_every, resume=resume)
         if labels is not None:
             self.classes_ = labels[self.classes_.astype(np.int64)]
         return self

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -89,10 +90,16 @@ def save_model(model: Any, path: str | os.PathLike, *, overwrite: bool = False) 
 
 
 def load_model(path: str | os.PathLike) -> Any:
-    """Read a model written by :func:`save_model`. Runs no code from the file."""
-    from daskkrr.data import Standardizer
-    from daskkrr.kernels import kernel_from_dict
+    """Read a model written by :func:`save_model`. Runs no code from the file.
 
+    Raises
+    ------
+    FileNotFoundError
+        If ``path`` is not a model directory.
+    ModelFormatError
+        If the files are of another format version, hold pickled objects, or are
+        damaged or inconsistent.
+    """
     path = Path(path)
     meta_path = path / METADATA_FILE
     if not meta_path.is_file():
@@ -112,17 +119,45 @@ def load_model(path: str | os.PathLike) -> Any:
         )
     classes = _estimator_classes()
     name = meta.get("estimator")
-    if name not in classes:
+    if not isinstance(name, str) or name not in classes:
         raise ModelFormatError(f"{path}: unknown estimator {name!r}; expected one of {sorted(classes)}")
     try:
         with np.load(path / ARRAYS_FILE, allow_pickle=False) as npz:
             arrays = {k: npz[k] for k in npz.files}
     except ValueError as exc:  # object arrays need pickle: refused
-        raise ModelFormatError(f"{path / ARRAYS_FILE} holds pickled objects; refusing to load it") from exc
-    except (OSError, EOFError) as exc:
+        raise ModelFormatError(
+            f"{path / ARRAYS_FILE} holds pickled objects or is damaged ({exc}); refusing to load it. "
+            "daskkrr never writes pickles: save the model again from a fitted estimator"
+        ) from exc
+    except (OSError, EOFError, zipfile.BadZipFile) as exc:
         raise ModelFormatError(f"{path / ARRAYS_FILE} cannot be read: {exc}") from exc
-    cls = classes[name]
-    params = dict(meta.get("params", {}))
+    try:
+        model = _build(classes[name], meta, arrays, path)
+    except ModelFormatError:
+        raise
+    except (TypeError, ValueError, KeyError) as exc:
+        raise ModelFormatError(
+            f"{path} is not a valid daskkrr model ({type(exc).__name__}: {exc}); the file is damaged "
+            "or was edited: save the model again from a fitted estimator"
+        ) from exc
+    return model
+
+
+def _build(cls: type, meta: dict[str, Any], arrays: dict[str, np.ndarray], path: Path) -> Any:
+    """The estimator described by checked metadata and arrays (no code from the file runs)."""
+    from daskkrr.data import Standardizer
+    from daskkrr.kernels import kernel_from_dict
+
+    params = meta.get("params", {})
+    if not isinstance(params, dict):
+        raise ModelFormatError(f"{path / METADATA_FILE}: 'params' must be a JSON object")
+    accepted = set(cls().get_params())
+    unknown = sorted(set(params) - accepted)
+    if unknown:
+        raise ModelFormatError(
+            f"{path / METADATA_FILE}: unknown parameter(s) {unknown} for {cls.__name__}; "
+            "the file was written by another daskkrr version or edited"
+        )
     model = cls(**params)
     model.kernel_ = kernel_from_dict(meta["kernel"])
     model.scaler_ = None if meta.get("scaler") is None else Standardizer.from_dict(meta["scaler"])
@@ -130,16 +165,39 @@ def load_model(path: str | os.PathLike) -> Any:
         short = key.rstrip("_")
         if short not in arrays:
             raise ModelFormatError(f"{path / ARRAYS_FILE} lacks the array {short!r}")
+        if arrays[short].dtype.kind not in "biuf":
+            raise ModelFormatError(f"{path / ARRAYS_FILE}: array {short!r} has dtype {arrays[short].dtype}, not numeric")
         setattr(model, key, arrays[short])
-    for key, value in meta.get("fitted", {}).items():
+    fitted = meta.get("fitted", {})
+    for key, value in fitted.items():
         if key in _SCALARS:
             setattr(model, key, value)
+    _check_shapes(model, path)
     model.sampler_info_ = meta.get("sampler_info", {})
     if "classes" in arrays:
         model.classes_ = arrays["classes"]
     elif "classes" in meta:
         model.classes_ = np.asarray(meta["classes"])
     return model
+
+
+def _check_shapes(model: Any, path: Path) -> None:
+    """Centers, coefficients, scaling and target means must fit together."""
+    d = getattr(model, "n_features_in_", None)
+    if not isinstance(d, int) or d < 1:
+        raise ModelFormatError(f"{path / METADATA_FILE}: 'fitted.n_features_in_' is missing or invalid ({d!r})")
+    Z, coef = model.centers_, model.coef_
+    problems = []
+    if Z.ndim != 2 or Z.shape[1] != d:
+        problems.append(f"centers have shape {Z.shape}, expected (M, {d})")
+    elif coef.ndim not in (1, 2) or coef.shape[0] != Z.shape[0]:
+        problems.append(f"coef has shape {coef.shape}, expected ({Z.shape[0]},) or ({Z.shape[0]}, t)")
+    elif model.y_mean_.shape != (1 if coef.ndim == 1 else coef.shape[1],):
+        problems.append(f"y_mean has shape {model.y_mean_.shape} for coef of shape {coef.shape}")
+    if model.scaler_ is not None and model.scaler_.n_features_in_ != d:
+        problems.append(f"the scaler has {model.scaler_.n_features_in_} features, expected {d}")
+    if problems:
+        raise ModelFormatError(f"{path} is inconsistent: {'; '.join(problems)}; save the model again")
 
 
 def _py(value: Any) -> Any:

@@ -10,6 +10,7 @@ from sklearn.base import RegressorMixin
 
 from daskkrr.models._inputs import is_in_memory, load_training_data
 from daskkrr.models.base import NystromModelBase, _check_positive
+from daskkrr.parallel import resolve_client, scheduler_context
 from daskkrr.solvers import exact_krr_coefficients
 
 _SHARED_PARAMS_DOC = """
@@ -72,6 +73,8 @@ _FITTED_DOC = """
         Whether CG reached ``tol``.
     n_data_passes_ : int
         Passes over the training data made by the fit.
+    strategy_ : str
+        Strategy that gave the solver its products: "recompute", "cache" or "gram".
     fit_time_ : float
         Wall-clock seconds of the fit.
 """
@@ -96,7 +99,8 @@ class _RegressorMixin(RegressorMixin):
         Y = yd.astype(np.float64)
         ss_res = ((Y - pred) ** 2).sum(axis=0)
         ss_tot = ((Y - Y.mean(axis=0)) ** 2).sum(axis=0)
-        res, tot = da.compute(ss_res, ss_tot)
+        with scheduler_context(resolve_client(self.client)):
+            res, tot = da.compute(ss_res, ss_tot)
         r2 = 1 - np.asarray(res) / np.where(np.asarray(tot) > 0, tot, 1.0)
         return float(np.mean(r2))
 
@@ -114,6 +118,15 @@ class FalkonRegressor(_RegressorMixin, NystromModelBase):
         Maximum CG iterations (each is one pass over the data).
     tol : float, default=1e-7
         Stop when the preconditioned relative residual falls below ``tol``.
+    strategy : {{"auto", "recompute", "cache", "gram"}}, default="auto"
+        How each iteration's ``K_nM^T K_nM u`` is computed: "recompute" builds the
+        kernel blocks anew on every pass (any n and M, memory of a tile per task);
+        "cache" keeps every block's ``k(X_b, Z)`` in worker memory after one pass,
+        so iterations cost two matrix-vector products per block; "gram"
+        accumulates ``K_nM^T K_nM`` in one pass and iterates on the client
+        (moderate M; two passes with SQUEAK, whatever the iterations). "auto"
+        takes the cheapest that fits in memory by the cost model of
+        :mod:`daskkrr.parallel.cost`. All give the same solution to round-off.
     {_FITTED_DOC}
     Examples
     --------
@@ -144,6 +157,7 @@ class FalkonRegressor(_RegressorMixin, NystromModelBase):
         random_state: Any = None,
         client: Any = None,
         verbose: bool = False,
+        strategy: str = "auto",
     ):
         self.kernel = kernel
         self.sigma = sigma
@@ -159,10 +173,36 @@ class FalkonRegressor(_RegressorMixin, NystromModelBase):
         self.random_state = random_state
         self.client = client
         self.verbose = verbose
+        self.strategy = strategy
 
-    def fit(self, X: Any, y: Any = None) -> "FalkonRegressor":
-        """Fit on anything :func:`daskkrr.open_dataset` takes (arrays, dask, xarray, Zarr)."""
-        return self._fit_nystrom(X, y)
+    def fit(
+        self,
+        X: Any,
+        y: Any = None,
+        *,
+        checkpoint: Any = None,
+        checkpoint_every: int = 5,
+        resume: bool = False,
+    ) -> "FalkonRegressor":
+        """Fit on anything :func:`daskkrr.open_dataset` takes (arrays, dask, xarray, Zarr).
+
+        Parameters
+        ----------
+        X, y
+            Training data (``y`` may be omitted when ``X`` is a store holding it).
+        checkpoint : str, os.PathLike or None
+            Directory in which to save the fit's state as it goes (centers, the
+            right-hand side, and the CG state every ``checkpoint_every``
+            iterations); see :mod:`daskkrr.checkpoint`.
+        checkpoint_every : int, default=5
+            CG iterations between two saves.
+        resume : bool, default=False
+            Continue from the checkpoint in ``checkpoint`` (if there is one) after
+            an interrupted fit; the result equals the uninterrupted fit's. The
+            data and parameters must be those of the interrupted fit (``max_iter``
+            and ``tol`` may change). Without it an existing checkpoint is an error.
+        """
+        return self._fit_nystrom(X, y, checkpoint=checkpoint, checkpoint_every=checkpoint_every, resume=resume)
 
 
 class NystromRegressor(_RegressorMixin, NystromModelBase):
@@ -174,7 +214,11 @@ class NystromRegressor(_RegressorMixin, NystromModelBase):
     O(M^2), so this suits moderate M; it is also the reference FALKON converges to.
 
     Parameters
-    ----------{_SHARED_PARAMS_DOC}{_FITTED_DOC}"""
+    ----------{_SHARED_PARAMS_DOC}
+    strategy : {{"auto", "gram"}}, default="auto"
+        Accepted for symmetry with :class:`FalkonRegressor`: the direct solve
+        always uses the one-pass "gram" strategy.
+    {_FITTED_DOC}"""
 
     _solver = "direct"
 
@@ -192,6 +236,7 @@ class NystromRegressor(_RegressorMixin, NystromModelBase):
         random_state: Any = None,
         client: Any = None,
         verbose: bool = False,
+        strategy: str = "auto",
     ):
         self.kernel = kernel
         self.sigma = sigma
@@ -205,6 +250,7 @@ class NystromRegressor(_RegressorMixin, NystromModelBase):
         self.random_state = random_state
         self.client = client
         self.verbose = verbose
+        self.strategy = strategy
 
     def fit(self, X: Any, y: Any = None) -> "NystromRegressor":
         """Fit on anything :func:`daskkrr.open_dataset` takes."""
@@ -267,7 +313,8 @@ class ExactKernelRidge(_RegressorMixin, NystromModelBase):
                 f"ExactKernelRidge needs an n x n kernel matrix; n={n} exceeds max_samples={self.max_samples}. "
                 "Use FalkonRegressor, or raise max_samples if memory allows"
             )
-        Xn, Yn = (np.asarray(a) for a in da.compute(Xs, Y))
+        with scheduler_context(resolve_client(self.client)):
+            Xn, Yn = (np.asarray(a) for a in da.compute(Xs, Y))
         self.kernel_ = self._make_kernel(self.n_features_in_)
         K = self.kernel_(Xn, Xn)
         coef = exact_krr_coefficients(K, Yn, float(self.penalty))

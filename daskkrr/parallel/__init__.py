@@ -1,7 +1,13 @@
 """Orchestration: which scheduler runs the work and how row blocks are mapped and reduced."""
 
 from daskkrr.parallel.blocks import RowBlockPasses, tree_sum
-from daskkrr.parallel.client import cluster_client, current_client, local_cluster_kwargs, resolve_client
+from daskkrr.parallel.client import (
+    cluster_client,
+    current_client,
+    local_cluster_kwargs,
+    resolve_client,
+    scheduler_context,
+)
 
 __all__ = [
     "RowBlockPasses",
@@ -9,5 +15,6 @@ __all__ = [
     "current_client",
     "local_cluster_kwargs",
     "resolve_client",
+    "scheduler_context",
     "tree_sum",
 ]

@@ -41,6 +41,11 @@ def resolve_client(client: Any | None) -> Any | None:
     return current_client()
 
 
+def scheduler_context(client: Any | None) -> contextlib.AbstractContextManager:
+    """Make ``client`` the scheduler of every ``.compute()`` inside the block (no-op for None)."""
+    return client.as_current() if client is not None else contextlib.nullcontext()
+
+
 def local_cluster_kwargs(n_workers: int | None = None, memory_limit: str | int | None = None) -> dict:
     """Defaults for a local cluster sized to this machine: one single-threaded worker process
     per core (the BLAS inside each task uses that core), bound to 127.0.0.1."""

@@ -50,7 +50,9 @@ def _check_gamma(gamma: float) -> float:
     return gamma
 
 
-def kernel_spectrum(X: Any, kernel: Kernel, *, max_rows: int = EXACT_MAX_ROWS) -> tuple[np.ndarray, np.ndarray]:
+def kernel_spectrum(
+    X: Any, kernel: Kernel, *, max_rows: int = EXACT_MAX_ROWS
+) -> tuple[np.ndarray, np.ndarray]:
     """Eigenvalues (clipped at 0) and eigenvectors of the full kernel matrix ``k(X, X)``."""
     Xn = _as_small_numpy(X, max_rows, "kernel_spectrum")
     K = np.asarray(kernel(Xn, Xn), dtype=np.float64)
@@ -146,7 +148,7 @@ class ExactRLSSampler(CenterSampler):
 
     name = "rls"
 
-    def __init__(self, gamma: float | None = None, qbar: int = 4, max_rows: int = EXACT_MAX_ROWS):
+    def __init__(self, gamma: float | None = None, qbar: int = 16, max_rows: int = EXACT_MAX_ROWS):
         self.gamma = gamma
         self.qbar = qbar
         self.max_rows = max_rows

@@ -66,8 +66,9 @@ def pilot_gamma(
     target = overshoot * n_centers
     trace = float(np.sum(evals)) * n / s
     lo, hi = trace * 1e-12 + 1e-12, max(trace, 1e-12)  # at hi, d_eff <= 1
-    if expected_unique_centers(evals, evecs_sq, lo, n, qbar, eps) <= target:
-        return lo, {"pilot_rows": s, "predicted_unique": expected_unique_centers(evals, evecs_sq, lo, n, qbar, eps)}
+    at_lo = expected_unique_centers(evals, evecs_sq, lo, n, qbar, eps)
+    if at_lo <= target:
+        return lo, {"pilot_rows": s, "predicted_unique": at_lo}
     for _ in range(60):
         mid = float(np.sqrt(lo * hi))
         if expected_unique_centers(evals, evecs_sq, mid, n, qbar, eps) > target:

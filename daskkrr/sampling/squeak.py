@@ -38,15 +38,18 @@ from daskkrr.sampling.regularization import resolve_gamma
 from daskkrr.sampling.squeak_core import DEFAULT_BATCH_BYTES, SqueakParams
 from daskkrr.sampling.squeak_stream import StreamState, stream_block, stream_finish
 
-#: Default number of copies per new row. With eps = 0.5, qbar = 16 kept the spectral
-#: guarantee 0 <= K - K~ <= 2 gamma I in at least 95% of seeds in our tests (n = 300-600,
-#: Gaussian kernel) and the mean error near 1.3-1.6 gamma; qbar = 48-64 is needed for
-#: every RLS estimate to stay within the alpha bounds. Theorem 1's value,
-#: 39 alpha log(2n/delta) / eps^2 (about 6 000 for n = 1e4), is far more conservative.
+#: Default number of copies per new row. In our experiments (n = 300-600, Gaussian
+#: kernel, eps = 0.5), qbar = 16 kept 0 <= K - K~ <= 2 gamma I in at least 95% of the
+#: seeds with a mean error of 1.3-1.6 gamma, while qbar = 8 failed in up to 90% of them
+#: at small gamma (a long stream of resampling steps lets entries drift out of the
+#: dictionary); qbar = 48-64 keeps every RLS estimate within the alpha bounds too.
+#: Theorem 1's qbar = 39 alpha log(2n/delta) / eps^2 (about 6 000 for n = 1e4) is far
+#: more conservative. The unique centers grow more slowly than qbar (duplicates merge).
 DEFAULT_QBAR = 16
-#: Default accuracy parameter: the dictionary is gamma/(1 - eps) = 2 gamma accurate and
-#: its size about (1 - eps) qbar d_eff copies; smaller eps grows it as (1 - eps) / eps^2
-#: in theory, but in practice mostly through the (1 - eps) factor of the estimates.
+#: Default accuracy parameter. With qbar fixed the dictionary holds about
+#: (1 - eps) qbar d_eff(gamma) copies (the estimates carry the factor 1 - eps) and is
+#: gamma / (1 - eps)-accurate: eps = 0.5 gives a 2 gamma bound with half the copies of
+#: eps -> 0 (eps = 0.3 measured 1.5x the copies of eps = 0.5).
 DEFAULT_EPS = 0.5
 
 
@@ -106,7 +109,7 @@ class StreamingRLSSampler(CenterSampler):
         if self.gamma is None and n_centers is not None and n_centers < X.shape[0]:
             g_budget, pilot_info = pilot_gamma(
                 X, kernel, int(n_centers), qbar=int(self.qbar), eps=float(self.eps), seed=seed,
-                client=client,
+                client=client, overshoot=float(getattr(self, "budget_overshoot", 2.0)),
             )
             info["pilot"] = pilot_info
             if g_budget > gamma:
@@ -171,6 +174,11 @@ class SqueakSampler(StreamingRLSSampler):
         bounded by ``batch_bytes``).
     max_inflight_bytes : int
         Bytes of row blocks per computed segment of the chain.
+    budget_overshoot : float
+        With a budget ``n_centers`` and gamma = None, gamma is chosen so that the expected
+        dictionary has ``budget_overshoot * n_centers`` unique rows, then thinned to the
+        budget (default 2: in the centers benchmark 1.25 left the rare regions
+        under-sampled and 4 pushed gamma to its floor ``penalty * n``).
 
     Notes
     -----
@@ -201,6 +209,7 @@ class SqueakSampler(StreamingRLSSampler):
         max_dictionary: int | None = None,
         batch_min: int = 64,
         max_inflight_bytes: int = 256 * 2**20,
+        budget_overshoot: float = 2.0,
     ):
         self.gamma = gamma
         self.qbar = qbar
@@ -210,6 +219,7 @@ class SqueakSampler(StreamingRLSSampler):
         self.max_dictionary = max_dictionary
         self.batch_min = batch_min
         self.max_inflight_bytes = max_inflight_bytes
+        self.budget_overshoot = budget_overshoot
 
     def select(
         self,
@@ -247,9 +257,9 @@ class SqueakSampler(StreamingRLSSampler):
                 stopped = (fetch(client.submit(_stopped, state), client) if client is not None
                            else state.stopped)
                 if stopped is not None:
+                    finish = dask.delayed(stream_finish, pure=True, traverse=False)
                     state = compute_one(
-                        dask.delayed(stream_finish, pure=True, traverse=False)(state, kernel, params, seed, self.max_dictionary),
-                        client,
+                        finish(state, kernel, params, seed, self.max_dictionary), client
                     )
                     break
         result: StreamState = fetch(state, client)

@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from scipy.linalg import cho_factor, cho_solve
+from scipy.linalg import cholesky, solve_triangular
 
 from daskkrr.kernels import Kernel
 from daskkrr.sampling.base import CenterDictionary
@@ -41,9 +41,10 @@ def _eq5_estimates(
     """Eq. 5 for the rows ``query_rows`` with the selection matrix given column by column."""
     Ks = K[np.ix_(col_rows, col_rows)] * col_scale[:, None] * col_scale[None, :]
     Ks[np.diag_indices_from(Ks)] += gamma
-    factor = cho_factor(Ks, lower=True, check_finite=False)
+    L = cholesky(Ks, lower=True, check_finite=False)
     B = K[np.ix_(col_rows, query_rows)] * col_scale[:, None]  # S_bar^T k_i, one column per query
-    quad = np.einsum("ij,ij->j", B, cho_solve(factor, B, check_finite=False))
+    LB = solve_triangular(L, B, lower=True, check_finite=False)
+    quad = np.einsum("ij,ij->j", LB, LB)  # k_i^T S_bar (S_bar^T K S_bar + gamma I)^{-1} S_bar^T k_i
     alpha = (1.0 + eps) / (1.0 - eps)
     resid = np.maximum(K[query_rows, query_rows] - quad, 0.0)
     return (1.0 + eps) / (alpha * gamma) * resid

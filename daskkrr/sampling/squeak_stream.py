@@ -41,8 +41,10 @@ class StreamState:
     batches : int
         Batches processed.
     history : list of dict
-        One record per block: block, rows_seen, dictionary_size (with copies),
-        unique, d_eff_estimate.
+        One record per block: ``block``, ``rows_seen``, ``dictionary_size`` (copies),
+        ``unique`` (entries), ``rls_sum`` (sum of the entries' estimated RLS) and
+        ``d_eff_estimate`` (the importance-weighted sum ``sum_j s_j tau~_j / (1 - eps)``,
+        an estimate of d_eff(gamma) of the rows seen).
     stopped : str or None
         Why the pass stopped early (``"max_dictionary"``), or None.
     """
@@ -168,6 +170,7 @@ def _summary(state: StreamState, params: SqueakParams) -> dict[str, Any]:
         "rows_seen": int(state.rows_seen),
         "dictionary_size": d.n_copies,
         "unique": d.size,
+        "rls_sum": float(d.rls.sum()),
         "d_eff_estimate": d.d_eff_estimate(params.qbar, params.eps),
     }
 

@@ -1,12 +1,13 @@
 """Solvers: a matrix-free conjugate gradient, FALKON, direct Nystrom and exact KRR."""
 
-from daskkrr.solvers.cg import CGResult, conjugate_gradient
+from daskkrr.solvers.cg import CGResult, CGState, conjugate_gradient
 from daskkrr.solvers.exact import exact_krr_coefficients, nystrom_lstsq_coefficients
 from daskkrr.solvers.falkon import FalkonPreconditioner, falkon_solve
 from daskkrr.solvers.linalg import JitterWarning, cholesky_jitter
 
 __all__ = [
     "CGResult",
+    "CGState",
     "FalkonPreconditioner",
     "JitterWarning",
     "cholesky_jitter",

@@ -23,12 +23,13 @@ that is the caller's ``gram_matvec``, one distributed pass per iteration.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Callable
 
 import numpy as np
 
-from daskkrr.solvers.cg import CGResult, conjugate_gradient
-from daskkrr.solvers.linalg import cholesky_jitter, solve_upper
+from daskkrr.solvers.cg import CGResult, CGState, conjugate_gradient
+from daskkrr.solvers.linalg import JitterWarning, cholesky_jitter, solve_upper
 
 
 @dataclasses.dataclass
@@ -109,9 +110,35 @@ class FalkonPreconditioner:
         C = (C + C.T) / 2
         C[np.diag_indices_from(C)] += self.penalty
         rhs = solve_upper(self.T, self._d_col(knm_t_y) * knm_t_y, trans=True) / self.n
-        R, _ = cholesky_jitter(C, what="preconditioned Nystrom system")
-        v = solve_upper(R, solve_upper(R, rhs, trans=True))
+        try:
+            R, _ = cholesky_jitter(C, what="preconditioned Nystrom system", max_jitter_ratio=1e-8)
+            v = solve_upper(R, solve_upper(R, rhs, trans=True))
+        except np.linalg.LinAlgError:
+            v = _solve_clipped(C, rhs, floor=self.penalty)
         return self._d_col(v) * solve_upper(self.T, v)
+
+
+def _solve_clipped(C: np.ndarray, rhs: np.ndarray, floor: float) -> np.ndarray:
+    """Solve ``C v = rhs`` for a symmetric ``C`` whose exact eigenvalues are all >= ``floor``.
+
+    Near-duplicate centers make ``T`` ill-conditioned, and round-off amplified by
+    ``T^{-1}`` can push computed eigenvalues of ``C`` below ``floor`` (even below 0).
+    Clipping them at ``floor`` removes that round-off instead of failing.
+    """
+    if not np.all(np.isfinite(C)):
+        raise np.linalg.LinAlgError(
+            "the preconditioned Nystrom system has NaN or inf entries: the center kernel matrix is "
+            "singular. Use fewer centers, a larger sigma or penalty, or standardize the features"
+        )
+    w, Q = np.linalg.eigh(C)
+    clipped = int(np.sum(w < floor))
+    warnings.warn(
+        f"the preconditioned Nystrom system had {clipped} eigenvalue(s) below the penalty {floor:.3g} "
+        "from round-off (near-duplicate centers); they were clipped at the penalty",
+        JitterWarning,
+        stacklevel=3,
+    )
+    return Q @ ((Q.T @ rhs) / np.maximum(w, floor).reshape((-1,) + (1,) * (rhs.ndim - 1)))
 
 
 def falkon_solve(
@@ -124,8 +151,17 @@ def falkon_solve(
     true_residual_every: int = 10,
     beta0: np.ndarray | None = None,
     callback: Callable[[int, np.ndarray], None] | None = None,
+    state: CGState | None = None,
+    on_state: Callable[[CGState], None] | None = None,
+    state_every: int = 1,
 ) -> tuple[np.ndarray, CGResult]:
-    """Run FALKON's CG; return the Nystrom coefficients ``alpha`` and the CG record."""
+    """Run FALKON's CG; return the Nystrom coefficients ``alpha`` and the CG record.
+
+    ``state``, ``on_state`` and ``state_every`` checkpoint and continue the CG
+    exactly (see :func:`daskkrr.solvers.conjugate_gradient`); the state lives in
+    the preconditioned variable ``beta``, so it is only valid with the same
+    preconditioner (same centers, kernel, penalty and n).
+    """
     result = conjugate_gradient(
         preconditioner.operator(gram_matvec),
         preconditioner.rhs(knm_t_y),
@@ -134,5 +170,8 @@ def falkon_solve(
         max_iter=max_iter,
         true_residual_every=true_residual_every,
         callback=callback,
+        state=state,
+        on_state=on_state,
+        state_every=state_every,
     )
     return preconditioner.to_coefficients(result.x), result

@@ -50,7 +50,8 @@ def cholesky_jitter(
     if not scale > 0:
         raise np.linalg.LinAlgError(
             f"{what} of shape {S.shape} has a non-positive mean diagonal ({scale:g}); "
-            "the kernel is degenerate on these points"
+            "the kernel is degenerate on these points (e.g. a linear or polynomial kernel on all-zero "
+            "or constant features): use another kernel or informative features"
         )
     default = m * np.finfo(np.float64).eps * scale
     jitter = default if initial_jitter is None else float(initial_jitter)
@@ -68,13 +69,15 @@ def cholesky_jitter(
                 raise np.linalg.LinAlgError(
                     f"Cholesky of the {what} of shape {S.shape} failed even with jitter {jitter:.3g} "
                     f"({jitter / scale:.1e} of its mean diagonal): the problem is singular. "
-                    "Use fewer centers, a larger sigma/penalty, or remove duplicated rows."
+                    "Use fewer centers, a larger sigma or penalty, remove duplicated rows, or standardize "
+                    "the features (standardize=True: large, unscaled values lose the distances to round-off)."
                 )
             jitter = min(jitter * 100, limit)
     if jitter > default * (1 + 1e-12):
         warnings.warn(
             f"Cholesky of the {what} of shape {S.shape} needed jitter {jitter:.3g} "
-            f"({jitter / scale:.1e} of its mean diagonal); centers may be near-duplicates",
+            f"({jitter / scale:.1e} of its mean diagonal); centers may be near-duplicates, or large "
+            "unstandardized features lose their distances to round-off (standardize=True)",
             JitterWarning,
             stacklevel=2,
         )

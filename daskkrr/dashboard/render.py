@@ -1,0 +1,141 @@
+"""HTML of the daskkrr dashboard page: pure functions from fit records to markup."""
+
+from __future__ import annotations
+
+import html
+import time
+from typing import Any
+from urllib.parse import quote
+
+from daskkrr.dashboard.svg import line_chart, progress_bar
+from daskkrr.progress.state import FitProgress
+
+REFRESH_MS = 1000
+
+
+def choose_fit(fits: dict[str, dict[str, Any]], wanted: str | None = None) -> str | None:
+    """``wanted`` if published, else the running fit updated last, else the fit updated last."""
+    if wanted and wanted in fits:
+        return wanted
+    if not fits:
+        return None
+
+    def key(fid: str) -> tuple[int, float]:
+        rec = fits[fid] or {}
+        return (rec.get("status") == "running", rec.get("updated", 0.0))
+
+    return max(fits, key=key)
+
+
+def _row(name: str, value: Any, ident: str) -> str:
+    return f'<tr><th>{html.escape(name)}</th><td id="daskkrr-{ident}">{html.escape(str(value))}</td></tr>'
+
+
+def _dictionary_text(p: FitProgress) -> str:
+    if p.dictionary_size is None:
+        return "-"
+    if p.dictionary and p.n_centers is not None and p.n_centers != p.dictionary_size:
+        return f"{p.dictionary_size} ({p.n_centers} centers kept)"
+    return str(p.dictionary_size)
+
+
+def render_fragment(fits: dict[str, dict[str, Any]], counts: dict[str, dict[str, int]], wanted: str | None) -> str:
+    """The live part of the page (refreshed by the page's script)."""
+    fit_id = choose_fit(fits, wanted)
+    if fit_id is None:
+        return (
+            '<div id="daskkrr-fit" data-status="none"><p id="daskkrr-empty">No daskkrr fit has run on this '
+            "cluster yet. Fit a model with a client connected to this scheduler, e.g. "
+            "<code>daskkrr fit --scheduler ADDRESS ...</code> or "
+            "<code>FalkonRegressor(client=client).fit(...)</code>.</p></div>"
+        )
+    p = FitProgress.from_dict(fits[fit_id])
+    p.apply_counts(counts.get(fit_id, {}))
+    status = p.status
+    badge = {"running": "#36c", "done": "#2a7", "failed": "#c33"}.get(status, "#777")
+    cg_text = "-" if not p.cg else (
+        f"{p.cg_iteration}" + (f" / {p.max_iter}" if p.max_iter else "") + f"  (residual {p.residual:.3e})"
+    )
+    live = f"{min(p.blocks_in_pass, p.n_blocks)} / {p.n_blocks}" if p.pass_task else "-"
+    rows = [
+        _row("phase", p.phase, "phase"),
+        _row("rows streamed", f"{p.rows_streamed:,}", "rows"),
+        _row("blocks read", f"{p.blocks_read:,}", "blocks"),
+        _row("current pass", live, "pass"),
+        _row("passes done", p.passes, "passes"),
+        _row("dictionary size", _dictionary_text(p), "dictionary"),
+        _row("CG iteration", cg_text, "cg-iteration"),
+        _row("data", f"{p.n_rows:,} rows x {p.n_features} features, {p.n_blocks} blocks", "data"),
+        _row("elapsed", f"{p.elapsed:.1f} s", "elapsed"),
+    ]
+    if p.error:
+        rows.append(_row("error", p.error, "error"))
+    cg_chart = line_chart(
+        p.cg, title="CG residual by iteration", xlabel="iteration", ylabel="relative residual (log10)",
+        logy=True, element_id="daskkrr-cg-chart", empty_text="CG has not started",
+    )
+    if p.dictionary:
+        dict_chart = line_chart(
+            p.dictionary, title="SQUEAK dictionary size", xlabel="rows seen", ylabel="dictionary size",
+            element_id="daskkrr-dictionary-chart", color="#d62728",
+        )
+    else:
+        note = (f"{p.sampler or 'this'} sampler: {p.n_centers} centers, no dictionary growth"
+                if p.n_centers is not None else "centers not chosen yet")
+        dict_chart = line_chart(
+            [], title="SQUEAK dictionary size", xlabel="rows seen", ylabel="dictionary size",
+            element_id="daskkrr-dictionary-chart", empty_text=note,
+        )
+    others = "".join(
+        f'<li><a href="?fit={quote(fid)}">{html.escape(fid)}</a> {html.escape(str((fits[fid] or {}).get("estimator", "")))}'
+        f' - {html.escape(str((fits[fid] or {}).get("status", "")))}</li>'
+        for fid in sorted(fits, key=lambda k: (fits[k] or {}).get("updated", 0), reverse=True)[:10]
+    )
+    return (
+        f'<div id="daskkrr-fit" data-fit="{html.escape(fit_id)}" data-status="{html.escape(status)}">'
+        f'<h2>{html.escape(p.estimator)} <span class="badge" id="daskkrr-status" style="background:{badge}">'
+        f"{html.escape(status)}</span> <small>{html.escape(fit_id)}</small></h2>"
+        f'<div class="bar">{progress_bar(p.fraction, element_id="daskkrr-progress")}</div>'
+        f'<div class="cols"><table class="figures">{"".join(rows)}</table>'
+        f'<div class="charts">{cg_chart}{dict_chart}</div></div>'
+        f"<h3>Recent fits</h3><ul>{others}</ul>"
+        f'<p class="updated">updated {time.strftime("%H:%M:%S")}</p></div>'
+    )
+
+
+_STYLE = """
+body { font-family: Helvetica, Arial, sans-serif; margin: 16px; color: #222; }
+h1 { font-size: 20px; margin: 0 0 8px 0; } h2 { font-size: 17px; } h3 { font-size: 14px; }
+.badge { color: white; border-radius: 4px; padding: 1px 8px; font-size: 13px; }
+.cols { display: flex; flex-wrap: wrap; gap: 18px; align-items: flex-start; }
+.charts { display: flex; flex-wrap: wrap; gap: 12px; }
+table.figures th { text-align: left; padding: 3px 12px 3px 0; font-weight: normal; color: #555; }
+table.figures td { font-family: monospace; padding: 3px 0; }
+.updated { color: #888; font-size: 12px; } a { color: #36c; }
+"""
+
+
+def render_page(fragment: str, fit: str | None, prefix: str = "/") -> str:
+    """The whole page; its script refreshes the fragment every second."""
+    query = f"?fit={quote(fit)}" if fit else ""
+    fragment_url = html.escape(f"{prefix.rstrip('/')}/daskkrr/fragment{query}")
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>daskkrr - fit progress</title>
+<style>{_STYLE}</style></head>
+<body><h1>daskkrr: current fit</h1>
+<p><a href="{html.escape(prefix.rstrip('/'))}/status">Dask dashboard</a> |
+<a href="{html.escape(prefix.rstrip('/'))}/daskkrr/state.json">state.json</a></p>
+<div id="daskkrr-live">{fragment}</div>
+<script>
+(function () {{
+  var live = document.getElementById("daskkrr-live");
+  function refresh() {{
+    fetch("{fragment_url}", {{cache: "no-store"}})
+      .then(function (r) {{ return r.ok ? r.text() : null; }})
+      .then(function (t) {{ if (t !== null) {{ live.innerHTML = t; }} }})
+      .catch(function () {{}})
+      .finally(function () {{ setTimeout(refresh, {REFRESH_MS}); }});
+  }}
+  setTimeout(refresh, {REFRESH_MS});
+}})();
+</script></body></html>"""

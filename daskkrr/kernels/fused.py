@@ -1,0 +1,547 @@
+"""The fused, cache-tiled kernel block engine (numba).
+
+Every FALKON iteration needs ``k(X_b, Z)^T (k(X_b, Z) u)`` for each row block and
+predict needs ``k(X_b, Z) alpha``. The numpy reference
+(:mod:`daskkrr.kernels.reference`) builds a large kernel tile, then makes four
+more passes over it in memory (``exp``, a cast, two GEMVs). Here the block is
+processed a small tile of rows at a time (``tile_rows x M`` entries, about
+256 KiB, so it stays in the L2 cache):
+
+1. the cross products ``X_t Z^T`` of the tile by one BLAS call (dot-product
+   kernels and squared Euclidean distances ``|x|^2 + |z|^2 - 2 x.z``; the
+   Laplacian's L1 distances by a vectorised loop instead);
+2. for each row of the tile, while it sits in L1: the kernel function (with the
+   vectorised ``exp`` of :mod:`daskkrr.kernels._vexp`), then the row's
+   contribution to the products (``v = K_i u``, ``out += K_i^T v``).
+
+So a kernel entry is computed once, read from cache twice, and never written to
+memory. Products accumulate in float64 whatever the block dtype (float32 kernel
+values are widened before they are multiplied), so float32 blocks keep about
+float32 accuracy in each entry and lose nothing more across tiles or blocks.
+
+Accuracy of the distances: for stationary kernels, ``X`` and ``Z`` are first
+centred on the mean of ``Z`` (kernels are translation invariant, and the GEMM
+expansion loses ``eps (|x|^2 + |z|^2)`` to cancellation); entries with a squared
+distance below ``2^-10 (|x|^2 + |z|^2)`` -- near-coincident pairs, such as a
+center and the row it was drawn from, where ``sqrt`` would magnify the
+cancellation for the Matern kernels -- are recomputed from exact differences.
+
+Threads: these functions take ``n_threads`` and split the rows into that many
+contiguous ranges, run concurrently on a shared thread pool (the compiled loops
+release the GIL); the caller decides the number (see
+:mod:`daskkrr.kernels.threads`). No numba threading layer is used, so the engine
+is safe to call from any number of threads at once (Dask's threaded scheduler).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+from numba import njit
+
+from daskkrr.kernels._vexp import SAFE_FASTMATH, exp_neg
+from daskkrr.kernels.base import Kernel
+from daskkrr.kernels.reference import precondition_tile
+from daskkrr.kernels.spec import (  # noqa: F401  (re-exported)
+    GAUSSIAN,
+    LAPLACIAN,
+    LINEAR,
+    MATERN05,
+    MATERN15,
+    MATERN25,
+    POLYNOMIAL,
+    KernelSpec,
+    kernel_spec,
+    supports,
+)
+
+#: Bytes of one kernel tile processed by the fused loops: 16 rows at M = 2000 in float32,
+#: where OpenBLAS's small GEMM ran fastest on the development machine (1 MiB L2 per core).
+CACHE_TILE_BYTES = 128 * 2**10
+#: Bytes of one kernel tile for ``K^T K`` (a GEMM; larger tiles keep BLAS efficient).
+GRAM_TILE_BYTES = 8 * 2**20
+#: Near-coincident pairs: squared distance below this times ``|x|^2 + |z|^2``.
+NEAR_COINCIDENT = 2.0**-10
+
+# Reductions may be reassociated (that is what lets LLVM vectorise them).
+_REDUCE_FASTMATH = SAFE_FASTMATH | {"reassoc"}
+
+
+# --------------------------------------------------------------------------- compiled loops
+@njit(nogil=True, fastmath=_REDUCE_FASTMATH, cache=True)
+def _row_dot(row, u):  # pragma: no cover - compiled
+    """``sum_j row[j] u[j]`` in float64."""
+    s = 0.0
+    for j in range(row.shape[0]):
+        s += np.float64(row[j]) * u[j]
+    return s
+
+
+@njit(nogil=True, fastmath=_REDUCE_FASTMATH, cache=True)
+def _row_axpy(out, row, a):  # pragma: no cover - compiled
+    """``out += a row`` with float64 ``out``."""
+    for j in range(row.shape[0]):
+        out[j] += np.float64(row[j]) * a
+
+
+@njit(nogil=True, fastmath=_REDUCE_FASTMATH, cache=True)
+def _rows4_dot(K, i, u):  # pragma: no cover - compiled
+    """``K[i:i+4] u`` in float64, reading ``u`` once for four rows."""
+    r0 = K[i]
+    r1 = K[i + 1]
+    r2 = K[i + 2]
+    r3 = K[i + 3]
+    s0 = 0.0
+    s1 = 0.0
+    s2 = 0.0
+    s3 = 0.0
+    for j in range(r0.shape[0]):
+        uj = u[j]
+        s0 += np.float64(r0[j]) * uj
+        s1 += np.float64(r1[j]) * uj
+        s2 += np.float64(r2[j]) * uj
+        s3 += np.float64(r3[j]) * uj
+    return s0, s1, s2, s3
+
+
+@njit(nogil=True, fastmath=_REDUCE_FASTMATH, cache=True)
+def _rows4_axpy(out, K, i, a0, a1, a2, a3):  # pragma: no cover - compiled
+    """``out += K[i:i+4]^T a`` in float64, one read-modify-write of ``out`` for four rows."""
+    r0 = K[i]
+    r1 = K[i + 1]
+    r2 = K[i + 2]
+    r3 = K[i + 3]
+    for j in range(r0.shape[0]):
+        out[j] += (np.float64(r0[j]) * a0 + np.float64(r1[j]) * a1) + (
+            np.float64(r2[j]) * a2 + np.float64(r3[j]) * a3
+        )
+
+
+@njit(nogil=True, cache=True)
+def _tile_products(op, Kt, s, W, outT, out):  # pragma: no cover - compiled
+    """The products of one tile ``Kt`` of kernel rows ``s .. s + len(Kt)`` (see :func:`_block_rows`).
+
+    Rows go four at a time, so each pass over ``u`` or ``out`` serves four rows.
+    """
+    r = Kt.shape[0]
+    r4 = r - r % 4
+    if op == _OP_GRAM_MATVEC:
+        t = W.shape[0]
+        for c in range(t):
+            for i in range(0, r4, 4):
+                a0, a1, a2, a3 = _rows4_dot(Kt, i, W[c])
+                _rows4_axpy(outT[c], Kt, i, a0, a1, a2, a3)
+            for i in range(r4, r):
+                _row_axpy(outT[c], Kt[i], _row_dot(Kt[i], W[c]))
+    elif op == _OP_T_MATVEC:
+        t = W.shape[1]
+        for c in range(t):
+            for i in range(0, r4, 4):
+                _rows4_axpy(outT[c], Kt, i, W[s + i, c], W[s + i + 1, c], W[s + i + 2, c], W[s + i + 3, c])
+            for i in range(r4, r):
+                _row_axpy(outT[c], Kt[i], W[s + i, c])
+    else:
+        t = W.shape[0]
+        for c in range(t):
+            for i in range(0, r4, 4):
+                a0, a1, a2, a3 = _rows4_dot(Kt, i, W[c])
+                out[s + i, c] = a0
+                out[s + i + 1, c] = a1
+                out[s + i + 2, c] = a2
+                out[s + i + 3, c] = a3
+            for i in range(r4, r):
+                out[s + i, c] = _row_dot(Kt[i], W[c])
+
+
+@njit(nogil=True, fastmath=_REDUCE_FASTMATH, cache=True)
+def _row_sq(x):  # pragma: no cover - compiled
+    s = x[0] * 0
+    for k in range(x.shape[0]):
+        s += x[k] * x[k]
+    return s
+
+
+@njit(nogil=True, fastmath=SAFE_FASTMATH, cache=True)
+def _exact_sq(xi, ZT, j):  # pragma: no cover - compiled
+    """``|x_i - z_j|^2`` from the differences (no cancellation)."""
+    s = xi[0] * 0
+    for k in range(xi.shape[0]):
+        diff = xi[k] - ZT[k, j]
+        s += diff * diff
+    return s
+
+
+@njit(nogil=True, fastmath=SAFE_FASTMATH, cache=True)
+def _stationary_row(row, xi, ZT, zn, xn, kind, p0, tmp):  # pragma: no cover - compiled
+    """Turn ``row = x_i . Z^T`` (centred) into ``k(x_i, Z)`` for a Euclidean stationary kernel.
+
+    The first loop forms the squared distances (times ``-gamma`` for the Gaussian,
+    saving a pass) and, for the Matern kernels, counts near-coincident pairs; only
+    when there are any does a scalar loop recompute them from exact differences.
+    """
+    M = row.shape[0]
+    f = row.dtype.type
+    two = f(2.0)
+    zero = f(0.0)
+    tau = f(NEAR_COINCIDENT)
+    g = f(p0)
+    # Scale applied to the squared distance in the first loop.
+    a = -g if kind == GAUSSIAN else f(1.0)
+    near = 0
+    if kind == GAUSSIAN:
+        # exp(-g d2) is insensitive to the expansion's absolute error eps (|x|^2 + |z|^2)
+        # in d2 (the reference computes it the same way): no recomputation needed.
+        for j in range(M):
+            row[j] = a * max(xn + zn[j] - two * row[j], zero)
+    else:
+        for j in range(M):
+            v = max(xn + zn[j] - two * row[j], zero)
+            row[j] = v
+            near += 1 if v < tau * (xn + zn[j]) else 0
+    if near > 0:  # rare: near-coincident pairs, from exact differences
+        for j in range(M):
+            if row[j] / a < tau * (xn + zn[j]):
+                row[j] = a * _exact_sq(xi, ZT, j)
+    if kind == GAUSSIAN:
+        exp_neg(row)
+    elif kind == MATERN05:
+        for j in range(M):
+            row[j] = -g * np.sqrt(row[j])
+        exp_neg(row)
+    else:
+        one = f(1.0)
+        third = f(1.0 / 3.0)
+        for j in range(M):
+            s = g * np.sqrt(row[j])
+            if kind == MATERN15:
+                tmp[j] = one + s
+            else:
+                tmp[j] = one + s + s * s * third
+            row[j] = -s
+        exp_neg(row)
+        for j in range(M):
+            row[j] *= tmp[j]
+
+
+@njit(nogil=True, fastmath=SAFE_FASTMATH, cache=True)
+def _fill_tile(Xt, center, ZT, zn, kind, p0, p1, degree, K, xbuf, tmp):  # pragma: no cover
+    """``K = k(Xt, Z)`` for one tile of rows.
+
+    ``Xt`` (r, d) rows; ``center`` (d,) subtracted from them (the mean of Z for
+    stationary kernels); ``ZT`` (d, M) centred centers, transposed; ``zn`` (M,)
+    their squared norms; ``K`` (r, M) C-contiguous output; ``xbuf`` (r, d)
+    and ``tmp`` (M,) scratch.
+    """
+    r, d = Xt.shape
+    M = ZT.shape[1]
+    f = K.dtype.type
+    for i in range(r):
+        for k in range(d):
+            xbuf[i, k] = Xt[i, k] - center[k]
+    if kind == LAPLACIAN:
+        g = f(p0)
+        for i in range(r):
+            row = K[i]
+            row[:] = 0
+            for k in range(d):
+                xk = xbuf[i, k]
+                zk = ZT[k]
+                for j in range(M):
+                    row[j] += abs(xk - zk[j])
+            for j in range(M):
+                row[j] = -g * row[j]
+            exp_neg(row)
+        return
+    np.dot(xbuf, ZT, K)
+    if kind == LINEAR:
+        return
+    if kind == POLYNOMIAL:
+        g = f(p0)
+        c0 = f(p1)
+        for i in range(r):
+            row = K[i]
+            for j in range(M):
+                tmp[j] = g * row[j] + c0
+                row[j] = tmp[j]
+            for _ in range(degree - 1):
+                for j in range(M):
+                    row[j] *= tmp[j]
+        return
+    for i in range(r):
+        xi = xbuf[i]
+        _stationary_row(K[i], xi, ZT, zn, _row_sq(xi), kind, p0, tmp)
+
+
+# Operations of the block driver.
+_OP_GRAM_MATVEC, _OP_T_MATVEC, _OP_MATVEC, _OP_FILL = range(4)
+
+
+@njit(nogil=True, cache=True)
+def _block_rows(op, X, center, ZT, zn, kind, p0, p1, degree, W, outT, out, K, rt):  # pragma: no cover
+    """One pass over the rows of ``X``, ``rt`` rows per tile; ``op`` picks the product.
+
+    - gram matvec: ``outT += (k(X, Z)^T k(X, Z) U)^T`` with ``W = U^T`` (t, M);
+    - t matvec: ``outT += (k(X, Z)^T V)^T`` with ``W = V`` (n, t);
+    - matvec: ``out = k(X, Z) A`` with ``W = A^T`` (t, M), ``out`` (n, t);
+    - fill: ``K = k(X, Z)`` (n, M) in the block dtype.
+
+    Accumulators are float64. (One driver rather than four keeps numba's
+    compile time down: the tile code is compiled once per dtype.)
+    """
+    n, d = X.shape
+    M = ZT.shape[1]
+    xbuf = np.empty((rt, d), dtype=ZT.dtype)
+    tmp = np.empty(M, dtype=ZT.dtype)
+    tile = np.empty((rt if op != _OP_FILL else 0, M), dtype=ZT.dtype)
+    for s in range(0, n, rt):
+        e = min(n, s + rt)
+        r = e - s
+        Kt = K[s:e] if op == _OP_FILL else tile[:r]
+        _fill_tile(X[s:e], center, ZT, zn, kind, p0, p1, degree, Kt, xbuf[:r], tmp)
+        if op != _OP_FILL:
+            _tile_products(op, Kt, s, W, outT, out)
+
+
+@njit(nogil=True, cache=True)
+def _cached_rows(op, K, W, outT):  # pragma: no cover - compiled
+    """Products with a stored kernel block, reading each row once.
+
+    gram matvec: ``outT += (K^T K U)^T`` with ``W = U^T``; t matvec:
+    ``outT += (K^T V)^T`` with ``W = V``.
+    """
+    n = K.shape[0]
+    for s in range(0, n, 64):
+        _tile_products(op, K[s : min(n, s + 64)], s, W, outT, outT)
+
+
+# --------------------------------------------------------------------------- Python side
+@dataclasses.dataclass
+class _Prepared:
+    """Centers laid out for the compiled loops (computed once per call)."""
+
+    spec: KernelSpec
+    center: np.ndarray  # (d,) subtracted from every row
+    ZT: np.ndarray  # (d, M), centred
+    zn: np.ndarray  # (M,) squared norms of the centred centers
+
+    @property
+    def n_centers(self) -> int:
+        return self.ZT.shape[1]
+
+    def args(self) -> tuple:
+        s = self.spec
+        return (self.center, self.ZT, self.zn, s.kind, s.p0, s.p1, s.degree)
+
+
+def _prepare(kernel: Kernel, Xb: Any, Z: Any) -> tuple[np.ndarray, _Prepared]:
+    spec = kernel_spec(kernel)
+    if spec is None:
+        raise TypeError(f"the fused engine does not implement {type(kernel).__name__}; use engine='numpy'")
+    Xb = np.asarray(Xb)
+    Z = np.asarray(Z)
+    if Xb.ndim != 2 or Z.ndim != 2 or Xb.shape[1] != Z.shape[1]:
+        raise ValueError(
+            f"k(Xb, Z) needs 2-D blocks with the same number of features: Xb has shape {Xb.shape}, "
+            f"Z has shape {Z.shape}"
+        )
+    dt = np.result_type(Xb.dtype, Z.dtype, np.float32)
+    Xb = np.ascontiguousarray(Xb, dtype=dt)
+    Z = np.asarray(Z, dtype=dt)
+    center = Z.mean(axis=0, dtype=np.float64).astype(dt) if spec.stationary else np.zeros(Z.shape[1], dt)
+    Zc = Z - center
+    ZT = np.ascontiguousarray(Zc.T)
+    zn = np.einsum("ij,ij->i", Zc, Zc).astype(dt)
+    return Xb, _Prepared(spec, center, ZT, zn)
+
+
+def tile_rows(n_centers: int, itemsize: int, max_tile_bytes: int | None = None,
+              target_bytes: int | None = None, n_features: int = 0) -> int:
+    """Rows per tile: about ``target_bytes`` (default :data:`CACHE_TILE_BYTES`) of kernel
+    entries, at least 8 and at most 512 rows, never more than ``max_tile_bytes``.
+
+    With many features the tile's GEMM dominates and runs faster on taller tiles:
+    the default target grows by ``n_features // 25`` (at most 4 times).
+    """
+    if target_bytes is None:
+        target_bytes = CACHE_TILE_BYTES * max(1, min(4, n_features // 25))
+    row_bytes = max(1, n_centers * itemsize)
+    rows = min(512, max(8, target_bytes // row_bytes))
+    if max_tile_bytes is not None:
+        rows = min(rows, max(1, int(max_tile_bytes) // row_bytes))
+    return int(rows)
+
+
+_POOL: ThreadPoolExecutor | None = None
+_NONE2 = np.empty((0, 0))  # placeholder for the driver's unused float64 arguments
+
+
+def _none_k(Xb: np.ndarray) -> np.ndarray:
+    return np.empty((0, 0), dtype=Xb.dtype)
+
+
+
+def _pool() -> ThreadPoolExecutor:
+    global _POOL
+    if _POOL is None:
+        _POOL = ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 1), thread_name_prefix="daskkrr-engine")
+    return _POOL
+
+
+def _split(n_rows: int, n_threads: int, align: int) -> list[slice]:
+    """Up to ``n_threads`` contiguous row ranges, multiples of ``align`` rows except the last."""
+    n_threads = max(1, min(int(n_threads), -(-n_rows // max(1, align))))
+    per = -(-n_rows // n_threads)
+    per = -(-per // align) * align
+    return [slice(s, min(n_rows, s + per)) for s in range(0, n_rows, per)] or [slice(0, 0)]
+
+
+def _run(parts: list[slice], work: Callable[[slice], Any]) -> list[Any]:
+    """``work(part)`` for every part: inline for one, on the shared pool for several."""
+    if len(parts) == 1:
+        return [work(parts[0])]
+    futures = [_pool().submit(work, p) for p in parts]
+    return [f.result() for f in futures]
+
+
+def _as_2d(a: Any, rows: int, what: str) -> np.ndarray:
+    a2 = np.asarray(a, dtype=np.float64).reshape(rows, -1)
+    return a2
+
+
+def gram_matvec(kernel: Kernel, Xb: Any, Z: Any, U: Any, *, max_tile_bytes: int | None = None,
+                n_threads: int = 1) -> np.ndarray:
+    """``k(Xb, Z)^T (k(Xb, Z) U)`` as float64 of shape ``(M, t)`` (``U``: ``(M,)`` or ``(M, t)``)."""
+    Xb, P = _prepare(kernel, Xb, Z)
+    M = P.n_centers
+    UT = np.ascontiguousarray(_as_2d(U, M, "U").T)
+    rt = tile_rows(M, Xb.dtype.itemsize, max_tile_bytes, n_features=Xb.shape[1])
+
+    def work(sl: slice) -> np.ndarray:
+        outT = np.zeros((UT.shape[0], M))
+        _block_rows(_OP_GRAM_MATVEC, Xb[sl], *P.args(), UT, outT, _NONE2, _none_k(Xb), rt)
+        return outT
+
+    return np.ascontiguousarray(_sum_parts(_run(_split(Xb.shape[0], n_threads, rt), work)).T)
+
+
+def t_matvec(kernel: Kernel, Xb: Any, Z: Any, V: Any, *, max_tile_bytes: int | None = None,
+             n_threads: int = 1) -> np.ndarray:
+    """``k(Xb, Z)^T V`` as float64 of shape ``(M, t)`` (``V``: ``(n_b,)`` or ``(n_b, t)``)."""
+    Xb, P = _prepare(kernel, Xb, Z)
+    M = P.n_centers
+    V2 = np.ascontiguousarray(_as_2d(V, Xb.shape[0], "V"))
+    rt = tile_rows(M, Xb.dtype.itemsize, max_tile_bytes, n_features=Xb.shape[1])
+
+    def work(sl: slice) -> np.ndarray:
+        outT = np.zeros((V2.shape[1], M))
+        _block_rows(_OP_T_MATVEC, Xb[sl], *P.args(), V2[sl], outT, _NONE2, _none_k(Xb), rt)
+        return outT
+
+    return np.ascontiguousarray(_sum_parts(_run(_split(Xb.shape[0], n_threads, rt), work)).T)
+
+
+def matvec(kernel: Kernel, Xb: Any, Z: Any, A: Any, *, max_tile_bytes: int | None = None,
+           n_threads: int = 1) -> np.ndarray:
+    """``k(Xb, Z) A`` as float64 of shape ``(n_b, t)`` (``A``: ``(M,)`` or ``(M, t)``)."""
+    Xb, P = _prepare(kernel, Xb, Z)
+    M = P.n_centers
+    AT = np.ascontiguousarray(_as_2d(A, M, "alpha").T)
+    out = np.empty((Xb.shape[0], AT.shape[0]))
+    rt = tile_rows(M, Xb.dtype.itemsize, max_tile_bytes, n_features=Xb.shape[1])
+
+    def work(sl: slice) -> None:
+        _block_rows(_OP_MATVEC, Xb[sl], *P.args(), AT, _NONE2, out[sl], _none_k(Xb), rt)
+
+    _run(_split(Xb.shape[0], n_threads, rt), work)
+    return out
+
+
+def kernel_block(kernel: Kernel, Xb: Any, Z: Any, *, n_threads: int = 1) -> np.ndarray:
+    """``k(Xb, Z)`` materialised, in the block dtype (for the cached strategy)."""
+    Xb, P = _prepare(kernel, Xb, Z)
+    M = P.n_centers
+    K = np.empty((Xb.shape[0], M), dtype=Xb.dtype)
+    rt = tile_rows(M, Xb.dtype.itemsize, n_features=Xb.shape[1])
+
+    def work(sl: slice) -> None:
+        _block_rows(_OP_FILL, Xb[sl], *P.args(), _NONE2, _NONE2, _NONE2, K[sl], rt)
+
+    _run(_split(Xb.shape[0], n_threads, rt), work)
+    return K
+
+
+def gram_and_rhs(kernel: Kernel, Xb: Any, Yb: Any, Z: Any, *, max_tile_bytes: int | None = None,
+                 n_threads: int = 1, right: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+    """``[W^T W | K^T Y]`` with ``K = k(Xb, Z)``, float64 ``(M, M + t)``.
+
+    ``W = K``, or ``K diag(d) T^{-1}`` with ``right = (T, d)`` (see
+    :func:`daskkrr.kernels.reference.precondition_tile`).
+
+    Tiles of ``K`` (about :data:`GRAM_TILE_BYTES`) are built by the fused fill and
+    multiplied by one float64 BLAS ``K_t^T K_t`` each (float32 tiles are widened
+    first: a float32 GEMM's round-off is not that of any kernel matrix, and the
+    preconditioner's ``T^-1`` amplifies it in the directions of small eigenvalues
+    of ``K_MM``, so the solve would drift from the CG strategies' solution).
+    """
+    Xb, P = _prepare(kernel, Xb, Z)
+    M = P.n_centers
+    Y2 = np.ascontiguousarray(_as_2d(Yb, Xb.shape[0], "Y"))
+    rt_fill = tile_rows(M, Xb.dtype.itemsize, n_features=Xb.shape[1])
+    rt = max(rt_fill, tile_rows(M, Xb.dtype.itemsize, max_tile_bytes, GRAM_TILE_BYTES))
+    if max_tile_bytes is not None:
+        rt = min(rt, max(1, int(max_tile_bytes) // (M * Xb.dtype.itemsize)))
+
+    def work(sl: slice) -> np.ndarray:
+        out = np.zeros((M, M + Y2.shape[1]))
+        buf = np.empty((min(rt, sl.stop - sl.start), M), dtype=Xb.dtype)
+        for s in range(sl.start, sl.stop, rt):
+            e = min(sl.stop, s + rt)
+            Kt = buf[: e - s]
+            _block_rows(_OP_FILL, Xb[s:e], *P.args(), _NONE2, _NONE2, _NONE2, Kt, min(rt_fill, e - s))
+            K64 = Kt if Kt.dtype == np.float64 else Kt.astype(np.float64)
+            W = K64 if right is None else precondition_tile(K64, *right)
+            out[:, :M] += W.T @ W
+            out[:, M:] += K64.T @ Y2[s:e]
+        return out
+
+    return _sum_parts(_run(_split(Xb.shape[0], n_threads, rt), work))
+
+
+def cached_gram_matvec(K: np.ndarray, U: Any, *, n_threads: int = 1) -> np.ndarray:
+    """``K^T (K U)`` for a stored block ``K`` (one read of ``K``), float64 ``(M, t)``."""
+    K = np.ascontiguousarray(K)
+    M = K.shape[1]
+    UT = np.ascontiguousarray(_as_2d(U, M, "U").T)
+
+    def work(sl: slice) -> np.ndarray:
+        outT = np.zeros((UT.shape[0], M))
+        _cached_rows(_OP_GRAM_MATVEC, K[sl], UT, outT)
+        return outT
+
+    return np.ascontiguousarray(_sum_parts(_run(_split(K.shape[0], n_threads, 64), work)).T)
+
+
+def cached_t_matvec(K: np.ndarray, V: Any, *, n_threads: int = 1) -> np.ndarray:
+    """``K^T V`` for a stored block ``K``, float64 ``(M, t)``."""
+    K = np.ascontiguousarray(K)
+    M = K.shape[1]
+    V2 = np.ascontiguousarray(_as_2d(V, K.shape[0], "V"))
+
+    def work(sl: slice) -> np.ndarray:
+        outT = np.zeros((V2.shape[1], M))
+        _cached_rows(_OP_T_MATVEC, K[sl], V2[sl], outT)
+        return outT
+
+    return np.ascontiguousarray(_sum_parts(_run(_split(K.shape[0], n_threads, 64), work)).T)
+
+
+def _sum_parts(parts: list[np.ndarray]) -> np.ndarray:
+    total = parts[0]
+    for p in parts[1:]:
+        total += p
+    return total

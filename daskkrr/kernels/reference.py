@@ -1,0 +1,119 @@
+"""The numpy reference of the per-block kernel products.
+
+Plain numpy, one large kernel tile (up to ``max_tile_bytes``) at a time: build
+the tile with the kernel object, then multiply with BLAS. Accumulation is in
+float64 whatever the block dtype. :mod:`daskkrr.kernels.blocks` dispatches to
+these with ``engine="numpy"``; the tests compare the fused engine
+(:mod:`daskkrr.kernels.fused`) against them, and the throughput benchmark
+(``workflows/benchmarks/engine_throughput.py``) uses them as the baseline.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from daskkrr.kernels.base import Kernel
+
+#: Largest kernel tile (rows x centers x itemsize) built at once.
+DEFAULT_TILE_BYTES = 32 * 2**20
+
+
+def _row_tiles(n_rows: int, n_centers: int, itemsize: int, max_tile_bytes: int):
+    step = max(1, int(max_tile_bytes // max(1, n_centers * itemsize)))
+    for start in range(0, n_rows, step):
+        yield slice(start, min(n_rows, start + step))
+
+
+def _cast(Xb: np.ndarray, Z: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    dt = np.result_type(Xb.dtype, Z.dtype, np.float32)
+    return np.asarray(Xb, dtype=dt), np.asarray(Z, dtype=dt)
+
+
+def knm_gram_matvec(
+    kernel: Kernel,
+    Xb: np.ndarray,
+    Z: np.ndarray,
+    U: np.ndarray,
+    max_tile_bytes: int = DEFAULT_TILE_BYTES,
+) -> np.ndarray:
+    """``k(Xb, Z)^T (k(Xb, Z) U)`` for one row block, as float64 of shape ``(M, t)``."""
+    Xb, Z = _cast(Xb, Z)
+    U2 = np.asarray(U, dtype=np.float64).reshape(Z.shape[0], -1)
+    Uc = U2.astype(Xb.dtype, copy=False)
+    out = np.zeros((Z.shape[0], U2.shape[1]), dtype=np.float64)
+    for sl in _row_tiles(Xb.shape[0], Z.shape[0], Xb.dtype.itemsize, max_tile_bytes):
+        Kt = kernel(Xb[sl], Z)
+        out += (Kt.T @ (Kt @ Uc)).astype(np.float64, copy=False)
+    return out.reshape((Z.shape[0],) + np.shape(U)[1:])
+
+
+def knm_t_matvec(
+    kernel: Kernel,
+    Xb: np.ndarray,
+    Z: np.ndarray,
+    V: np.ndarray,
+    max_tile_bytes: int = DEFAULT_TILE_BYTES,
+) -> np.ndarray:
+    """``k(Xb, Z)^T V`` for one row block (V has ``len(Xb)`` rows), as float64 ``(M, t)``."""
+    Xb, Z = _cast(Xb, Z)
+    V2 = np.asarray(V, dtype=np.float64).reshape(Xb.shape[0], -1)
+    out = np.zeros((Z.shape[0], V2.shape[1]), dtype=np.float64)
+    for sl in _row_tiles(Xb.shape[0], Z.shape[0], Xb.dtype.itemsize, max_tile_bytes):
+        Kt = kernel(Xb[sl], Z)
+        out += Kt.T.astype(np.float64, copy=False) @ V2[sl]
+    return out.reshape((Z.shape[0],) + np.shape(V)[1:])
+
+
+def knm_matvec(
+    kernel: Kernel,
+    Xb: np.ndarray,
+    Z: np.ndarray,
+    alpha: np.ndarray,
+    max_tile_bytes: int = DEFAULT_TILE_BYTES,
+) -> np.ndarray:
+    """``k(Xb, Z) alpha`` for one row block (the prediction), float64 ``(n_b,)`` or ``(n_b, t)``."""
+    Xb, Z = _cast(Xb, Z)
+    A2 = np.asarray(alpha, dtype=np.float64).reshape(Z.shape[0], -1)
+    out = np.empty((Xb.shape[0], A2.shape[1]), dtype=np.float64)
+    for sl in _row_tiles(Xb.shape[0], Z.shape[0], Xb.dtype.itemsize, max_tile_bytes):
+        out[sl] = kernel(Xb[sl], Z).astype(np.float64, copy=False) @ A2
+    return out.reshape((Xb.shape[0],) + np.shape(alpha)[1:])
+
+
+def knm_gram_and_rhs(
+    kernel: Kernel,
+    Xb: np.ndarray,
+    Yb: np.ndarray,
+    Z: np.ndarray,
+    max_tile_bytes: int = DEFAULT_TILE_BYTES,
+    *,
+    right: tuple[np.ndarray, np.ndarray] | None = None,
+) -> np.ndarray:
+    """``[W^T W | K^T Y]`` with ``K = k(Xb, Z)``: the direct Nystrom solve's one pass, ``(M, M + t)``.
+
+    ``W = K`` by default; with ``right = (T, d)`` (an upper-triangular ``T`` and a
+    positive vector ``d``), ``W = K diag(d) T^{-1}``, see :func:`precondition_tile`.
+    """
+    Xb, Z = _cast(Xb, Z)
+    Y2 = np.asarray(Yb, dtype=np.float64).reshape(Xb.shape[0], -1)
+    M = Z.shape[0]
+    out = np.zeros((M, M + Y2.shape[1]), dtype=np.float64)
+    for sl in _row_tiles(Xb.shape[0], M, Xb.dtype.itemsize, max_tile_bytes):
+        Kt = kernel(Xb[sl], Z).astype(np.float64, copy=False)
+        Wt = Kt if right is None else precondition_tile(Kt, *right)
+        out[:, :M] += Wt.T @ Wt
+        out[:, M:] += Kt.T @ Y2[sl]
+    return out
+
+
+def precondition_tile(K: np.ndarray, T: np.ndarray, d: np.ndarray) -> np.ndarray:
+    """``K diag(d) T^{-1}`` for a float64 kernel tile (one triangular solve).
+
+    Accumulating ``W^T W = T^-T D K^T K D T^-1`` instead of ``K^T K`` is what
+    FALKON's CG needs, and it avoids squaring the condition number of ``K_MM``:
+    an explicit ``K^T K`` carries round-off ``eps ||K||^2`` that ``T^{-1}`` then
+    amplifies by ``1 / lambda_min(K_MM)``.
+    """
+    from scipy.linalg import solve_triangular
+
+    return solve_triangular(T, (K * d[None, :]).T, trans="T", lower=False, check_finite=False).T

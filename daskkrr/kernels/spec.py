@@ -1,0 +1,54 @@
+"""Kernels as the fused engine's compiled loops see them: a code and up to three numbers.
+
+Kept apart from :mod:`daskkrr.kernels.fused` so that choosing an engine does not
+import numba.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from daskkrr.kernels.base import Kernel
+from daskkrr.kernels.dot import LinearKernel, PolynomialKernel
+from daskkrr.kernels.stationary import GaussianKernel, LaplacianKernel, MaternKernel
+
+# Kernel codes understood by the compiled loops.
+GAUSSIAN, LAPLACIAN, MATERN05, MATERN15, MATERN25, POLYNOMIAL, LINEAR = range(7)
+
+@dataclasses.dataclass(frozen=True)
+class KernelSpec:
+    """A kernel as the compiled loops see it: a code and up to three parameters."""
+
+    kind: int
+    p0: float = 0.0
+    p1: float = 0.0
+    degree: int = 1
+
+    @property
+    def stationary(self) -> bool:
+        return self.kind in (GAUSSIAN, LAPLACIAN, MATERN05, MATERN15, MATERN25)
+
+
+def kernel_spec(kernel: Kernel) -> KernelSpec | None:
+    """The :class:`KernelSpec` of a built-in kernel, or None (then use the numpy reference)."""
+    t = type(kernel)
+    if t is GaussianKernel:
+        return KernelSpec(GAUSSIAN, 0.5 / kernel.sigma**2)
+    if t is LaplacianKernel:
+        return KernelSpec(LAPLACIAN, 1.0 / kernel.sigma)
+    if t is MaternKernel:
+        kind, c = {0.5: (MATERN05, 1.0), 1.5: (MATERN15, math.sqrt(3.0)), 2.5: (MATERN25, math.sqrt(5.0))}[
+            kernel.nu
+        ]
+        return KernelSpec(kind, c / kernel.sigma)
+    if t is PolynomialKernel:
+        return KernelSpec(POLYNOMIAL, float(kernel.gamma), float(kernel.coef0), int(kernel.degree))
+    if t is LinearKernel:
+        return KernelSpec(LINEAR)
+    return None
+
+
+def supports(kernel: Kernel) -> bool:
+    """True when the fused engine implements ``kernel``."""
+    return kernel_spec(kernel) is not None

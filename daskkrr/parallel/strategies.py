@@ -1,0 +1,271 @@
+"""Solver strategies: who computes FALKON's ``K_nM^T y`` and ``K_nM^T K_nM u``, and how.
+
+Each strategy is an operator with the same two methods, so the solver does not
+know which one runs:
+
+- ``rhs()`` -> ``K_nM^T Y`` (``(M, t)``, float64);
+- ``gram_matvec(u)`` -> ``K_nM^T K_nM u``;
+- ``close()`` frees what the strategy holds.
+
+:class:`RecomputeOperator` recomputes kernel blocks on every call (true
+out-of-core), :class:`CachedOperator` keeps each block's ``k(X_b, Z)`` in worker
+memory, :class:`GramOperator` accumulates ``K_nM^T K_nM`` in one pass and
+multiplies on the client. :func:`plan_strategy` picks one with the cost model
+of :mod:`daskkrr.parallel.cost`; :func:`make_operator` builds it. All three give
+the same products up to round-off, so the same CG iterates.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any
+
+import dask.array as da
+import numpy as np
+
+from daskkrr.kernels.base import Kernel
+from daskkrr.kernels.blocks import (
+    cached_gram_matvec,
+    cached_t_matvec,
+    knm_block,
+    knm_gram_and_rhs,
+    knm_gram_matvec,
+    knm_t_matvec,
+)
+from daskkrr.parallel.blocks import RowBlockPasses
+from daskkrr.parallel.cost import (
+    STRATEGY_CHOICES,
+    Budget,
+    Problem,
+    StrategyCost,
+    choose_strategy,
+    estimate,
+    expected_iterations,
+    should_persist,
+)
+from daskkrr.parallel.threads import Resources, cluster_resources
+
+logger = logging.getLogger("daskkrr")
+
+#: Fewest rows per block after balancing (smaller blocks cost more scheduling than work).
+MIN_BLOCK_ROWS = 4096
+#: Blocks per task slot that balancing aims at (so no core idles at the end of a pass).
+BLOCKS_PER_SLOT = 2
+
+
+def check_strategy(strategy: str) -> str:
+    """Validate the ``strategy`` parameter."""
+    if strategy not in STRATEGY_CHOICES:
+        raise ValueError(f"strategy must be one of {STRATEGY_CHOICES}; got {strategy!r}")
+    return strategy
+
+
+@dataclasses.dataclass
+class StrategyPlan:
+    """What :func:`plan_strategy` decided and why."""
+
+    strategy: str
+    persist: bool
+    costs: dict[str, StrategyCost]
+    resources: Resources
+
+    def describe(self) -> str:
+        parts = [
+            f"{c.name}: {c.seconds:.1f}s" + ("" if c.feasible else f" (infeasible: {c.reason})")
+            for c in self.costs.values()
+        ]
+        return f"strategy {self.strategy} ({'; '.join(parts)}); persist data: {self.persist}"
+
+
+def plan_strategy(
+    strategy: str,
+    X: da.Array,
+    *,
+    n_centers: int,
+    n_targets: int,
+    iterations: int,
+    client: Any | None,
+    tol: float | None = None,
+    in_memory: bool = False,
+    resources: Resources | None = None,
+) -> StrategyPlan:
+    """Choose the strategy (``"auto"`` uses the cost model) and whether to persist the data.
+
+    ``iterations`` is CG's ``max_iter``; with ``tol`` the cost model expects
+    :func:`~daskkrr.parallel.cost.expected_iterations` of them.
+    """
+    check_strategy(strategy)
+    res = resources or cluster_resources(client)
+    n, d = (int(s) for s in X.shape)
+    its = expected_iterations(int(iterations), tol)
+    problem = Problem(n=n, d=d, n_centers=int(n_centers), n_targets=int(n_targets),
+                      itemsize=X.dtype.itemsize, iterations=its, in_memory=in_memory)
+    budget = Budget(cores=res.cores, memory_bytes=res.memory_bytes, n_workers=res.n_workers)
+    if strategy == "auto":
+        chosen, costs = choose_strategy(problem, budget)
+    else:
+        chosen, costs = strategy, estimate(problem, budget)
+    data_bytes = n * d * X.dtype.itemsize + n * n_targets * 8
+    persist = should_persist(chosen, data_bytes, budget, in_memory)
+    return StrategyPlan(chosen, persist, costs, res)
+
+
+def balance_blocks(X: da.Array, Y: da.Array | None, slots: int) -> tuple[da.Array, da.Array | None]:
+    """Split the row blocks so there are at least ``BLOCKS_PER_SLOT * slots`` of them.
+
+    A store written with 64 MiB chunks has a single block at n = 1e5 (d = 20,
+    float32), which would leave all but one core idle. Blocks are never made
+    smaller than :data:`MIN_BLOCK_ROWS` rows.
+    """
+    n = int(X.shape[0])
+    want = BLOCKS_PER_SLOT * max(1, slots)
+    if len(X.chunks[0]) >= want or n < 2 * MIN_BLOCK_ROWS:
+        return X, Y
+    rows = max(MIN_BLOCK_ROWS, -(-n // want))
+    X = X.rechunk({0: rows})
+    if Y is not None:
+        Y = Y.rechunk({0: rows})
+    return X, Y
+
+
+# --------------------------------------------------------------------------- block tasks
+# RowBlockPasses calls fn(X_b, [Y_b,] *args); module-level so workers can unpickle them.
+def _rhs_task(Xb: np.ndarray, Yb: np.ndarray, kernel: Kernel, Z: np.ndarray) -> np.ndarray:
+    return knm_t_matvec(kernel, Xb, Z, Yb)
+
+
+def _gram_matvec_task(Xb: np.ndarray, kernel: Kernel, Z: np.ndarray, U: np.ndarray) -> np.ndarray:
+    return knm_gram_matvec(kernel, Xb, Z, U)
+
+
+def _gram_rhs_task(Xb: np.ndarray, Yb: np.ndarray, kernel: Kernel, Z: np.ndarray,
+                   right: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+    return knm_gram_and_rhs(kernel, Xb, Yb, Z, right=right)
+
+
+def _kernel_block_task(Xb: np.ndarray, kernel: Kernel, Z: np.ndarray) -> np.ndarray:
+    return knm_block(kernel, Xb, Z)
+
+
+def _cached_rhs_task(Kb: np.ndarray, Yb: np.ndarray) -> np.ndarray:
+    return cached_t_matvec(Kb, Yb)
+
+
+def _cached_gram_matvec_task(Kb: np.ndarray, U: np.ndarray) -> np.ndarray:
+    return cached_gram_matvec(Kb, U)
+
+
+# --------------------------------------------------------------------------- operators
+class RecomputeOperator:
+    """Recompute ``k(X_b, Z)`` on every pass: memory of a tile per task, any n and M."""
+
+    name = "recompute"
+
+    def __init__(self, passes: RowBlockPasses, kernel: Kernel, Z: Any):
+        self.passes, self.kernel, self.Z = passes, kernel, Z
+
+    def rhs(self) -> np.ndarray:
+        return self.passes.reduce(_rhs_task, self.kernel, self.Z, with_y=True)
+
+    def gram_matvec(self, u: np.ndarray) -> np.ndarray:
+        return self.passes.reduce(_gram_matvec_task, self.kernel, self.Z, u)
+
+    def close(self) -> None:
+        pass
+
+
+class CachedOperator:
+    """Keep every ``K_b = k(X_b, Z)`` in worker memory; an iteration reads them once."""
+
+    name = "cache"
+
+    def __init__(self, passes: RowBlockPasses, kernel: Kernel, Z: Any):
+        self.passes = passes
+        self.blocks = passes.keep(_kernel_block_task, kernel, Z)
+
+    def rhs(self) -> np.ndarray:
+        return self.passes.reduce_kept(self.blocks, _cached_rhs_task, with_y=True)
+
+    def gram_matvec(self, u: np.ndarray) -> np.ndarray:
+        return self.passes.reduce_kept(self.blocks, _cached_gram_matvec_task, np.asarray(u))
+
+    def close(self) -> None:
+        self.passes.release(self.blocks)
+        self.blocks = []
+
+
+class GramOperator:
+    """One pass accumulates the Gram matrix and ``K_nM^T Y``; products are then ``M x M`` on the client.
+
+    Without a preconditioner it keeps ``G = K_nM^T K_nM`` (what the direct solve
+    factors). With FALKON's factors ``(T, d)`` it keeps the preconditioned
+    ``G' = T^-T D G D T^-1`` instead, accumulated from ``W_b = K_b D T^-1``, and
+    answers ``G u = D^-1 T^T G' T D^-1 u``: the explicit ``K^T K`` would square
+    the condition number of ``K_MM`` in its round-off, which CG on an
+    ill-conditioned problem (all points as centers, a tiny penalty) cannot
+    converge through; ``G'`` is as accurate as recomputing the products.
+    """
+
+    name = "gram"
+
+    def __init__(self, passes: RowBlockPasses, kernel: Kernel, Z: Any, n_centers: int,
+                 preconditioner: Any | None = None):
+        self.factor = None
+        right = None
+        if preconditioner is not None:
+            self.factor = (np.asarray(preconditioner.T, dtype=np.float64),
+                           np.asarray(preconditioner.d, dtype=np.float64))
+            right = passes.broadcast(self.factor)
+        GB = passes.reduce(_gram_rhs_task, kernel, Z, right, with_y=True)
+        self.gram = np.ascontiguousarray(GB[:, :n_centers])
+        self.knm_t_y = np.ascontiguousarray(GB[:, n_centers:])
+
+    def rhs(self) -> np.ndarray:
+        return self.knm_t_y
+
+    def gram_matvec(self, u: np.ndarray) -> np.ndarray:
+        u = np.asarray(u, dtype=np.float64)
+        U = u.reshape(self.gram.shape[0], -1)
+        if self.factor is None:
+            return (self.gram @ U).reshape(u.shape)
+        T, d = self.factor
+        out = (T.T @ (self.gram @ (T @ (U / d[:, None])))) / d[:, None]
+        return out.reshape(u.shape)
+
+    def close(self) -> None:
+        pass
+
+
+Operator = RecomputeOperator | CachedOperator | GramOperator
+
+
+def make_operator(strategy: str, passes: RowBlockPasses, kernel: Kernel, Z: Any, n_centers: int,
+                  preconditioner: Any | None = None) -> Operator:
+    """Build the operator of a concrete strategy (``"recompute"``, ``"cache"`` or ``"gram"``).
+
+    ``preconditioner`` (a :class:`~daskkrr.solvers.FalkonPreconditioner`) makes
+    the gram strategy accumulate the preconditioned Gram matrix (for CG); without
+    it the plain ``K_nM^T K_nM`` is kept (for the direct solve).
+    """
+    if strategy == "recompute":
+        return RecomputeOperator(passes, kernel, Z)
+    if strategy == "cache":
+        return CachedOperator(passes, kernel, Z)
+    if strategy == "gram":
+        return GramOperator(passes, kernel, Z, n_centers, preconditioner)
+    raise ValueError(f"strategy must be one of 'recompute', 'cache', 'gram'; got {strategy!r}")
+
+
+def prepare_passes(
+    X: da.Array, Y: da.Array | None, client: Any | None, plan: StrategyPlan
+) -> RowBlockPasses:
+    """Row-block passes laid out for ``plan``: balanced blocks, thread budget, persisted if planned."""
+    X, Y = balance_blocks(X, Y, plan.resources.slots)
+    passes = RowBlockPasses(X, Y, client=client)
+    passes.thread_budget = plan.resources.thread_budget
+    if plan.persist:
+        passes.persist()
+    logger.info("%s; %d blocks, %d engine thread(s) per task", plan.describe(), passes.n_blocks,
+                passes.thread_budget)
+    return passes

@@ -1,0 +1,205 @@
+"""BLESS on Dask: coarse-to-fine leverage-score sampling with uniform candidate sets.
+
+The numerical work of a level is :func:`~daskkrr.sampling.bless_core.bless_level_rows`;
+this module decides where it runs:
+
+- levels whose candidate set is small (at most ``max_candidate_bytes``) run in
+  memory, on the candidates gathered by a single pass over ``X`` (the candidate sets
+  are nested, so the largest in-memory level's set serves all coarser ones);
+- finer levels run as one pass each: every row block computes its candidates'
+  estimates against the previous dictionary (broadcast once per level) and returns
+  only the rows it selects.
+
+The result does not depend on the chunking or on the workers (all draws are keyed
+by global row and level).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import dask
+import dask.array as da
+import numpy as np
+
+from daskkrr.kernels import Kernel
+from daskkrr.sampling.base import CenterDictionary, CenterSampler
+from daskkrr.sampling.bless_core import (
+    BlessFactor,
+    LevelSample,
+    bless_gammas,
+    bless_level_block,
+    bless_level_rows,
+    candidate_rate,
+    candidates_block,
+    dictionary_from_sample,
+)
+from daskkrr.sampling.dask_inputs import active_client, as_row_chunked, row_offsets
+from daskkrr.sampling.dictionary_state import DictionaryState, thin_to_size
+from daskkrr.sampling.keyed_random import STREAM_THINNING, keyed_rng, resolve_seed
+from daskkrr.sampling.regularization import resolve_gamma
+
+#: Default RLS oversampling: a level's dictionary has about q2 d_eff(gamma_h) rows.
+DEFAULT_Q2 = 8.0
+
+
+def _compute_list(tasks: list[Any], client: Any | None) -> list[Any]:
+    if client is not None:
+        return client.gather(client.compute(tasks))
+    return list(dask.compute(*tasks))
+
+
+def kernel_sup(X: da.Array, kernel: Kernel, client: Any | None) -> float:
+    """``kappa^2 = max_i k(x_i, x_i)`` (1 for stationary kernels without a pass)."""
+    if kernel.is_stationary:
+        return float(np.asarray(kernel.diag(np.zeros((1, X.shape[1]), dtype=X.dtype)))[0])
+    diag = X.map_blocks(lambda b: np.asarray(kernel.diag(b), dtype=np.float64), drop_axis=1,
+                        dtype=np.float64)
+    top = diag.max()
+    return float(client.compute(top).result() if client is not None else top.compute())
+
+
+class BlessSampler(CenterSampler):
+    """BLESS: ridge-leverage-score centers by a coarse-to-fine sequence of regularisations.
+
+    Parameters
+    ----------
+    gamma : float or None
+        Final regularisation in kernel-matrix units; None means ``penalty * n``. With a
+        center budget ``n_centers`` and gamma = None, the descent stops at the first
+        level whose dictionary exceeds the budget (BLESS's path of regularisations
+        gives the budgeted gamma for free), and the dictionary is then thinned.
+    q : float
+        Ratio of successive regularisations, ``gamma_h = gamma_{h-1} / q`` (default 2).
+    q2 : float
+        RLS oversampling: row i is kept with probability ``min(beta_h, q2 l~_i)``, so a
+        level keeps about ``q2 d_eff(gamma_h)`` rows (default 8: see the benchmarks).
+    q1 : float or None
+        Candidate oversampling, ``beta_h = min(1, q1 kappa^2 / gamma_h)``; None means
+        ``q2``, the smallest value for which the candidate rate never caps
+        ``q2 l~_i`` (every RLS estimate is at most ``kappa^2 / gamma_h``).
+    gamma_0 : float or None
+        First (coarsest) regularisation; None means ``kappa^2 n`` (``lambda_0 = kappa^2``
+        in the paper's per-sample units), where ``d_eff <= 1``.
+    random_state : int or None
+        Seed used when ``select`` gets ``random_state=None``.
+    max_candidate_bytes : int
+        Levels whose candidate rows fit in this many bytes run in memory.
+    budget_overshoot : float
+        With a budget and gamma = None, stop descending once a level keeps more than
+        ``budget_overshoot * n_centers`` rows (default 2), then thin to the budget.
+
+    Notes
+    -----
+    Weights follow :class:`CenterDictionary`: ``w_j = (M/n) / pi_j`` with ``pi_j`` the
+    probability row j was selected with at the last level (stored in
+    ``probabilities``; ``counts`` are all one).
+    """
+
+    name = "bless"
+
+    def __init__(
+        self,
+        gamma: float | None = None,
+        q: float = 2.0,
+        q2: float = DEFAULT_Q2,
+        q1: float | None = None,
+        gamma_0: float | None = None,
+        random_state: int | None = None,
+        max_candidate_bytes: int = 64 * 2**20,
+        budget_overshoot: float = 2.0,
+    ):
+        self.gamma = gamma
+        self.q = q
+        self.q2 = q2
+        self.q1 = q1
+        self.gamma_0 = gamma_0
+        self.random_state = random_state
+        self.max_candidate_bytes = max_candidate_bytes
+        self.budget_overshoot = budget_overshoot
+
+    def select(
+        self,
+        X: da.Array,
+        kernel: Kernel,
+        *,
+        n_centers: int | None = None,
+        penalty: float | None = None,
+        random_state: int | None = None,
+        client: Any = None,
+    ) -> CenterDictionary:
+        """Run the BLESS levels and return the last level's dictionary."""
+        t0 = time.perf_counter()
+        X = as_row_chunked(X)
+        n, dim = int(X.shape[0]), int(X.shape[1])
+        seed = resolve_seed(random_state if random_state is not None else self.random_state)
+        gamma = resolve_gamma(self.gamma, penalty, n)
+        if not self.q2 > 0:
+            raise ValueError(f"q2 must be > 0; got {self.q2!r}")
+        q1 = float(self.q2 if self.q1 is None else self.q1)
+        client = active_client(client)
+        kappa2 = kernel_sup(X, kernel, client)
+        gamma_0 = float(self.gamma_0) if self.gamma_0 is not None else kappa2 * n
+        gammas = bless_gammas(gamma, gamma_0, float(self.q))
+        betas = [candidate_rate(g, kappa2, q1) for g in gammas]
+        budget = None if n_centers is None else int(n_centers)
+        if budget is not None and budget < 1:
+            raise ValueError(f"n_centers must be >= 1 or None; got {n_centers!r}")
+
+        row_bytes = dim * X.dtype.itemsize
+        in_memory = [b * n * row_bytes * 1.2 + 8 * row_bytes <= self.max_candidate_bytes for b in betas]
+        n_mem = int(np.argmin(in_memory)) if not all(in_memory) else len(betas)
+        offsets = row_offsets(X)
+        blocks = list(X.to_delayed().ravel())
+        cand_rows = cand_points = None
+        passes = 0
+        if n_mem:
+            beta_mem = betas[n_mem - 1]
+            parts = _compute_list(
+                [dask.delayed(candidates_block, pure=True)(blk, int(r0), seed, beta_mem)
+                 for blk, r0 in zip(blocks, offsets[:-1])], client)
+            passes += 1
+            cand_rows = np.concatenate([p[0] for p in parts])
+            cand_points = np.concatenate([p[1] for p in parts])
+
+        d = DictionaryState.empty(dim, X.dtype)
+        levels: list[dict[str, Any]] = []
+        stopped = None
+        for h, (g, b) in enumerate(zip(gammas, betas)):
+            factor = BlessFactor.from_dictionary(d, g)
+            if h < n_mem:
+                sample = bless_level_rows(cand_points, cand_rows, factor, kernel, g, b, self.q2, seed, h)
+            else:
+                fac = dask.delayed(factor, traverse=False)
+                sample = LevelSample.concat(_compute_list(
+                    [dask.delayed(bless_level_block, pure=True, traverse=False)(
+                        blk, int(r0), fac, kernel, g, b, self.q2, seed, h)
+                     for blk, r0 in zip(blocks, offsets[:-1])], client))
+                passes += 1
+            d = dictionary_from_sample(sample, kernel)
+            levels.append({
+                "level": h, "gamma": g, "beta": b, "candidates": sample.n_candidates,
+                "selected": d.size, "d_eff_estimate": sample.rls_sum / b,
+                "in_memory": h < n_mem,
+            })
+            if (budget is not None and self.gamma is None and h < len(gammas) - 1
+                    and d.size > self.budget_overshoot * budget):
+                stopped = "n_centers"
+                break
+        if d.size == 0:
+            raise RuntimeError(
+                f"BLESS selected no row at gamma={gammas[-1]:.3g}; increase q2 or lower gamma"
+            )
+        info: dict[str, Any] = {
+            "sampler": self.name, "gamma": levels[-1]["gamma"], "gamma_target": gamma,
+            "q": float(self.q), "q1": q1, "q2": float(self.q2), "seed": seed, "n_rows": n,
+            "kappa2": kappa2, "levels": levels, "passes": passes, "stopped": stopped,
+            "d_eff_estimate": levels[-1]["d_eff_estimate"], "unique": d.size,
+        }
+        if budget is not None and d.size > budget:
+            d = thin_to_size(d, budget, keyed_rng(seed, STREAM_THINNING))
+            info["thinned_to"] = budget
+        out = d.to_center_dictionary(1, n, info)
+        out.info["seconds"] = time.perf_counter() - t0
+        return out

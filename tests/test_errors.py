@@ -1,0 +1,224 @@
+"""Bad input to the Python API is refused at the boundary: the error says what, where and
+how to fix it, and nothing is written (a requested checkpoint directory is not even created)."""
+
+from __future__ import annotations
+
+import dask.array as da
+import numpy as np
+import pytest
+
+from daskkrr import FalkonClassifier, FalkonRegressor, NystromRegressor
+from daskkrr.checkpoint import FitCheckpoint
+
+
+@pytest.fixture
+def Xy():
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(400, 3))
+    return X, np.sin(X[:, 0]) + 0.1 * X[:, 1]
+
+
+def _refused(tmp_path, model, X, y, error, match):
+    """``fit`` raises ``error`` matching ``match`` and writes nothing (no checkpoint dir)."""
+    ckpt = tmp_path / "ckpt"
+    with pytest.raises(error, match=match):
+        model.fit(X, y, checkpoint=ckpt)
+    assert not ckpt.exists(), "a refused fit must not write anything"
+    assert not hasattr(model, "coef_")
+
+
+# ---------------------------------------------------------------- non-finite values
+
+
+@pytest.mark.parametrize("standardize", [True, False])
+def test_nan_in_X_names_the_row_range(tmp_path, Xy, standardize):
+    X, y = Xy
+    X = X.copy()
+    X[250, 1] = np.nan
+    model = FalkonRegressor(n_centers=20, standardize=standardize, chunks=100)
+    _refused(tmp_path, model, X, y, ValueError,
+             r"X has NaN or inf in rows 200-299 \(block 2, first at row 250\); clean or impute")
+
+
+def test_inf_in_y_names_the_row_range(tmp_path, Xy):
+    X, y = Xy
+    y = y.copy()
+    y[7] = -np.inf
+    _refused(tmp_path, FalkonRegressor(n_centers=20, standardize=False, chunks=100), X, y,
+             ValueError, r"y has NaN or inf in rows 0-99 \(block 0, first at row 7\)")
+
+
+def test_nan_in_dask_input_found_in_the_statistics_pass(tmp_path, Xy):
+    X, y = Xy
+    X = X.copy()
+    X[399, 0] = np.inf
+    _refused(tmp_path, FalkonRegressor(n_centers=20), da.from_array(X, chunks=(150, 3)),
+             da.from_array(y, chunks=150), ValueError, r"X has NaN or inf in rows 300-399")
+
+
+# ---------------------------------------------------------------- shapes and dtypes
+
+
+@pytest.mark.parametrize(
+    "make, error, match",
+    [
+        (lambda X, y: (X, y[:-1]), ValueError, "y has 399 rows but X has 400"),
+        (lambda X, y: (X[:, 0], y), ValueError, r"X must be 2-D .* reshape a single feature"),
+        (lambda X, y: (X[:, :, None], y), ValueError, r"X must be 2-D .*got 3-D"),
+        (lambda X, y: (X, y[:, None, None]), ValueError, r"y must be 1-D .*or 2-D .*got 3-D"),
+        (lambda X, y: (X.astype(object), y), TypeError, r"X has dtype object; expected bool, integer or float"),
+        (lambda X, y: (X.astype(str), y), TypeError, r"X has dtype <U.*encode categorical/text columns"),
+        (lambda X, y: (X + 1j, y), TypeError, r"X has dtype complex128.*np.real"),
+        (lambda X, y: (X, y.astype(str)), TypeError, r"y has dtype <U"),
+        (lambda X, y: (X[:0], y[:0]), ValueError, r"X has shape \(0, 3\); at least 1 row and 1 column"),
+        (lambda X, y: (X[:, :0], y), ValueError, r"X has shape \(400, 0\); at least 1 row and 1 column"),
+    ],
+    ids=["length", "X-1d", "X-3d", "y-3d", "object", "text", "complex", "y-text", "no-rows", "no-columns"],
+)
+def test_bad_shapes_and_dtypes(tmp_path, Xy, make, error, match):
+    X, y = make(*Xy)
+    _refused(tmp_path, FalkonRegressor(n_centers=10), X, y, error, match)
+
+
+def test_fewer_rows_than_centers(tmp_path, Xy):
+    X, y = Xy
+    _refused(tmp_path, FalkonRegressor(n_centers=401), X, y, ValueError,
+             r"n_centers=401 is larger than the number of training rows \(400\); use n_centers <= 400")
+
+
+def test_array_without_target(tmp_path, Xy):
+    _refused(tmp_path, FalkonRegressor(n_centers=10), Xy[0], None, ValueError, r"y is required.*fit\(X, y\)")
+
+
+def test_classifier_with_one_class(tmp_path, Xy):
+    X, _ = Xy
+    _refused(tmp_path, FalkonClassifier(n_centers=10), X, np.ones(400), ValueError,
+             r"y has a single class \(\[1.0\]\); a classifier needs at least two")
+
+
+def test_column_split_chunks_are_rechunked(Xy):
+    """Blocks that split the columns are merged (one block across the columns), not refused."""
+    X, y = Xy
+    params = dict(n_centers=40, penalty=1e-3, tol=1e-11, max_iter=60, random_state=0)
+    split = FalkonRegressor(**params).fit(da.from_array(X, chunks=(100, 1)), da.from_array(y, chunks=100))
+    rows = FalkonRegressor(**params).fit(da.from_array(X, chunks=(100, 3)), da.from_array(y, chunks=100))
+    np.testing.assert_allclose(split.coef_, rows.coef_, rtol=1e-10, atol=1e-12)
+    pred = split.predict(da.from_array(X, chunks=(100, 1)))
+    np.testing.assert_allclose(pred.compute(), rows.predict(X), rtol=1e-10, atol=1e-12)
+
+
+# ---------------------------------------------------------------- parameters
+
+
+@pytest.mark.parametrize(
+    "params, error, match",
+    [
+        ({"sigma": 0}, ValueError, r"sigma must be > 0; got 0 \(the kernel length scale"),
+        ({"sigma": -1.0}, ValueError, "sigma must be > 0; got -1.0"),
+        ({"sigma": float("inf")}, ValueError, "sigma must be > 0; got inf"),
+        ({"penalty": 0}, ValueError, r"penalty must be > 0; got 0 \(the ridge penalty"),
+        ({"penalty": -1e-6}, ValueError, "penalty must be > 0"),
+        ({"tol": 0.0}, ValueError, "tol must be > 0"),
+        ({"max_iter": 0}, ValueError, "max_iter must be > 0"),
+        ({"n_centers": 0}, ValueError, "n_centers must be > 0"),
+        ({"kernel": "polynomial", "kernel_params": {"gamma": 0}}, ValueError,
+         "PolynomialKernel: gamma must be > 0; got 0"),
+        ({"kernel": "polynomial", "kernel_params": {"gamma": -2.0}}, ValueError, "gamma must be > 0"),
+        ({"kernel": "matern", "kernel_params": {"nu": 3.0}}, ValueError, "nu must be one of 0.5, 1.5, 2.5"),
+        ({"kernel": "nope"}, ValueError, r"unknown kernel 'nope'; choose one of \['gaussian'"),
+        ({"kernel": "gaussian", "kernel_params": {"degree": 2}}, ValueError,
+         r"kernel 'gaussian' does not take parameter\(s\) \['degree'\]"),
+        ({"kernel": "linear", "sigma": 1.0}, ValueError, r"kernel 'linear' takes no sigma; pass sigma=None"),
+        ({"kernel": 3}, TypeError, "kernel must be a name, a dict or a Kernel"),
+        ({"sampler": "nope"}, ValueError, r"unknown sampler 'nope'; choose one of"),
+        ({"sampler": 3}, TypeError, "sampler must be a name or a CenterSampler"),
+        ({"sigma": "1.0"}, TypeError, r"sigma must be a number; got '1.0' \(str\)"),
+        ({"penalty": None}, TypeError, "penalty must be a number"),
+        ({"n_centers": 10.5}, TypeError, "n_centers must be an integer"),
+        ({"n_centers": True}, TypeError, "n_centers must be an integer"),
+        ({"standardize": "yes"}, TypeError, "standardize must be True or False"),
+        ({"random_state": "a"}, TypeError, "random_state must be None, an integer >= 0 or a numpy Generator"),
+        ({"random_state": -1}, ValueError, "random_state must be None or an integer >= 0; got -1"),
+        ({"dtype": "float16"}, ValueError, r"dtype must be one of \('float32', 'float64'\)"),
+        ({"kernel_params": [1]}, TypeError, "kernel_params must be a dict or None"),
+        ({"chunks": 0}, ValueError, "chunks must be > 0"),
+    ],
+)
+def test_bad_parameters_are_refused_before_any_work(tmp_path, Xy, params, error, match, monkeypatch):
+    from daskkrr.data import Standardizer
+
+    def no_pass(*args, **kwargs):  # the parameters are checked before the statistics pass
+        raise AssertionError("a pass over the data ran before the parameters were checked")
+
+    monkeypatch.setattr(Standardizer, "fit", no_pass)
+    _refused(tmp_path, FalkonRegressor(**{"n_centers": 10, **params}), *Xy, error, match)
+
+
+def test_bad_client_is_refused(Xy):
+    with pytest.raises(TypeError, match="client must be a distributed.Client or None; got str"):
+        FalkonRegressor(n_centers=10, client="tcp://127.0.0.1:8786").fit(*Xy)
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        ({"checkpoint_every": 0}, ValueError, "checkpoint_every must be a positive integer"),
+        ({"checkpoint_every": 2.5}, ValueError, "checkpoint_every must be a positive integer"),
+        ({"resume": "yes"}, TypeError, "resume must be True or False"),
+    ],
+)
+def test_bad_checkpoint_arguments(tmp_path, Xy, kwargs, error, match):
+    with pytest.raises(error, match=match):
+        FalkonRegressor(n_centers=10).fit(*Xy, checkpoint=tmp_path / "ck", **kwargs)
+    assert not (tmp_path / "ck").exists()
+
+
+def test_checkpoint_path_that_is_a_file(tmp_path, Xy):
+    path = tmp_path / "file"
+    path.write_text("not a directory")
+    with pytest.raises(NotADirectoryError, match="is a file; pass a directory path"):
+        FalkonRegressor(n_centers=10).fit(*Xy, checkpoint=path)
+    assert path.read_text() == "not a directory"
+
+
+def test_checkpoint_object_type():
+    with pytest.raises(TypeError, match="checkpoint must be a directory path or None; got int"):
+        FitCheckpoint(3)
+
+
+# ---------------------------------------------------------------- predict
+
+
+@pytest.fixture(scope="module")
+def fitted():
+    rng = np.random.default_rng(1)
+    X = rng.normal(size=(300, 4))
+    return FalkonRegressor(n_centers=30, random_state=0).fit(X, X[:, 0]), X
+
+
+def test_predict_with_other_number_of_features(fitted):
+    model, X = fitted
+    fix = r"X has shape \(300, 3\) but this model was fitted on 4 features; pass the same 4 columns"
+    with pytest.raises(ValueError, match=fix):
+        model.predict(X[:, :3])
+    with pytest.raises(ValueError, match=fix):
+        model.predict(da.from_array(X[:, :3], chunks=100))
+
+
+def test_predict_refuses_non_finite_rows(fitted):
+    model, X = fitted
+    X = X.copy()
+    X[123, 2] = np.nan
+    with pytest.raises(ValueError, match=r"NaN or inf in 1 row\(s\) of rows 0-299, the first at row 123"):
+        model.predict(X)
+    lazy = model.predict(da.from_array(X, chunks=(100, 4)))  # lazy: found when the block is computed
+    with pytest.raises(ValueError, match=r"NaN or inf in 1 row\(s\) of rows 100-199, the first at row 123"):
+        lazy.compute()
+
+
+def test_predict_non_numeric_and_unfitted(fitted):
+    model, X = fitted
+    with pytest.raises(TypeError, match="must be numeric|dtype <U"):
+        model.predict(X.astype(str))
+    with pytest.raises(RuntimeError, match=r"not fitted yet; call fit\(X, y\) first"):
+        NystromRegressor().predict(X)

@@ -1,0 +1,113 @@
+"""The command line at the boundary: one-line errors (exit 1), nothing written, and no
+existing output replaced without --overwrite."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+
+from daskkrr.cli import main
+from daskkrr.data import write_zarr
+
+
+def _error(capsys) -> str:
+    """The one error line (progress lines may precede it on stderr)."""
+    lines = capsys.readouterr().err.splitlines()
+    errors = [ln for ln in lines if ln.startswith("daskkrr: error: ")]
+    assert len(errors) == 1 and lines[-1] == errors[0], lines
+    return errors[0]
+
+
+def _no_output(path: Path) -> None:
+    assert not path.exists(), f"{path} was written"
+    assert not list(path.parent.glob(f".{path.name}.*")), "a temporary sibling was left behind"
+
+
+@pytest.fixture
+def table(tmp_path):
+    lines = ["f1,f2,target"] + [f"{i * 0.01:.2f},{(i * 7) % 11},{np.sin(i * 0.01):.5f}" for i in range(400)]
+    path = tmp_path / "t.csv"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_nan_through_the_cli(tmp_path, table, cluster2, capsys):
+    lines = table.read_text().splitlines()
+    lines[1 + 321] = "3.21,,0.5"  # an empty cell becomes NaN in the store
+    table.write_text("\n".join(lines) + "\n")
+    store, model = tmp_path / "t.zarr", tmp_path / "model"
+    assert main(["convert", str(table), str(store), "--target", "target", "--chunk-rows", "100"]) == 0
+    capsys.readouterr()
+    code = main(["fit", "--data", str(store), "--out", str(model), "--centers", "10",
+                 "--scheduler", cluster2.scheduler.address, "--checkpoint", str(tmp_path / "ck")])
+    assert code == 1
+    assert "X has NaN or inf in rows 300-399 (block 3, first at row 321); clean or impute" in _error(capsys)
+    _no_output(model)
+    _no_output(tmp_path / "ck")
+
+
+@pytest.mark.parametrize(
+    "argv, match",
+    [
+        (["fit", "--data", "{tmp}/missing.zarr", "--out", "{tmp}/m"], "no Zarr store at"),
+        (["fit", "--data", "{tmp}/t.csv", "--out", "{tmp}/m"], "tables must be converted first"),
+        (["fit", "--data", "{store}", "--out", "{tmp}/m", "--penalty", "0"], "penalty must be > 0"),
+        (["fit", "--data", "{store}", "--out", "{tmp}/m", "--sigma", "-1"], "sigma must be > 0"),
+        (["fit", "--data", "{store}", "--out", "{tmp}/m", "--kernel", "rbff"], "unknown kernel 'rbff'"),
+        (["fit", "--data", "{store}", "--out", "{tmp}/m", "--sampler", "nope"], "unknown sampler 'nope'"),
+        (["fit", "--data", "{store}", "--out", "{tmp}/m", "--centers", "0"], "n_centers must be > 0"),
+        (["fit", "--data", "{store}", "--out", "{tmp}/m", "--resume"], "--resume needs --checkpoint DIR"),
+        (["fit", "--data", "{store}", "--out", "{tmp}/m", "--estimator", "exact", "--checkpoint", "{tmp}/ck"],
+         "--checkpoint is supported by the falkon and classifier estimators, not by ExactKernelRidge"),
+        (["fit", "--data", "{store}", "--out", "{tmp}/m", "--checkpoint", "{tmp}/ck", "--checkpoint-every", "0"],
+         "checkpoint_every must be a positive integer"),
+        (["fit", "--data", "{store}", "--out", "{tmp}/m", "--config", "{tmp}/bad.toml"], "unknown key 'sigmaa'"),
+        (["fit", "--data", "{store}", "--out", "{tmp}/m", "--checkpoint", "{tmp}/old"],
+         "already holds a checkpoint of an earlier fit; pass resume=True (daskkrr fit --resume)"),
+        (["predict", "--model", "{tmp}/nomodel", "--data", "{store}", "--out", "{tmp}/p.zarr"],
+         "is not a daskkrr model directory"),
+        (["convert", "{tmp}/missing.csv", "{tmp}/c.zarr", "--target", "y"], "no table at"),
+        (["convert", "{tmp}/t.csv", "{tmp}/c.zarr", "--target", "nope"], "target column 'nope' not found"),
+        (["convert", "{tmp}/t.csv", "{tmp}/c.zarr", "--target", "target", "--chunk-rows", "0"],
+         "chunk_rows must be >= 1"),
+    ],
+)
+def test_cli_errors_write_nothing(tmp_path, table, capsys, argv, match):
+    store = write_zarr(np.ones((20, 2)), np.ones(20), tmp_path / "s.zarr")
+    (tmp_path / "bad.toml").write_text("[model]\nsigmaa = 1.0\n")
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "checkpoint.npz").write_bytes(b"an earlier fit's state")
+    before = sorted(p.name for p in tmp_path.iterdir())
+    argv = [a.format(tmp=tmp_path, store=store) for a in argv]
+    assert main(argv) == 1
+    assert match in _error(capsys)
+    # checked before any cluster is started or any data are read: nothing new on disk
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def test_existing_outputs_need_overwrite(tmp_path, table, cluster2, capsys):
+    address = cluster2.scheduler.address
+    store, model, pred = tmp_path / "t.zarr", tmp_path / "model", tmp_path / "p.zarr"
+    assert main(["convert", str(table), str(store), "--target", "target", "--chunk-rows", "100"]) == 0
+    assert main(["fit", "--data", str(store), "--out", str(model), "--centers", "20", "--scheduler", address]) == 0
+    assert main(["predict", "--model", str(model), "--data", str(store), "--out", str(pred),
+                 "--scheduler", address]) == 0
+    capsys.readouterr()
+    stamps = {p: sorted((q.relative_to(p), q.stat().st_mtime_ns) for q in p.rglob("*"))
+              for p in (store, model, pred)}
+    for argv in (
+        ["convert", str(table), str(store), "--target", "target"],
+        ["generate", str(store), "--n", "100", "--d", "2"],
+        ["fit", "--data", str(store), "--out", str(model), "--centers", "20", "--scheduler", address],
+        ["predict", "--model", str(model), "--data", str(store), "--out", str(pred), "--scheduler", address],
+    ):
+        assert main(argv) == 1
+        assert "already exists; pass overwrite=True to replace it" in _error(capsys)
+    for path, stamp in stamps.items():  # untouched
+        assert sorted((q.relative_to(path), q.stat().st_mtime_ns) for q in path.rglob("*")) == stamp
+    assert main(["generate", str(store), "--n", "300", "--d", "2", "--overwrite", "--scheduler", address]) == 0
+    assert zarr.open_group(str(store), mode="r")["X"].shape == (300, 2)
+    assert not list(tmp_path.glob(".*"))  # no temporaries, no moved-aside old versions

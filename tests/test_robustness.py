@@ -1,0 +1,147 @@
+"""Numerical robustness on awkward real and synthetic data: duplicated rows (kddcup is 70%
+duplicates), constant columns (201_pol), extreme sigma, a penalty near zero. The fits end
+without NaN; a Cholesky that needs more jitter says so (JitterWarning); a problem that is
+singular for all practical purposes raises an error that says what to change."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from daskkrr import ExactKernelRidge, FalkonClassifier, FalkonRegressor, NystromRegressor
+from daskkrr.solvers import JitterWarning, cholesky_jitter
+from .conftest import shared_file
+
+
+def _finite(model, X) -> None:
+    assert np.all(np.isfinite(model.coef_)), "NaN/inf coefficients"
+    assert np.all(np.isfinite(model.centers_))
+    pred = model.decision_function(X) if hasattr(model, "decision_function") else model.predict(X)
+    assert np.all(np.isfinite(pred)), "NaN/inf predictions"
+
+
+@pytest.fixture(scope="module")
+def kddcup():
+    """12 000 random rows of kddcup (about 60% of them duplicates of another row)."""
+    frame = pd.read_csv(shared_file("kddcup.tsv.gz"), sep="\t")
+    rng = np.random.default_rng(0)
+    sub = frame.iloc[np.sort(rng.choice(len(frame), 12_000, replace=False))]
+    X = sub.drop(columns="target").to_numpy(np.float64)
+    return X, sub["target"].to_numpy()
+
+
+@pytest.fixture(scope="module")
+def pol():
+    frame = pd.read_csv(shared_file("201_pol.tsv.gz"), sep="\t")
+    return frame.drop(columns="target").to_numpy(np.float64), frame["target"].to_numpy(np.float64)
+
+
+def test_kddcup_duplicated_rows(kddcup):
+    X, y = kddcup
+    assert pd.DataFrame(X).duplicated().mean() > 0.5
+    train, test = slice(0, 9000), slice(9000, None)
+    clf = FalkonClassifier(n_centers=300, penalty=1e-6, max_iter=15, random_state=0).fit(X[train], y[train])
+    assert len(np.unique(clf.centers_, axis=0)) < 0.6 * len(clf.centers_)  # many centers are duplicates
+    _finite(clf, X[test])
+    majority = np.bincount(y[test]).max() / len(y[test])
+    accuracy = clf.score(X[test], y[test])
+    assert accuracy > majority + 0.15, (accuracy, majority)
+    # the direct solve of the same problem copes with the duplicated centers too (round-off
+    # below the penalty is clipped, with a warning) and agrees with FALKON's predictions
+    classes = np.unique(y[train])
+    Y = np.where(y[train, None] == classes[None, :], 1.0, -1.0)
+    with pytest.warns(JitterWarning):
+        direct = NystromRegressor(n_centers=300, penalty=1e-6, random_state=0).fit(X[train], Y)
+    _finite(direct, X[test])
+    agree = np.mean(classes[direct.predict(X[test]).argmax(axis=1)] == clf.predict(X[test]))
+    assert agree > 0.97, agree
+
+
+def test_constant_columns_of_201_pol(pol):
+    X, y = pol
+    constant = np.flatnonzero(X.std(axis=0) == 0)
+    assert len(constant) >= 19
+    model = FalkonRegressor(n_centers=500, penalty=1e-6, max_iter=20, random_state=0).fit(X[:10_000], y[:10_000])
+    np.testing.assert_array_equal(model.scaler_.scale_[constant], 1.0)  # no division by zero
+    _finite(model, X[10_000:])
+    assert model.score(X[10_000:], y[10_000:]) > 0.8
+    raw = FalkonRegressor(n_centers=300, sigma=50.0, penalty=1e-6, max_iter=20, standardize=False,
+                          random_state=0).fit(X[:10_000], y[:10_000])
+    _finite(raw, X[10_000:])
+
+
+@pytest.mark.parametrize("sigma", [1e-3, 1e4])
+def test_extreme_sigma(pol, sigma):
+    X, y = pol
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", JitterWarning)  # allowed, not required
+        model = FalkonRegressor(n_centers=300, sigma=sigma, penalty=1e-6, max_iter=10, random_state=0).fit(
+            X[:6000], y[:6000])
+    _finite(model, X[6000:8000])
+    if sigma < 1:  # every point is far from every other: the kernel matrix is the identity
+        np.testing.assert_allclose(model.predict(X[6000:6100]), model.y_mean_[0], atol=1e-8)
+
+
+def test_penalty_near_zero(pol):
+    X, y = pol
+    model = FalkonRegressor(n_centers=300, penalty=1e-14, max_iter=15, random_state=0).fit(X[:6000], y[:6000])
+    _finite(model, X[6000:8000])  # barely regularised, so it overfits, but without NaN or inf
+    assert np.all(np.isfinite(model.residuals_))
+    direct = NystromRegressor(n_centers=300, penalty=1e-14, random_state=0).fit(X[:6000], y[:6000])
+    _finite(direct, X[6000:8000])
+
+
+def test_exact_krr_on_duplicated_rows():
+    rng = np.random.default_rng(0)
+    X = np.repeat(rng.normal(size=(100, 3)), 5, axis=0)  # every row five times
+    y = np.sin(X[:, 0])
+    model = ExactKernelRidge(sigma=1.0, penalty=1e-10).fit(X, y)
+    _finite(model, X)
+    assert model.score(X, y) > 0.999
+
+
+def test_jitter_escalation_warns_and_singular_problems_fail_clearly():
+    rng = np.random.default_rng(0)
+    Z = rng.normal(size=(2000, 3))
+    y = np.sin(Z[:, 0])
+    params = dict(n_centers=200, sigma=1.0, penalty=1e-6, standardize=False, random_state=0)
+    # Large unscaled values: the squared distances lose digits to round-off, K_MM is
+    # slightly indefinite, and Cholesky needs (and reports) a larger jitter.
+    with pytest.warns(JitterWarning, match=r"needed jitter .*\(standardize=True\)"):
+        model = FalkonRegressor(**params).fit(Z + 1e4, y)
+    assert model.jitter_ > 1e-10
+    _finite(model, Z + 1e4)
+    # Further away nothing is left of the distances: a clear error instead of garbage ...
+    with pytest.raises(np.linalg.LinAlgError, match=r"the problem is singular\. Use fewer centers, a larger "
+                                                    r"sigma or penalty, .*standardize"):
+        FalkonRegressor(**params).fit(Z + 1e8, y)
+    # ... and standardisation (the default) makes the same data harmless
+    shifted = FalkonRegressor(**{**params, "standardize": True}).fit(Z + 1e8, y)
+    plain = FalkonRegressor(**{**params, "standardize": True}).fit(Z, y)
+    assert shifted.score(Z + 1e8, y) == pytest.approx(plain.score(Z, y), abs=1e-4)
+
+
+def test_degenerate_kernel_is_a_clear_error():
+    X = np.ones((300, 3))  # constant features: standardised to zeros
+    with pytest.raises(np.linalg.LinAlgError, match="non-positive mean diagonal .*use another kernel"):
+        FalkonRegressor(kernel="linear", n_centers=20).fit(X, np.arange(300.0))
+    # the Gaussian kernel on identical points is the constant model: the mean
+    model = FalkonRegressor(n_centers=20).fit(X, np.arange(300.0))
+    np.testing.assert_allclose(model.predict(X[:3]), 149.5)
+
+
+def test_cholesky_jitter_unit():
+    rng = np.random.default_rng(0)
+    Q, _ = np.linalg.qr(rng.normal(size=(50, 50)))
+    S = (Q * np.r_[np.ones(45), np.full(5, -1e-9)]) @ Q.T  # slightly indefinite
+    with pytest.warns(JitterWarning, match=r"needed jitter"):
+        T, jitter = cholesky_jitter(S, what="test matrix")
+    assert 1e-9 < jitter <= 1e-2 and np.all(np.isfinite(T))
+    np.testing.assert_allclose(T.T @ T, S + jitter * np.eye(50), atol=1e-12)
+    with pytest.raises(np.linalg.LinAlgError, match="test matrix .* the problem is singular"):
+        cholesky_jitter(np.diag([1.0, 1.0, -0.5]), what="test matrix")  # needs jitter > 1% of the diagonal
+    with pytest.raises(np.linalg.LinAlgError, match="NaN or inf"):
+        cholesky_jitter(np.full((2, 2), np.nan))

@@ -1,0 +1,51 @@
+"""Leverage-score centers inside FALKON: the weighted preconditioner keeps CG fast."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from daskkrr.sampling import BlessSampler, DisqueakSampler, SqueakSampler
+
+FalkonRegressor = pytest.importorskip("daskkrr.models").FalkonRegressor
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_blas_thread():
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(1):
+        yield
+
+
+@pytest.fixture(scope="module")
+def regression():
+    rng = np.random.default_rng(0)
+    f = lambda X: np.sin(2 * X[:, 0]) + X[:, 1] * X[:, 2]  # noqa: E731
+    X = rng.normal(size=(3000, 3))
+    Xt = rng.normal(size=(1500, 3))
+    return X, f(X) + 0.1 * rng.normal(size=3000), Xt, f(Xt)
+
+
+def _fit(X, y, sampler, n_centers):
+    return FalkonRegressor(sampler=sampler, n_centers=n_centers, penalty=1e-4, sigma=1.0,
+                           max_iter=100, tol=1e-6, random_state=0).fit(X, y)
+
+
+@pytest.mark.parametrize(
+    "sampler",
+    [SqueakSampler(), DisqueakSampler(n_leaves=4), BlessSampler(), "squeak"],
+    ids=["squeak", "disqueak-4-leaves", "bless", "squeak-by-name"],
+)
+def test_rls_centers_converge_no_slower_than_uniform(regression, sampler):
+    X, y, Xt, yt = regression
+    model = _fit(X, y, sampler, 300)
+    M = model.centers_.shape[0]
+    assert 200 <= M <= 300
+    assert not np.allclose(model.center_weights_, 1.0)  # the weighted preconditioner is used
+    uniform = _fit(X, y, "uniform", M)
+    assert model.converged_ and uniform.converged_
+    assert model.n_iter_ <= uniform.n_iter_ + 2, (model.n_iter_, uniform.n_iter_)
+    mse = np.mean((model.predict(Xt) - yt) ** 2)
+    mse_uniform = np.mean((uniform.predict(Xt) - yt) ** 2)
+    assert mse <= 1.05 * mse_uniform
