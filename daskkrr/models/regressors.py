@@ -45,7 +45,7 @@ _SHARED_PARAMS_DOC = """
         Where to run. None uses the current distributed client if there is one,
         otherwise Dask's threaded scheduler.
     verbose : bool, default=False
-        Log progress (passes, CG residuals) at INFO level on the "daskkrr" logger.
+        Show a progress bar (passes, blocks, CG residuals) and log progress at INFO.
 """
 
 _FITTED_DOC = """
