@@ -5,7 +5,7 @@ predict needs ``k(X_b, Z) alpha``. The numpy reference
 (:mod:`daskkrr.kernels.reference`) builds a large kernel tile, then makes four
 more passes over it in memory (``exp``, a cast, two GEMVs). Here the block is
 processed a small tile of rows at a time (``tile_rows x M`` entries, about
-256 KiB, so it stays in the L2 cache):
+128 KiB, more with many features, so it stays in the L2 cache):
 
 1. the cross products ``X_t Z^T`` of the tile by one BLAS call (dot-product
    kernels and squared Euclidean distances ``|x|^2 + |z|^2 - 2 x.z``; the
