@@ -46,6 +46,8 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "verbose": (bool,),
     "max_samples": (int,),
     "strategy": (str,),
+    "fit_intercept": (bool,),
+    "preconditioner_rows": (int, str, type(None)),  # None once "none" is read
 }
 
 
@@ -89,6 +91,12 @@ def check_model_config(model: dict[str, Any], where: str = "config") -> dict[str
         if types and not (isinstance(value, types) and not (bool not in types and isinstance(value, bool))):
             names = " or ".join(t.__name__ for t in types)
             raise ConfigError(f"{where}: {key} must be {names}; got {value!r} ({type(value).__name__})")
+    if isinstance(model.get("preconditioner_rows"), str):
+        rows = model["preconditioner_rows"].lower()
+        if rows not in ("auto", "none"):
+            raise ConfigError(f"{where}: preconditioner_rows must be an integer, \"auto\" or \"none\" "
+                              f"(FALKON's own preconditioner); got {model['preconditioner_rows']!r}")
+        model["preconditioner_rows"] = None if rows == "none" else "auto"  # TOML has no null
     return {"estimator": name, **model}
 
 

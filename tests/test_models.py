@@ -21,7 +21,7 @@ def test_all_points_as_centers_equals_exact_krr():
     Xt = rng.normal(size=(300, 4))
     ref = KernelRidge(alpha=lam * n, kernel="rbf", gamma=1 / (2 * sigma**2)).fit(X, y)
     model = FalkonRegressor(sigma=sigma, penalty=lam, n_centers=n, max_iter=50, tol=1e-9,
-                            standardize=False, random_state=0).fit(X, y)
+                            standardize=False, random_state=0, fit_intercept=False).fit(X, y)
     assert model.converged_
     expected = ref.predict(Xt)
     assert np.linalg.norm(model.predict(Xt) - expected) <= 1e-6 * np.linalg.norm(expected)
@@ -43,7 +43,8 @@ def test_other_kernels_match_sklearn_exact(kernel, params):
     y = np.cos(X[:, 0]) + X[:, 1]
     sigma = None if kernel == "polynomial" else 2.0
     model = FalkonRegressor(kernel=kernel, sigma=sigma, kernel_params=params, penalty=lam, n_centers=n,
-                            max_iter=100, tol=1e-10, standardize=False, random_state=0).fit(X, y)
+                            max_iter=100, tol=1e-10, standardize=False, random_state=0,
+                            fit_intercept=False).fit(X, y)
     exact = ExactKernelRidge(kernel=kernel, sigma=sigma, kernel_params=params, penalty=lam,
                              standardize=False).fit(X, y)
     Xt = rng.normal(size=(50, 3))

@@ -27,9 +27,12 @@ def regression():
     return X, f(X) + 0.1 * rng.normal(size=3000), Xt, f(Xt)
 
 
-def _fit(X, y, sampler, n_centers):
+def _fit(X, y, sampler, n_centers, preconditioner_rows=None):
+    """FALKON's own (weighted) preconditioner unless ``preconditioner_rows`` is given: the
+    papers' claim is about it."""
     return FalkonRegressor(sampler=sampler, n_centers=n_centers, penalty=1e-4, sigma=1.0,
-                           max_iter=100, tol=1e-6, random_state=0).fit(X, y)
+                           max_iter=100, tol=1e-6, random_state=0,
+                           preconditioner_rows=preconditioner_rows).fit(X, y)
 
 
 @pytest.mark.parametrize(
@@ -46,6 +49,9 @@ def test_rls_centers_converge_no_slower_than_uniform(regression, sampler):
     uniform = _fit(X, y, "uniform", M)
     assert model.converged_ and uniform.converged_
     assert model.n_iter_ <= uniform.n_iter_ + 2, (model.n_iter_, uniform.n_iter_)
+    # the row sketch joins the weighted centers' rows and still saves iterations
+    sketched = _fit(X, y, sampler, 300, preconditioner_rows="auto")
+    assert sketched.converged_ and sketched.n_iter_ < model.n_iter_, (sketched.n_iter_, model.n_iter_)
     mse = np.mean((model.predict(Xt) - yt) ** 2)
     mse_uniform = np.mean((uniform.predict(Xt) - yt) ** 2)
     assert mse <= 1.05 * mse_uniform

@@ -28,7 +28,10 @@ from daskkrr.parallel import resolve_client, scheduler_context
 from daskkrr.parallel.strategies import check_strategy, make_operator, plan_strategy, prepare_passes
 from daskkrr.progress import current_tracker, tracked_fit
 from daskkrr.sampling import CenterSampler, make_sampler
+from daskkrr.sampling.uniform import gather_rows
 from daskkrr.solvers import FalkonPreconditioner, falkon_solve
+from daskkrr.solvers.intercept import centered_gram_matvec
+from daskkrr.solvers.sketch import KernelRowSketch, auto_sketch_rows, sketch_indices
 
 logger = logging.getLogger("daskkrr")
 
@@ -55,6 +58,7 @@ _HINTS = {
     "max_iter": "the number of CG iterations, e.g. max_iter=20",
     "tol": "the relative residual at which CG stops, e.g. tol=1e-7",
     "chunks": "rows per block, or chunks=None to keep the input's",
+    "preconditioner_rows": "rows sampled for the preconditioner, 'auto' (4 per center) or None (FALKON's own)",
 }
 
 
@@ -77,6 +81,11 @@ class NystromModelBase(BaseEstimator):
         if getattr(self, "tol", 1.0) is not None:
             _check_positive("tol", getattr(self, "tol", 1.0))
         check_strategy(getattr(self, "strategy", "auto"))
+        rows = getattr(self, "preconditioner_rows", None)
+        if not (rows is None or rows == "auto"):
+            _check_positive("preconditioner_rows", rows, integer=True)
+        if not isinstance(getattr(self, "fit_intercept", False), (bool, np.bool_)):
+            raise TypeError(f"fit_intercept must be True or False; got {self.fit_intercept!r}")
         if self._solver == "direct" and getattr(self, "strategy", "auto") not in ("auto", "gram"):
             raise ValueError(
                 f"{type(self).__name__} solves directly from one Gram pass; strategy must be 'auto' or "
@@ -120,6 +129,18 @@ class NystromModelBase(BaseEstimator):
             raise ValueError(f"kernel {self.kernel!r} takes no sigma; pass sigma=None")
         return make_kernel(self.kernel, **params)
 
+    def _fits_intercept(self) -> bool:
+        return bool(getattr(self, "fit_intercept", False))
+
+    def _sketch_rows(self, n: int, n_centers: int) -> int:
+        """Rows of the preconditioner's sketch (0: FALKON's own, from the centers)."""
+        rows = getattr(self, "preconditioner_rows", None)
+        if rows is None:
+            return 0
+        if rows == "auto":
+            return auto_sketch_rows(n, n_centers)
+        return min(int(rows), n)
+
     # --------------------------------------------------------------- the fit
     def _prepare(self, X: Any, y: Any) -> tuple[da.Array, da.Array, bool]:
         """Open, validate and standardise; return scaled X, 2-D targets and whether y was 1-D."""
@@ -141,17 +162,20 @@ class NystromModelBase(BaseEstimator):
         current_tracker().pass_done()
         logger.info("statistics pass over %d rows in %.2fs", n, time.perf_counter() - t0)
         self.scaler_ = scaler if self.standardize else None
-        self.y_mean_ = np.asarray(scaler.y_mean_, dtype=np.float64).reshape(-1) if self.standardize else np.zeros(Y.shape[1])
+        centre_y = self.standardize or self._fits_intercept()
+        self.y_mean_ = (np.asarray(scaler.y_mean_, dtype=np.float64).reshape(-1) if centre_y
+                        else np.zeros(Y.shape[1]))
+        self.intercept_ = self.y_mean_.copy()  # final unless an intercept is fitted
         Xs = scaler.transform(Xd) if self.standardize else Xd
         Xs = Xs.astype(self.dtype)
-        Y = Y - self.y_mean_ if self.standardize else Y
+        Y = Y - self.y_mean_ if centre_y else Y
         self.n_features_in_ = int(d)
         return Xs, Y, yd.ndim == 1 and self._squeeze_single_target
 
     def _encode_targets(self, y: da.Array) -> da.Array:
         """Regression: targets as float64 of shape (n, t)."""
         Y = y.astype(np.float64)
-        return Y[:, None] if Y.ndim == 1 else Y.rechunk({1: -1})
+        return Y[:, None] if Y.ndim == 1 else Y.rechunk({1: -1}, method="tasks")
 
     @tracked_fit
     def _fit_nystrom(
@@ -162,6 +186,12 @@ class NystromModelBase(BaseEstimator):
         ckpt = FitCheckpoint(checkpoint, every=checkpoint_every, resume=resume)
         Xs, Y, one_d = self._prepare(X, y)
         client = resolve_client(self.client)
+        with scheduler_context(client):  # every pass and gather runs where the fit runs
+            return self._solve(Xs, Y, one_d, client, ckpt, start, is_in_memory(X))
+
+    def _solve(self, Xs: da.Array, Y: da.Array, one_d: bool, client: Any, ckpt: FitCheckpoint,
+               start: float, in_memory: bool) -> "NystromModelBase":
+        """Centers, preconditioner, strategy and solve, after the statistics pass."""
         n = int(Xs.shape[0])
         self.kernel_ = self._make_kernel(self.n_features_in_)
         seed = _seed(self.random_state)
@@ -178,15 +208,28 @@ class NystromModelBase(BaseEstimator):
         current_tracker().sampled(dictionary)
         current_tracker().phase("preconditioner")
         Z = np.ascontiguousarray(dictionary.centers, dtype=self.dtype)
-        Kmm = self.kernel_(Z.astype(np.float64), Z.astype(np.float64))
+        intercept = self._fits_intercept()
+        sketch = None
+        rows = self._sketch_rows(n, Z.shape[0]) if self._solver == "falkon" else 0
+        if rows:
+            sketch = KernelRowSketch(self.kernel_, gather_rows(Xs, sketch_indices(n, rows, Z), client), Z)
+        Z64 = Z.astype(np.float64)
         precond = FalkonPreconditioner.from_kernel_matrix(
-            Kmm, penalty=float(self.penalty), n=n, weights=None if dictionary.is_uniform else dictionary.weights
+            self.kernel_(Z64, Z64), penalty=float(self.penalty), n=n,
+            weights=None if dictionary.is_uniform else dictionary.weights, sketch=sketch, center_sketch=intercept,
         )
+        del Z64
+        self.preconditioner_rows_ = 0 if sketch is None else int(sketch.rows)
+        if intercept:  # K_nM^T 1 comes with K_nM^T Y: one more column of targets
+            ones = da.ones((n, 1), chunks=(Y.chunks[0], (1,)))
+            # "tasks": a column merge needs no shuffle (and Dask's choice would import distributed).
+            Y = da.concatenate([Y, ones], axis=1).rechunk({1: -1}, method="tasks")
         # Strategy (recompute | cache | gram) from the cost model unless given; see daskkrr.parallel.strategies.
         plan = plan_strategy(
             "gram" if self._solver == "direct" else getattr(self, "strategy", "auto"), Xs,
             n_centers=Z.shape[0], n_targets=Y.shape[1], iterations=int(getattr(self, "max_iter", 1)),
-            tol=float(getattr(self, "tol", 1e-7)), client=client, in_memory=is_in_memory(X),
+            tol=float(getattr(self, "tol", 1e-7)), client=client, in_memory=in_memory,
+            sketched=sketch is not None,
         )
         self.strategy_ = plan.strategy
         passes = current_tracker().watch(prepare_passes(Xs, Y, client, plan))  # reports each pass
@@ -194,13 +237,17 @@ class NystromModelBase(BaseEstimator):
         operator = make_operator(plan.strategy, passes, self.kernel_, Zh, Z.shape[0],
                                  preconditioner=None if self._solver == "direct" else precond)
         if self._solver == "direct":
-            coef = precond.direct_solve(operator.gram, operator.knm_t_y)
+            b, mu = _split_column_sums(operator.knm_t_y, n, intercept)
+            gram = operator.gram
+            if intercept:
+                gram -= n * np.outer(mu, mu)
+            coef = precond.direct_solve(gram, b)
             self.n_iter_ = 0
-            self.residuals_ = np.zeros((1, Y.shape[1]))
+            self.residuals_ = np.zeros((1, b.shape[1]))
             self.converged_ = True
         else:
-            b = ckpt.rhs(operator.rhs)
-            gram_matvec = operator.gram_matvec
+            b, mu = _split_column_sums(ckpt.rhs(operator.rhs), n, intercept)
+            gram_matvec = operator.gram_matvec if mu is None else centered_gram_matvec(operator.gram_matvec, mu, n)
 
             def progress(it: int, rel: np.ndarray) -> None:
                 current_tracker().cg_iteration(it, rel)  # logs at INFO; bar if verbose
@@ -220,6 +267,8 @@ class NystromModelBase(BaseEstimator):
         self.center_weights_ = dictionary.weights
         self.sampler_info_ = dict(dictionary.info)
         self.jitter_ = float(precond.jitter)
+        if mu is not None:  # f(x) = k(x, Z) coef + b with b = mean(y - K_nM coef), unpenalised
+            self.intercept_ = self.y_mean_ - mu @ coef.reshape(coef.shape[0], -1)
         self.coef_ = coef[:, 0] if (one_d and coef.ndim == 2) else coef
         self.fit_time_ = time.perf_counter() - start
         logger.info("fit done in %.2fs (%d CG iterations)", self.fit_time_, self.n_iter_)
@@ -244,14 +293,14 @@ class NystromModelBase(BaseEstimator):
             _check_finite_rows(Xn, 0)
             Xs = self.scaler_.transform(Xn) if self.scaler_ is not None else Xn
             out = knm_matvec(self.kernel_, np.asarray(Xs, dtype=self.dtype), self.centers_, coef2)
-            return out + self.y_mean_
+            return out + self.intercept_
         Xd = load_features(X, self.chunks)
         self._check_n_features(Xd.shape)
         Xs = self.scaler_.transform(Xd) if self.scaler_ is not None else Xd
         Xs = Xs.astype(self.dtype)
         t = coef2.shape[1]
         out = Xs.map_blocks(
-            _predict_block, self.kernel_, self.centers_, coef2, self.y_mean_,
+            _predict_block, self.kernel_, self.centers_, coef2, self.intercept_,
             dtype=np.float64, chunks=(Xs.chunks[0], (t,)),
         )
         return out
@@ -302,6 +351,13 @@ def _check_finite_rows(Xb: np.ndarray, start: int) -> None:
         f"X has NaN or inf in {bad.size} row(s) of rows {start}-{start + len(Xb) - 1}, the first at "
         f"row {start + int(bad[0])}; their predictions would be NaN: clean or impute them before predicting"
     )
+
+
+def _split_column_sums(knm_t_y: np.ndarray, n: int, intercept: bool) -> tuple[np.ndarray, np.ndarray | None]:
+    """``K_nM^T Y`` and, with an intercept, ``mu = K_nM^T 1 / n`` (the last column)."""
+    if not intercept:
+        return knm_t_y, None
+    return np.ascontiguousarray(knm_t_y[:, :-1]), knm_t_y[:, -1] / n
 
 
 def _seed(random_state: Any) -> int | None:

@@ -32,6 +32,8 @@ METADATA_FILE = "daskkrr-model.json"
 ARRAYS_FILE = "arrays.npz"
 
 _ARRAYS = ("centers_", "coef_", "center_indices_", "center_weights_", "residuals_", "y_mean_")
+#: Arrays added after format version 1 was fixed; a file without them gets the default.
+_OPTIONAL_ARRAYS = {"intercept_": lambda model: np.asarray(model.y_mean_, dtype=np.float64)}
 _SCALARS = ("n_features_in_", "n_iter_", "converged_", "jitter_", "n_data_passes_", "fit_time_")
 
 
@@ -76,7 +78,8 @@ def save_model(model: Any, path: str | os.PathLike, *, overwrite: bool = False) 
         "fitted": {k: _py(getattr(model, k)) for k in _SCALARS if hasattr(model, k)},
         "sampler_info": _py(getattr(model, "sampler_info_", {})),
     }
-    arrays = {k.rstrip("_"): np.asarray(getattr(model, k)) for k in _ARRAYS}
+    arrays = {k.rstrip("_"): np.asarray(getattr(model, k)) for k in (*_ARRAYS, *_OPTIONAL_ARRAYS)
+              if hasattr(model, k)}
     if hasattr(model, "classes_"):
         classes = np.asarray(model.classes_)
         if classes.dtype.kind not in "biuf":
@@ -158,6 +161,8 @@ def _build(cls: type, meta: dict[str, Any], arrays: dict[str, np.ndarray], path:
             f"{path / METADATA_FILE}: unknown parameter(s) {unknown} for {cls.__name__}; "
             "the file was written by another daskkrr version or edited"
         )
+    if "fit_intercept" in accepted and "fit_intercept" not in params:
+        params["fit_intercept"] = False  # written before the parameter existed: no intercept was fitted
     model = cls(**params)
     model.kernel_ = kernel_from_dict(meta["kernel"])
     model.scaler_ = None if meta.get("scaler") is None else Standardizer.from_dict(meta["scaler"])
@@ -168,6 +173,11 @@ def _build(cls: type, meta: dict[str, Any], arrays: dict[str, np.ndarray], path:
         if arrays[short].dtype.kind not in "biuf":
             raise ModelFormatError(f"{path / ARRAYS_FILE}: array {short!r} has dtype {arrays[short].dtype}, not numeric")
         setattr(model, key, arrays[short])
+    for key, default in _OPTIONAL_ARRAYS.items():
+        value = arrays.get(key.rstrip("_"))
+        if value is not None and value.dtype.kind not in "biuf":
+            raise ModelFormatError(f"{path / ARRAYS_FILE}: array {key.rstrip('_')!r} has dtype {value.dtype}, not numeric")
+        setattr(model, key, default(model) if value is None else value)
     fitted = meta.get("fitted", {})
     for key, value in fitted.items():
         if key in _SCALARS:
@@ -194,6 +204,8 @@ def _check_shapes(model: Any, path: Path) -> None:
         problems.append(f"coef has shape {coef.shape}, expected ({Z.shape[0]},) or ({Z.shape[0]}, t)")
     elif model.y_mean_.shape != (1 if coef.ndim == 1 else coef.shape[1],):
         problems.append(f"y_mean has shape {model.y_mean_.shape} for coef of shape {coef.shape}")
+    elif model.intercept_.shape != model.y_mean_.shape:
+        problems.append(f"intercept has shape {model.intercept_.shape}, y_mean {model.y_mean_.shape}")
     if model.scaler_ is not None and model.scaler_.n_features_in_ != d:
         problems.append(f"the scaler has {model.scaler_.n_features_in_} features, expected {d}")
     if problems:

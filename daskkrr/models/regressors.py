@@ -46,6 +46,12 @@ _SHARED_PARAMS_DOC = """
         otherwise Dask's threaded scheduler.
     verbose : bool, default=False
         Show a progress bar (passes, blocks, CG residuals) and log progress at INFO.
+    fit_intercept : bool, default=True
+        Fit an unpenalised constant term, ``f(x) = k(x, Z) coef + b``, as
+        scikit-learn's ``Ridge`` does on Nystroem features (see
+        :mod:`daskkrr.solvers.intercept`). With False the targets are only centred
+        (with ``standardize=True``) and the penalty also shrinks the mean level,
+        as in ``KernelRidge`` and the FALKON papers. It costs nothing extra.
 """
 
 _FITTED_DOC = """
@@ -58,7 +64,10 @@ _FITTED_DOC = """
     center_weights_ : ndarray of shape (M,)
         Importance weights of the centers (all ones for uniform sampling).
     coef_ : ndarray of shape (M,) or (M, n_targets)
-        Nystrom coefficients: ``f(x) = sum_j coef_j k(x, z_j) + y_mean_``.
+        Nystrom coefficients: ``f(x) = sum_j coef_j k(x, z_j) + intercept_``.
+    intercept_ : ndarray of shape (n_targets,)
+        The constant term: fitted (unpenalised) with ``fit_intercept=True``,
+        otherwise ``y_mean_``.
     kernel_ : Kernel
         The kernel with resolved parameters.
     scaler_ : Standardizer or None
@@ -75,6 +84,8 @@ _FITTED_DOC = """
         Passes over the training data made by the fit.
     strategy_ : str
         Strategy that gave the solver its products: "recompute", "cache" or "gram".
+    preconditioner_rows_ : int
+        Rows the preconditioner was built from (0: FALKON's own, from the centers).
     fit_time_ : float
         Wall-clock seconds of the fit.
 """
@@ -127,6 +138,12 @@ class FalkonRegressor(_RegressorMixin, NystromModelBase):
         (moderate M; two passes with SQUEAK, whatever the iterations). "auto"
         takes the cheapest that fits in memory by the cost model of
         :mod:`daskkrr.parallel.cost`. All give the same solution to round-off.
+    preconditioner_rows : int, "auto" or None, default="auto"
+        Training rows sampled (uniformly) to build the preconditioner from
+        ``K_sM^T K_sM`` instead of FALKON's ``K_MM^2`` (see
+        :mod:`daskkrr.solvers.sketch`); "auto" takes ``4 * n_centers`` (at most
+        n), None keeps FALKON's own preconditioner. More rows cost ``2 s M^2``
+        flops once on the client and save CG iterations, i.e. passes over the data.
     {_FITTED_DOC}
     Examples
     --------
@@ -158,6 +175,8 @@ class FalkonRegressor(_RegressorMixin, NystromModelBase):
         client: Any = None,
         verbose: bool = False,
         strategy: str = "auto",
+        fit_intercept: bool = True,
+        preconditioner_rows: int | str | None = "auto",
     ):
         self.kernel = kernel
         self.sigma = sigma
@@ -174,6 +193,8 @@ class FalkonRegressor(_RegressorMixin, NystromModelBase):
         self.client = client
         self.verbose = verbose
         self.strategy = strategy
+        self.fit_intercept = fit_intercept
+        self.preconditioner_rows = preconditioner_rows
 
     def fit(
         self,
@@ -237,6 +258,7 @@ class NystromRegressor(_RegressorMixin, NystromModelBase):
         client: Any = None,
         verbose: bool = False,
         strategy: str = "auto",
+        fit_intercept: bool = True,
     ):
         self.kernel = kernel
         self.sigma = sigma
@@ -251,6 +273,7 @@ class NystromRegressor(_RegressorMixin, NystromModelBase):
         self.client = client
         self.verbose = verbose
         self.strategy = strategy
+        self.fit_intercept = fit_intercept
 
     def fit(self, X: Any, y: Any = None) -> "NystromRegressor":
         """Fit on anything :func:`daskkrr.open_dataset` takes."""
@@ -323,6 +346,7 @@ class ExactKernelRidge(_RegressorMixin, NystromModelBase):
         self.center_weights_ = np.ones(n)
         self.sampler_info_ = {"sampler": "all"}
         self.coef_ = coef[:, 0] if one_d else coef
+        self.intercept_ = self.y_mean_.copy()
         self.n_iter_ = 0
         self.residuals_ = np.zeros((1, Yn.shape[1]))
         self.converged_ = True

@@ -92,7 +92,7 @@ class RowBlockPasses:
         self.split_every = split_every
         self.n_rows = int(X.shape[0])
         if Y is not None and Y.ndim == 2 and len(Y.chunks[1]) != 1:
-            Y = Y.rechunk({1: -1})
+            Y = Y.rechunk({1: -1}, method="tasks")
         self.X = X
         self.Y = Y
         self._set_blocks(X, Y)
@@ -127,7 +127,7 @@ class RowBlockPasses:
         if self.client is not None:
             return self.client.gather(self.client.compute(total))
         with self._local_blas():
-            return dask.compute(total, scheduler="threads")[0]
+            return dask.compute(total, scheduler=_threaded_get())[0]
 
     # ------------------------------------------------------------ helpers
     def _task(self, fn: Callable[..., np.ndarray]) -> Callable[..., Delayed]:
@@ -171,7 +171,7 @@ class RowBlockPasses:
                 wait(futures_of(held))
         else:
             with self._local_blas():
-                held = dask.persist(*arrays, scheduler="threads")
+                held = dask.persist(*arrays, scheduler=_threaded_get())
         self.X = held[0]
         self.Y = held[1] if len(held) > 1 else None
         self._set_blocks(self.X, self.Y)
@@ -197,7 +197,7 @@ class RowBlockPasses:
                     f.result()  # raises the task's exception
             return list(futures)
         with self._local_blas():
-            return list(dask.compute(*parts, scheduler="threads"))
+            return list(dask.compute(*parts, scheduler=_threaded_get()))
 
     def reduce_kept(self, handles: Sequence[Any], fn: Callable[..., np.ndarray], *args: Any,
                     with_y: bool = False) -> np.ndarray:
@@ -215,7 +215,7 @@ class RowBlockPasses:
                 parts = [task(h, *args) for h in handles]
             return self.client.gather(self.client.compute(tree_sum(parts, self.split_every)))
         if with_y:
-            ys = dask.compute(*self.y_blocks, scheduler="threads")
+            ys = dask.compute(*self.y_blocks, scheduler=_threaded_get())
             work = [(h, y) for h, y in zip(handles, ys)]
         else:
             work = [(h,) for h in handles]
@@ -228,3 +228,11 @@ class RowBlockPasses:
         """Free what :meth:`keep` holds."""
         if self.client is not None:
             self.client.cancel(list(handles))
+
+
+def _threaded_get():
+    """Dask's threaded scheduler as a function: naming it "threads" makes Dask import
+    ``distributed`` (about 50 MB) to look for a client on every compute."""
+    import dask.threaded
+
+    return dask.threaded.get

@@ -81,9 +81,9 @@ class Rates:
     stream_bytes_per_s: float = 5e9
     #: Bytes/s one core reads and decompresses from Zarr.
     read_bytes_per_s: float = 4e8
-    #: Bytes/s of fresh memory written for the first time (page faults). About 5 GB/s; the
-    #: development machine's VM pays 0.3 GB/s the very first time it touches a region after boot.
-    touch_bytes_per_s: float = 4e9
+    #: Bytes/s of fresh memory written for the first time (page faults). A fresh process on
+    #: the development machine's VM touches new memory at 0.4 GB/s, later reuse at 5-9 GB/s.
+    touch_bytes_per_s: float = 5e8
 
     def _pick(self, pair: tuple[float, float], itemsize: int) -> float:
         return pair[0] if itemsize == 4 else pair[1]
@@ -95,17 +95,22 @@ class Rates:
 
 DEFAULT_RATES = Rates()
 
-#: Typical factor by which FALKON's relative residual falls per CG iteration (0.79 on the
-#: synthetic benchmarks of workflows/benchmarks/fit_vs_sklearn.py: 1e-2 after 20 iterations).
+#: Typical factor by which FALKON's relative residual falls per CG iteration with its own
+#: preconditioner (0.79 on the synthetic benchmarks of workflows/benchmarks/fit_vs_sklearn.py:
+#: 1e-2 after 20 iterations).
 TYPICAL_CONVERGENCE_FACTOR = 0.8
+#: The same with the row-sketch preconditioner (daskkrr.solvers.sketch): 1e-3 after 11
+#: iterations at n = 1e5, M = 2000 (s = 4 M), after 6 at n = 1e6, M = 1000 (s = 16 M).
+SKETCH_CONVERGENCE_FACTOR = 0.55
 
 
-def expected_iterations(max_iter: int, tol: float | None = None) -> int:
-    """CG iterations to expect: ``max_iter``, or ``log(tol) / log(0.8)`` if that is fewer."""
+def expected_iterations(max_iter: int, tol: float | None = None,
+                        factor: float = TYPICAL_CONVERGENCE_FACTOR) -> int:
+    """CG iterations to expect: ``max_iter``, or ``log(tol) / log(factor)`` if that is fewer."""
     max_iter = max(1, int(max_iter))
     if tol is None or not 0 < tol < 1:
         return max_iter
-    return max(1, min(max_iter, math.ceil(math.log(tol) / math.log(TYPICAL_CONVERGENCE_FACTOR))))
+    return max(1, min(max_iter, math.ceil(math.log(tol) / math.log(factor))))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -41,6 +41,8 @@ from daskkrr.parallel.cost import (
     StrategyCost,
     choose_strategy,
     estimate,
+    SKETCH_CONVERGENCE_FACTOR,
+    TYPICAL_CONVERGENCE_FACTOR,
     expected_iterations,
     should_persist,
 )
@@ -89,16 +91,19 @@ def plan_strategy(
     tol: float | None = None,
     in_memory: bool = False,
     resources: Resources | None = None,
+    sketched: bool = False,
 ) -> StrategyPlan:
     """Choose the strategy (``"auto"`` uses the cost model) and whether to persist the data.
 
     ``iterations`` is CG's ``max_iter``; with ``tol`` the cost model expects
-    :func:`~daskkrr.parallel.cost.expected_iterations` of them.
+    :func:`~daskkrr.parallel.cost.expected_iterations` of them (fewer when the
+    preconditioner is ``sketched``, built from sampled rows).
     """
     check_strategy(strategy)
     res = resources or cluster_resources(client)
     n, d = (int(s) for s in X.shape)
-    its = expected_iterations(int(iterations), tol)
+    factor = SKETCH_CONVERGENCE_FACTOR if sketched else TYPICAL_CONVERGENCE_FACTOR
+    its = expected_iterations(int(iterations), tol, factor)
     problem = Problem(n=n, d=d, n_centers=int(n_centers), n_targets=int(n_targets),
                       itemsize=X.dtype.itemsize, iterations=its, in_memory=in_memory)
     budget = Budget(cores=res.cores, memory_bytes=res.memory_bytes, n_workers=res.n_workers)
@@ -123,9 +128,9 @@ def balance_blocks(X: da.Array, Y: da.Array | None, slots: int) -> tuple[da.Arra
     if len(X.chunks[0]) >= want or n < 2 * MIN_BLOCK_ROWS:
         return X, Y
     rows = max(MIN_BLOCK_ROWS, -(-n // want))
-    X = X.rechunk({0: rows})
+    X = X.rechunk({0: rows}, method="tasks")
     if Y is not None:
-        Y = Y.rechunk({0: rows})
+        Y = Y.rechunk({0: rows}, method="tasks")
     return X, Y
 
 

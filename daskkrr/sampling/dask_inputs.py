@@ -48,12 +48,9 @@ def active_client(client: Any) -> Any | None:
     """``client`` if given, else the current ``distributed`` client if any, else None."""
     if client is not None:
         return client
-    try:
-        from distributed import get_client
+    from daskkrr.parallel.client import current_client
 
-        return get_client()
-    except (ImportError, ValueError):
-        return None
+    return current_client()
 
 
 def compute_one(obj: Any, client: Any | None) -> Any:

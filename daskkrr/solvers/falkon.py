@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import numpy as np
 
@@ -49,8 +49,38 @@ class FalkonPreconditioner:
 
     @classmethod
     def from_kernel_matrix(
-        cls, Kmm: np.ndarray, *, penalty: float, n: int, weights: np.ndarray | None = None
+        cls,
+        Kmm: np.ndarray,
+        *,
+        penalty: float,
+        n: int,
+        weights: np.ndarray | None = None,
+        sketch: Iterable[np.ndarray] | None = None,
+        center_sketch: bool = False,
     ) -> "FalkonPreconditioner":
+        """Factor the preconditioner from ``K_MM`` (and optionally a row sketch of ``K_nM``).
+
+        Parameters
+        ----------
+        Kmm : ndarray of shape (M, M)
+            Kernel matrix of the centers (float64; not modified).
+        penalty, n : float, int
+            FALKON's lambda and the number of training rows.
+        weights : ndarray of shape (M,), optional
+            Importance weights of the centers (``D = diag(sqrt(weights))``).
+        sketch : iterable of ndarrays of shape (rows_i, M), optional
+            Kernel rows ``k(x_i, Z)`` of ``s`` training rows drawn uniformly at
+            random, block by block. FALKON's ``A`` uses the centers as a sample of
+            the rows of ``K_nM``: ``T T^T / M = W^T W / M`` with ``W = K_MM D T^{-1}
+            = T^T``. The sketch rows join them, ``A^T A = W^T W / (M + s) + lambda I``
+            with ``W = [T^T; K_sM D T^{-1}]`` -- the sketch-to-precondition idea of
+            Avron, Clarkson and Woodruff (2017) applied to the Nystrom system. With
+            a small penalty a sketch of a few times ``M`` rows approximates
+            ``K_nM^T K_nM`` much better and cuts the CG iterations severalfold.
+        center_sketch : bool, default=False
+            Centre the sketch rows (or FALKON's, the centers) on their mean first (the Gram matrix of a model
+            with an unpenalised intercept, ``K_nM^T K_nM - n mu mu^T``).
+        """
         Kmm = np.asarray(Kmm, dtype=np.float64)
         M = Kmm.shape[0]
         if Kmm.shape != (M, M):
@@ -60,10 +90,13 @@ class FalkonPreconditioner:
         d = np.ones(M) if weights is None else np.sqrt(np.asarray(weights, dtype=np.float64))
         if d.shape != (M,):
             raise ValueError(f"weights must have shape ({M},); got {np.shape(weights)}")
-        T, jitter = cholesky_jitter(d[:, None] * Kmm * d[None, :], what="center kernel matrix K_MM")
-        inner = T @ T.T / M
+        S = Kmm if weights is None else d[:, None] * Kmm * d[None, :]
+        del Kmm  # the caller may have handed over its only reference: M x M matrices are large
+        T, jitter = cholesky_jitter(S, what="center kernel matrix K_MM")
+        del S
+        inner = _sketch_gram(T, d, () if sketch is None else sketch, center_sketch)
         inner[np.diag_indices(M)] += penalty
-        A, _ = cholesky_jitter(inner, what="FALKON inner matrix T T^T / M + lambda I")
+        A, _ = cholesky_jitter(inner, what="FALKON inner matrix W^T W / s + lambda I")
         return cls(T=T, A=A, d=d, penalty=float(penalty), n=int(n), jitter=jitter)
 
     @property
@@ -116,6 +149,38 @@ class FalkonPreconditioner:
         except np.linalg.LinAlgError:
             v = _solve_clipped(C, rhs, floor=self.penalty)
         return self._d_col(v) * solve_upper(self.T, v)
+
+
+def _sketch_gram(T: np.ndarray, d: np.ndarray, blocks: Iterable[np.ndarray], center: bool) -> np.ndarray:
+    """``W^T W / r`` over the ``r = M + s`` rows of ``W = [T^T; K_sM D T^{-1}]`` (``M x M``).
+
+    The first ``M`` rows are FALKON's (the centers: ``K_MM D T^{-1} = T^T``), the
+    others come from the sketch blocks. Each block becomes ``W_b^T = T^{-T} D K_b^T``
+    by one triangular solve and is added by a rank-k update of the upper
+    triangle, so at most one block's ``W_b`` exists at a time.
+    """
+    from scipy.linalg.blas import dsyrk
+
+    M = T.shape[0]
+    inner = dsyrk(1.0, np.asfortranarray(T), trans=0, lower=0)  # T T^T, upper triangle
+    total = T.sum(axis=1)
+    rows = M
+    for K in blocks:
+        K = np.asarray(K, dtype=np.float64)
+        if K.ndim != 2 or K.shape[1] != M:
+            raise ValueError(f"sketch blocks must have shape (rows, {M}); got {K.shape}")
+        if not K.shape[0]:
+            continue
+        Wt = solve_upper(T, np.asfortranarray(d[:, None] * K.T), trans=True)  # (M, rows)
+        inner = dsyrk(1.0, Wt, beta=1.0, c=inner, trans=0, lower=0, overwrite_c=1)
+        total += Wt.sum(axis=1)
+        rows += K.shape[0]
+    if center:
+        inner -= np.outer(total, total) / rows  # sum (w - wbar)(w - wbar)^T = sum w w^T - r wbar wbar^T
+    inner /= rows
+    for i in range(0, M, 256):  # mirror the upper triangle, a strip at a time (no M x M temporaries)
+        inner[i:i + 256, :i] = inner[:i, i:i + 256].T
+    return inner
 
 
 def _solve_clipped(C: np.ndarray, rhs: np.ndarray, floor: float) -> np.ndarray:

@@ -56,15 +56,20 @@ def cholesky_jitter(
     default = m * np.finfo(np.float64).eps * scale
     jitter = default if initial_jitter is None else float(initial_jitter)
     limit = max_jitter_ratio * scale
-    eye = np.eye(m)
+    diag = np.diag_indices(m)
     with _blas_limit(m):
         while True:
+            # One working copy per attempt, factored in place (Fortran order, so LAPACK does
+            # not copy again): the peak is S plus one m x m matrix.
+            work = np.array(S, dtype=np.float64, order="F")
+            work[diag] += jitter
             try:
-                T = sla.cholesky(S + jitter * eye, lower=False, check_finite=False)
+                T = sla.cholesky(work, lower=False, overwrite_a=True, check_finite=False)
                 if np.all(np.isfinite(T)):
                     break
             except np.linalg.LinAlgError:
                 pass
+            del work
             if jitter >= limit:
                 raise np.linalg.LinAlgError(
                     f"Cholesky of the {what} of shape {S.shape} failed even with jitter {jitter:.3g} "

@@ -15,18 +15,24 @@ standardised features, daskkrr's default) and the same ridge penalty
 scikit-learn's):
 
 - ``daskkrr``: ``FalkonRegressor(n_centers=M, dtype="float32", max_iter=50, tol=1e-3)``
-  (CG run until the preconditioned residual is below 1e-3, so that the test error
-  is that of the Nystrom solution scikit-learn computes exactly; with
-  ``max_iter=20`` CG stops at a residual of 1e-2 on the synthetic data and 0.5 on
-  breastTumor, whose duplicate rows make ``K_MM`` singular)
-  fitted from the Zarr store with the strategy the cost model picks
-  (``strategy_`` column), on Dask's threaded scheduler (the Python API's
-  default, one process; ``--scheduler cluster`` for a ``LocalCluster`` of 2
-  single-threaded worker processes);
+  with its defaults otherwise (an unpenalised intercept, as ``Ridge`` fits; the
+  row-sketch preconditioner of ``4-16 M`` sampled rows), CG run until the
+  preconditioned residual is below 1e-3 so that the test error is that of the
+  Nystrom solution scikit-learn computes exactly; fitted from the Zarr store
+  with the strategy the cost model picks (``strategy`` column), on Dask's
+  threaded scheduler (the Python API's default, one process; ``--scheduler
+  cluster`` for a ``LocalCluster`` of 2 single-threaded worker processes);
 - ``daskkrr-recompute``: the same with ``strategy="recompute"`` (kernel blocks
   recomputed every iteration, nothing of size n x M kept: the out-of-core mode);
+- ``daskkrr-falkon-pc``: the same with FALKON's own preconditioner
+  (``preconditioner_rows=None``), to show what the sketch saves;
 - ``sklearn-nystroem``: ``StandardScaler -> Nystroem(n_components=M) -> Ridge``
-  on the same rows loaded into memory (float32, as stored);
+  on the same rows loaded into memory (float32, as stored), with Nystroem given
+  the very center rows daskkrr picks (uniform, ``random_state=0``), so that both
+  solve the same problem and the error ratio measures the solver, not the luck
+  of the draw; the speed and memory ratios are taken against this row;
+- ``sklearn-nystroem-own``: the same with Nystroem drawing its own centers, to
+  show how much the test error moves with the draw of ``M`` centers;
 - ``sklearn-krr``: ``KernelRidge`` where n <= ``--krr-max``.
 
 Each method runs in a fresh process; the peak memory is the sum of the peak RSS
@@ -114,7 +120,8 @@ def child_daskkrr(args) -> dict:
 
     def run(client):
         model = FalkonRegressor(n_centers=args.centers, penalty=PENALTY, dtype="float32", max_iter=args.max_iter,
-                                tol=args.tol, random_state=0, client=client, strategy=args.strategy)
+                                tol=args.tol, random_state=0, client=client, strategy=args.strategy,
+                                preconditioner_rows=None if args.child == "daskkrr-falkon-pc" else "auto")
         t = time.perf_counter()
         model.fit(X[:n], y[:n])
         fit_s = time.perf_counter() - t
@@ -132,13 +139,19 @@ def child_daskkrr(args) -> dict:
         model, fit_s, predict_s, pred = run(None)
     yt = np.asarray(yz[n:])
     return dict(fit_s=fit_s, predict_s=predict_s, rmse=_rmse(pred, yt), rel_rmse=_rmse(pred, yt) / yt.std(),
-                strategy=model.strategy_, n_iter=model.n_iter_, passes=model.n_data_passes_)
+                strategy=model.strategy_, n_iter=model.n_iter_, passes=model.n_data_passes_,
+                sketch_rows=model.preconditioner_rows_)
 
 
 def child_sklearn_nystroem(args) -> dict:
+    """StandardScaler -> Nystroem -> Ridge, timed step by step.
+
+    ``--centers-from daskkrr`` gives Nystroem the rows daskkrr's uniform sampler
+    picks with ``random_state=0`` (fitting Nystroem on exactly ``M`` rows uses all
+    of them), so both solve the same problem; ``own`` lets Nystroem draw its own.
+    """
     from sklearn.kernel_approximation import Nystroem
     from sklearn.linear_model import Ridge
-    from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import StandardScaler
 
     Xz, yz, n = _load(args.store, args.n_train)
@@ -146,13 +159,18 @@ def child_sklearn_nystroem(args) -> dict:
     y = np.asarray(yz[:])
     d = X.shape[1]
     gamma = 1.0 / (2.0 * d)  # sigma = sqrt(d)
-    model = make_pipeline(StandardScaler(), Nystroem(kernel="rbf", gamma=gamma, n_components=args.centers,
-                                                     random_state=0), Ridge(alpha=PENALTY * n))
     t = time.perf_counter()
-    model.fit(X[:n], y[:n])
+    scaler = StandardScaler().fit(X[:n])
+    features = Nystroem(kernel="rbf", gamma=gamma, n_components=args.centers, random_state=0)
+    if args.centers_from == "daskkrr":
+        idx = np.sort(np.random.default_rng(0).choice(n, size=args.centers, replace=False))
+        features.fit(scaler.transform(X[idx]))
+    else:
+        features.fit(scaler.transform(X[:n]))
+    ridge = Ridge(alpha=PENALTY * n).fit(features.transform(scaler.transform(X[:n])), y[:n])
     fit_s = time.perf_counter() - t
     t = time.perf_counter()
-    pred = model.predict(X[n:])
+    pred = ridge.predict(features.transform(scaler.transform(X[n:])))
     predict_s = time.perf_counter() - t
     yt = y[n:]
     return dict(fit_s=fit_s, predict_s=predict_s, rmse=_rmse(pred, yt), rel_rmse=_rmse(pred, yt) / yt.std())
@@ -190,20 +208,22 @@ def _rmse(pred, y) -> float:
     return float(np.sqrt(np.mean((np.asarray(pred).reshape(-1) - np.asarray(y).reshape(-1)) ** 2)))
 
 
-CHILDREN = {"daskkrr": child_daskkrr, "daskkrr-recompute": child_daskkrr,
-            "sklearn-nystroem": child_sklearn_nystroem, "sklearn-krr": child_sklearn_krr}
+CHILDREN = {"daskkrr": child_daskkrr, "daskkrr-recompute": child_daskkrr, "daskkrr-falkon-pc": child_daskkrr,
+            "sklearn-nystroem": child_sklearn_nystroem, "sklearn-nystroem-own": child_sklearn_nystroem,
+            "sklearn-krr": child_sklearn_krr}
 
 
 # --------------------------------------------------------------------------- parent
 def run_case(data: str, store: Path, n_train: int, centers: int, args) -> list[dict]:
     rows = []
-    methods = ["daskkrr", "daskkrr-recompute", "sklearn-nystroem"]
+    methods = ["daskkrr", "daskkrr-recompute", "daskkrr-falkon-pc", "sklearn-nystroem", "sklearn-nystroem-own"]
     methods += ["sklearn-krr"] if n_train <= args.krr_max else []
     for method in methods:
         strategy = "recompute" if method == "daskkrr-recompute" else args.strategy
         argv = [__file__, "--child", method, "--store", str(store), "--n-train", str(n_train),
                 "--centers", str(centers), "--scheduler", args.scheduler, "--max-iter", str(args.max_iter),
-                "--tol", str(args.tol), "--strategy", strategy]
+                "--tol", str(args.tol), "--strategy", strategy,
+                "--centers-from", "own" if method == "sklearn-nystroem-own" else "daskkrr"]
         res = run_child(argv, timeout=args.timeout)
         row = {"data": data, "n": n_train, "M": centers if method != "sklearn-krr" else n_train,
                "method": method, **res}
@@ -239,6 +259,7 @@ def main(argv=None) -> list[dict]:
     ap.add_argument("--child", choices=sorted(CHILDREN), help=argparse.SUPPRESS)
     ap.add_argument("--store", help=argparse.SUPPRESS)
     ap.add_argument("--n-train", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--centers-from", choices=("daskkrr", "own"), default="daskkrr", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
         args.centers = int(args.centers)
@@ -264,7 +285,7 @@ def main(argv=None) -> list[dict]:
              f"daskkrr on {args.scheduler}")
     print_table(rows, ["data", "n", "M", "method", "fit_s", "predict_s", "rmse", "rel_rmse", "peak_mb",
                        "n_processes", "fit_speedup_vs_nystroem", "memory_ratio_vs_nystroem",
-                       "rmse_ratio_vs_nystroem", "strategy", "n_iter"], title)
+                       "rmse_ratio_vs_nystroem", "strategy", "n_iter", "sketch_rows"], title)
     write_results(rows, args.out, "fit_vs_sklearn", {"machine": info, "args": vars(args)})
     return rows
 

@@ -2,7 +2,8 @@
 
 Each size is a synthetic regression store (``daskkrr.data.write_regression_zarr``,
 written once under ``--data-dir``) fitted by ``FalkonRegressor(n_centers=2000,
-dtype="float32", max_iter=--max-iter)`` on a ``LocalCluster`` of 2
+dtype="float32", max_iter=--max-iter, tol=--tol)`` (defaults 20 and 1e-3: CG
+stops at a preconditioned residual of 1e-3, as in ``fit_vs_sklearn.py``) on a ``LocalCluster`` of 2
 single-threaded worker processes (``--scheduler threads`` for the threaded
 scheduler), in a fresh process. Reported:
 
@@ -85,7 +86,7 @@ def child(args) -> dict:
             X.sum().compute(**kw)
             read_pass_s = min(read_pass_s, time.perf_counter() - t)
         model = FalkonRegressor(n_centers=args.centers, penalty=1e-6, dtype="float32", max_iter=args.max_iter,
-                                random_state=0, client=client, strategy=args.strategy)
+                                tol=args.tol, random_state=0, client=client, strategy=args.strategy)
         r0 = _rchar_tree()
         t = time.perf_counter()
         model.fit(path)
@@ -95,6 +96,7 @@ def child(args) -> dict:
         pred = np.asarray(model.predict(X[:n_test]).compute())
         train_rmse = float(np.sqrt(np.mean((pred - np.asarray(y[:n_test])) ** 2)))
         return dict(fit_s=fit_s, strategy=model.strategy_, n_iter=model.n_iter_, passes=model.n_data_passes_,
+                    sketch_rows=model.preconditioner_rows_,
                     read_mb=read / 2**20, read_pass_s=read_pass_s, train_rmse=train_rmse,
                     read_share=read_pass_s / (fit_s / max(1, model.n_data_passes_)))
 
@@ -111,7 +113,8 @@ def main(argv=None) -> list[dict]:
     ap.add_argument("--quick", action="store_true", help="n = 1e5 and 1e6")
     ap.add_argument("--sizes", default=None)
     ap.add_argument("--centers", type=int, default=2000)
-    ap.add_argument("--max-iter", type=int, default=10)
+    ap.add_argument("--max-iter", type=int, default=20)
+    ap.add_argument("--tol", type=float, default=1e-3)
     ap.add_argument("--strategy", default="auto")
     ap.add_argument("--scheduler", choices=("cluster", "threads"), default="cluster")
     ap.add_argument("--chunk-rows", type=int, default=250_000)
@@ -131,7 +134,8 @@ def main(argv=None) -> list[dict]:
     for n in sizes:
         store = store_for(data_dir, n, args.chunk_rows)
         argv_child = [__file__, "--child", "--store", str(store), "--centers", str(args.centers),
-                      "--max-iter", str(args.max_iter), "--strategy", args.strategy, "--scheduler", args.scheduler]
+                      "--max-iter", str(args.max_iter), "--tol", str(args.tol), "--strategy", args.strategy,
+                      "--scheduler", args.scheduler]
         res = run_child(argv_child, timeout=args.timeout)
         store_mb = _dir_bytes(store) / 2**20
         row = {"n": n, "d": D, "M": args.centers, "store_mb": store_mb, **res}
@@ -146,9 +150,9 @@ def main(argv=None) -> list[dict]:
             r["time_per_row_vs_1e6"] = (r["fit_s"] / r["n"]) / (base["fit_s"] / base["n"])
             r["memory_vs_1e6"] = r["peak_mb"] / base["peak_mb"]
     info = machine()
-    title = (f"FALKON from Zarr, d = {D}, float32, M = {args.centers}, max_iter = {args.max_iter}, "
+    title = (f"FALKON from Zarr, d = {D}, float32, M = {args.centers}, max_iter = {args.max_iter}, tol = {args.tol}, "
              f"{args.scheduler}; {info['cores']} cores ({info['cpu']}), {info['memory_gib']} GiB")
-    print_table(rows, ["n", "fit_s", "strategy", "n_iter", "passes", "peak_mb", "max_process_mb", "n_processes",
+    print_table(rows, ["n", "fit_s", "strategy", "n_iter", "sketch_rows", "passes", "peak_mb", "max_process_mb", "n_processes",
                        "read_mb", "store_reads", "read_share", "time_per_row_vs_1e6", "memory_vs_1e6",
                        "train_rmse"], title)
     write_results(rows, args.out, "scaling_zarr", {"machine": info, "args": vars(args), "pid": os.getpid()})
