@@ -96,7 +96,7 @@ class FalkonPreconditioner:
         del S
         inner = _sketch_gram(T, d, () if sketch is None else sketch, center_sketch)
         inner[np.diag_indices(M)] += penalty
-        A, _ = cholesky_jitter(inner, what="FALKON inner matrix W^T W / s + lambda I")
+        A, _ = cholesky_jitter(inner, what="FALKON inner matrix W^T W / s + lambda I", overwrite=True)
         return cls(T=T, A=A, d=d, penalty=float(penalty), n=int(n), jitter=jitter)
 
     @property
@@ -159,7 +159,7 @@ def _sketch_gram(T: np.ndarray, d: np.ndarray, blocks: Iterable[np.ndarray], cen
     by one triangular solve and is added by a rank-k update of the upper
     triangle, so at most one block's ``W_b`` exists at a time.
     """
-    from scipy.linalg.blas import dsyrk
+    from scipy.linalg.blas import dsyr, dsyrk
 
     M = T.shape[0]
     inner = dsyrk(1.0, np.asfortranarray(T), trans=0, lower=0)  # T T^T, upper triangle
@@ -176,7 +176,8 @@ def _sketch_gram(T: np.ndarray, d: np.ndarray, blocks: Iterable[np.ndarray], cen
         total += Wt.sum(axis=1)
         rows += K.shape[0]
     if center:
-        inner -= np.outer(total, total) / rows  # sum (w - wbar)(w - wbar)^T = sum w w^T - r wbar wbar^T
+        # sum (w - wbar)(w - wbar)^T = sum w w^T - r wbar wbar^T, as a rank-one update of the upper triangle
+        inner = dsyr(-1.0 / rows, total, lower=0, a=inner, overwrite_a=1)
     inner /= rows
     for i in range(0, M, 256):  # mirror the upper triangle, a strip at a time (no M x M temporaries)
         inner[i:i + 256, :i] = inner[:i, i:i + 256].T

@@ -7,6 +7,7 @@ import warnings
 
 import numpy as np
 import scipy.linalg as sla
+from scipy.linalg.lapack import dpotrf as potrf
 
 #: Above this size the factorisation runs single-threaded: scipy's bundled
 #: OpenBLAS has been seen to crash in multithreaded Cholesky at M >= 16 000.
@@ -31,6 +32,7 @@ def cholesky_jitter(
     what: str = "matrix",
     initial_jitter: float | None = None,
     max_jitter_ratio: float = 1e-2,
+    overwrite: bool = False,
 ) -> tuple[np.ndarray, float]:
     """Upper Cholesky factor ``T`` with ``T^T T = S + jitter I``.
 
@@ -39,6 +41,11 @@ def cholesky_jitter(
     succeeds. Escalating past the default raises a :class:`JitterWarning`; needing
     more than ``max_jitter_ratio * mean(diag S)`` means the matrix is singular for
     all practical purposes and raises ``numpy.linalg.LinAlgError``.
+
+    Memory: ``S`` plus one ``m x m`` working matrix; with ``overwrite=True`` (``S``
+    a symmetric, Fortran-ordered float64 array the caller gives up) the factor is
+    built in ``S`` itself. A failed attempt only writes the upper triangle, so ``S``
+    is restored from its lower triangle and diagonal before the next one.
     """
     S = np.asarray(S, dtype=np.float64)
     if S.ndim != 2 or S.shape[0] != S.shape[1]:
@@ -46,7 +53,8 @@ def cholesky_jitter(
     m = S.shape[0]
     if not np.all(np.isfinite(S)):
         raise np.linalg.LinAlgError(f"{what} of shape {S.shape} has NaN or inf entries")
-    scale = float(np.mean(np.diag(S))) if m else 1.0
+    diagonal = np.diag(S).copy()
+    scale = float(np.mean(diagonal)) if m else 1.0
     if not scale > 0:
         raise np.linalg.LinAlgError(
             f"{what} of shape {S.shape} has a non-positive mean diagonal ({scale:g}); "
@@ -56,20 +64,18 @@ def cholesky_jitter(
     default = m * np.finfo(np.float64).eps * scale
     jitter = default if initial_jitter is None else float(initial_jitter)
     limit = max_jitter_ratio * scale
-    diag = np.diag_indices(m)
+    in_place = overwrite and S.flags.f_contiguous and S.flags.writeable
+    work = S if in_place else np.array(S, dtype=np.float64, order="F")
     with _blas_limit(m):
         while True:
-            # One working copy per attempt, factored in place (Fortran order, so LAPACK does
-            # not copy again): the peak is S plus one m x m matrix.
-            work = np.array(S, dtype=np.float64, order="F")
-            work[diag] += jitter
-            try:
-                T = sla.cholesky(work, lower=False, overwrite_a=True, check_finite=False)
-                if np.all(np.isfinite(T)):
-                    break
-            except np.linalg.LinAlgError:
-                pass
-            del work
+            work[np.diag_indices(m)] = diagonal + jitter
+            # LAPACK's potrf on the upper triangle, in place; the lower triangle keeps S.
+            T, info = potrf(work, lower=0, clean=0, overwrite_a=1)
+            if info == 0 and np.all(np.isfinite(np.diag(T))):
+                break
+            if info < 0:  # pragma: no cover - an argument error, not a numerical one
+                raise ValueError(f"LAPACK potrf rejected argument {-info} for the {what}")
+            _mirror_lower_to_upper(work)
             if jitter >= limit:
                 raise np.linalg.LinAlgError(
                     f"Cholesky of the {what} of shape {S.shape} failed even with jitter {jitter:.3g} "
@@ -78,6 +84,9 @@ def cholesky_jitter(
                     "the features (standardize=True: large, unscaled values lose the distances to round-off)."
                 )
             jitter = min(jitter * 100, limit)
+    _zero_lower(T)
+    if not np.all(np.isfinite(T)):
+        raise np.linalg.LinAlgError(f"Cholesky of the {what} of shape {S.shape} overflowed")
     if jitter > default * (1 + 1e-12):
         warnings.warn(
             f"Cholesky of the {what} of shape {S.shape} needed jitter {jitter:.3g} "
@@ -87,6 +96,31 @@ def cholesky_jitter(
             stacklevel=2,
         )
     return T, jitter
+
+
+#: Columns handled at a time when copying or clearing a triangle (bounds temporaries).
+_STRIP = 256
+
+
+def _mirror_lower_to_upper(A: np.ndarray) -> None:
+    """Copy the strict lower triangle of ``A`` onto its strict upper triangle, in place."""
+    m = A.shape[0]
+    for j in range(0, m, _STRIP):
+        k = min(m, j + _STRIP)
+        A[:j, j:k] = A[j:k, :j].T
+        block = A[j:k, j:k]
+        upper = np.triu_indices(k - j, 1)
+        block[upper] = block.T[upper]
+
+
+def _zero_lower(A: np.ndarray) -> None:
+    """Clear the strict lower triangle of ``A``, in place."""
+    m = A.shape[0]
+    for j in range(0, m, _STRIP):
+        k = min(m, j + _STRIP)
+        A[k:, j:k] = 0.0
+        block = A[j:k, j:k]
+        block[np.tril_indices(k - j, -1)] = 0.0
 
 
 def solve_upper(T: np.ndarray, B: np.ndarray, trans: bool = False) -> np.ndarray:
