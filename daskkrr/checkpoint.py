@@ -28,7 +28,7 @@ import hashlib
 import json
 import logging
 import os
-import tempfile
+import secrets
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -334,8 +334,11 @@ class FitCheckpoint:
         if iteration is not None:
             self._meta["iteration"] = int(iteration)
         arrays = {"meta": np.array(json.dumps(self._meta, sort_keys=True)), **self._arrays, **self._cg_arrays}
-        fd, tmp = tempfile.mkstemp(prefix=_TMP_PREFIX, dir=self.path)
+        # The name is chosen before the file exists, so an interruption at any point after
+        # its creation (even inside the open call) finds it to remove.
+        tmp = self.path / f"{_TMP_PREFIX}{secrets.token_hex(8)}"
         try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(fd, "wb") as fh:
                 np.savez(fh, **arrays)
                 fh.flush()

@@ -243,6 +243,30 @@ def test_failed_save_keeps_the_previous_checkpoint(data, tmp_path, monkeypatch):
     assert _meta(ckpt)["iteration"] == 2  # the last good one, whole
 
 
+def test_interruption_inside_the_temporary_files_creation_leaves_nothing(data, tmp_path, monkeypatch):
+    """A signal can land after open() created the temporary file but before it returned (what
+    tempfile.mkstemp could not clean up): the writer knows the name beforehand and removes it."""
+    import daskkrr.checkpoint as checkpoint_module
+
+    ckpt = tmp_path / "ck"
+    real_open, seen = os.open, []
+
+    def open_then_interrupted(path, flags, *args):
+        fd = real_open(path, flags, *args)
+        if Path(path).name.startswith(".checkpoint.npz.tmp-"):
+            seen.append(path)
+            if len(seen) == 3:  # the third write
+                os.close(fd)
+                raise KeyboardInterrupt
+        return fd
+
+    monkeypatch.setattr(checkpoint_module.os, "open", open_then_interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        FalkonRegressor(**PARAMS).fit(*data, checkpoint=ckpt, checkpoint_every=1)
+    monkeypatch.undo()
+    assert sorted(p.name for p in ckpt.iterdir()) == [CHECKPOINT_FILE]
+
+
 # ---------------------------------------------------------------- the client process dies
 
 
@@ -256,6 +280,9 @@ def store(tmp_path_factory):
 
 CLI_FIT = ["--centers", "300", "--penalty", "1e-3", "--sigma", "2.0", "--tol", "1e-11", "--max-iter", "60",
            "--seed", "4"]
+#: FALKON's own preconditioner: 32 CG iterations instead of 17 with the row sketch, so that the
+#: signals below land mid-CG even when the machine is slow to notice the checkpoint.
+CLI_CONFIG = '[model]\npreconditioner_rows = "none"\n'
 
 
 def _daskkrr(*args: str) -> subprocess.Popen:
@@ -296,7 +323,8 @@ def _assert_gone(processes, timeout: float = 30.0) -> None:
 @pytest.fixture(scope="module")
 def uninterrupted(store):
     """The same fit, never interrupted, in this process (threaded scheduler)."""
-    return FalkonRegressor(n_centers=300, penalty=1e-3, sigma=2.0, tol=1e-11, max_iter=60, random_state=4).fit(store)
+    return FalkonRegressor(n_centers=300, penalty=1e-3, sigma=2.0, tol=1e-11, max_iter=60, random_state=4,
+                           preconditioner_rows=None).fit(store)
 
 
 def test_client_terminated_killed_and_resumed(store, uninterrupted, cluster2, tmp_path, capsys):
@@ -306,8 +334,9 @@ def test_client_terminated_killed_and_resumed(store, uninterrupted, cluster2, tm
     from daskkrr.cli import main
 
     assert uninterrupted.converged_
-    ckpt, out = tmp_path / "ck", tmp_path / "model"
-    fit = ["fit", "--data", str(store), "--out", str(out), *CLI_FIT, "--checkpoint", str(ckpt)]
+    ckpt, out, config = tmp_path / "ck", tmp_path / "model", tmp_path / "model.toml"
+    config.write_text(CLI_CONFIG)
+    fit = ["fit", "--data", str(store), "--out", str(out), *CLI_FIT, "--config", str(config), "--checkpoint", str(ckpt)]
 
     # 1. SIGTERM mid-CG: exit 128 + 15, local cluster closed, no model, checkpoint whole
     proc = _daskkrr(*fit, "--checkpoint-every", "1", "--workers", "1")

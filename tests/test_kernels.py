@@ -136,3 +136,16 @@ def test_block_products_match_dense(kernel, dtype):
     GB = knm_gram_and_rhs(kernel, Xb, Y, Z, tiny_tile)
     np.testing.assert_allclose(GB[:, :17], K.T @ K, rtol=tol, atol=tol * scale)
     np.testing.assert_allclose(GB[:, 17:], K.T @ Y, rtol=tol, atol=tol * scale)
+
+
+def test_distances_survive_a_large_offset():
+    """Raw features far from the origin: the GEMM expansion alone would lose the distances."""
+    from daskkrr.kernels import GaussianKernel, squared_distances
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(60, 3)) * 0.01 + 1e4
+    exact = ((X[:, None, :] - X[None, :, :]) ** 2).sum(-1)
+    np.testing.assert_allclose(squared_distances(X, X), exact, rtol=1e-8, atol=1e-12)
+    K = GaussianKernel(sigma=0.01)(X, X)
+    np.testing.assert_allclose(K, np.exp(-exact / 2e-4), rtol=1e-8, atol=1e-12)
+    np.testing.assert_allclose(np.diag(K), 1.0, rtol=0, atol=1e-12)

@@ -53,8 +53,8 @@ def atomic_directory(path: str | os.PathLike, overwrite: bool = False) -> Iterat
     path = check_destination(path, overwrite)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:12]}"
-    tmp.mkdir()
     try:
+        tmp.mkdir()  # inside: an interruption right after the mkdir still removes it
         yield tmp
         _move_into_place(tmp, path, overwrite)
     except BaseException:

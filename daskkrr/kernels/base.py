@@ -47,7 +47,17 @@ def _pair(A: Any, B: Any) -> tuple[np.ndarray, np.ndarray]:
 
 
 def squared_distances(A: np.ndarray, B: np.ndarray) -> np.ndarray:
-    """Pairwise squared Euclidean distances by the GEMM expansion, clipped at zero."""
+    """Pairwise squared Euclidean distances by the GEMM expansion, clipped at zero.
+
+    Both sets are first shifted by the mean of ``B`` (distances do not change): the
+    expansion ``|a|^2 + |b|^2 - 2 a.b`` loses ``eps (|a|^2 + |b|^2)`` to cancellation,
+    which on raw, unstandardised features far from the origin can swamp the distances
+    themselves (the fused engine does the same).
+    """
+    if B.shape[0]:
+        shift = B.mean(axis=0)
+        A = A - shift
+        B = B - shift
     an = np.einsum("ij,ij->i", A, A)
     bn = np.einsum("ij,ij->i", B, B)
     D = A @ B.T
