@@ -275,3 +275,13 @@ def test_config_keys_for_the_intercept_and_the_sketch(tmp_path):
     path.write_text('[model]\nfit_intercept = "yes"\n')
     with pytest.raises(ConfigError, match="fit_intercept must be bool"):
         read_config(path)
+
+
+def test_sketch_gram_is_symmetric_in_both_triangles():
+    """The jitter retry of its Cholesky rebuilds the upper triangle from the lower one."""
+    from daskkrr.solvers.falkon import _sketch_gram
+
+    X, Z, kernel = _problem(n=1500, M=300)
+    T = np.linalg.cholesky(kernel(Z, Z) + 1e-8 * np.eye(300)).T
+    inner = _sketch_gram(T, np.ones(300), [kernel(X[:700], Z), kernel(X[700:], Z)], center=True)
+    np.testing.assert_array_equal(inner, inner.T)

@@ -14,14 +14,6 @@ from daskkrr.sampling import BlessSampler, effective_dimension, make_sampler, sp
 from daskkrr.sampling.bless_core import bless_gammas, candidate_mask
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_blas_thread():
-    from threadpoolctl import threadpool_limits
-
-    with threadpool_limits(1):
-        yield
-
-
 @pytest.fixture(scope="module")
 def data():
     rng = np.random.default_rng(2)

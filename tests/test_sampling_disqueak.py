@@ -19,15 +19,6 @@ ALPHA_DISQUEAK = (1 + 3 * EPS) / (1 - EPS)  # Lemma 4
 GAMMA = 2.0
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_blas_thread():
-    """Small dense solves run fastest, and do not fight other processes, on one BLAS thread."""
-    from threadpoolctl import threadpool_limits
-
-    with threadpool_limits(1):
-        yield
-
-
 @pytest.fixture(scope="module")
 def problem():
     rng = np.random.default_rng(1)

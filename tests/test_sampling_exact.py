@@ -22,14 +22,6 @@ from daskkrr.sampling.diagnostics import regularized_nystrom
 from daskkrr.sampling.exact import order_sample
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_blas_thread():
-    from threadpoolctl import threadpool_limits
-
-    with threadpool_limits(1):
-        yield
-
-
 @pytest.fixture(scope="module")
 def data():
     rng = np.random.default_rng(5)

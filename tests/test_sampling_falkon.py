@@ -10,14 +10,6 @@ from daskkrr.sampling import BlessSampler, DisqueakSampler, SqueakSampler
 FalkonRegressor = pytest.importorskip("daskkrr.models").FalkonRegressor
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_blas_thread():
-    from threadpoolctl import threadpool_limits
-
-    with threadpool_limits(1):
-        yield
-
-
 @pytest.fixture(scope="module")
 def regression():
     rng = np.random.default_rng(0)

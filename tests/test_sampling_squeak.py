@@ -43,15 +43,6 @@ GAMMAS = (1.0, 4.0)
 ALPHA_SQUEAK = (1 + EPS) / (1 - EPS)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_blas_thread():
-    """Small dense solves run fastest, and do not fight other processes, on one BLAS thread."""
-    from threadpoolctl import threadpool_limits
-
-    with threadpool_limits(1):
-        yield
-
-
 @pytest.fixture(scope="module")
 def problem():
     rng = np.random.default_rng(0)

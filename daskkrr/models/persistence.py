@@ -166,18 +166,16 @@ def _build(cls: type, meta: dict[str, Any], arrays: dict[str, np.ndarray], path:
     model = cls(**params)
     model.kernel_ = kernel_from_dict(meta["kernel"])
     model.scaler_ = None if meta.get("scaler") is None else Standardizer.from_dict(meta["scaler"])
-    for key in _ARRAYS:
+    for key in (*_ARRAYS, *_OPTIONAL_ARRAYS):
         short = key.rstrip("_")
-        if short not in arrays:
-            raise ModelFormatError(f"{path / ARRAYS_FILE} lacks the array {short!r}")
-        if arrays[short].dtype.kind not in "biuf":
-            raise ModelFormatError(f"{path / ARRAYS_FILE}: array {short!r} has dtype {arrays[short].dtype}, not numeric")
-        setattr(model, key, arrays[short])
-    for key, default in _OPTIONAL_ARRAYS.items():
-        value = arrays.get(key.rstrip("_"))
-        if value is not None and value.dtype.kind not in "biuf":
-            raise ModelFormatError(f"{path / ARRAYS_FILE}: array {key.rstrip('_')!r} has dtype {value.dtype}, not numeric")
-        setattr(model, key, default(model) if value is None else value)
+        value = arrays.get(short)
+        if value is None:
+            if key not in _OPTIONAL_ARRAYS:
+                raise ModelFormatError(f"{path / ARRAYS_FILE} lacks the array {short!r}")
+            value = _OPTIONAL_ARRAYS[key](model)  # the required arrays are set by now
+        elif value.dtype.kind not in "biuf":
+            raise ModelFormatError(f"{path / ARRAYS_FILE}: array {short!r} has dtype {value.dtype}, not numeric")
+        setattr(model, key, value)
     fitted = meta.get("fitted", {})
     for key, value in fitted.items():
         if key in _SCALARS:

@@ -346,7 +346,6 @@ class ExactKernelRidge(_RegressorMixin, NystromModelBase):
         self.center_weights_ = np.ones(n)
         self.sampler_info_ = {"sampler": "all"}
         self.coef_ = coef[:, 0] if one_d else coef
-        self.intercept_ = self.y_mean_.copy()
         self.n_iter_ = 0
         self.residuals_ = np.zeros((1, Yn.shape[1]))
         self.converged_ = True

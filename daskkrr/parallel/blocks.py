@@ -34,6 +34,7 @@ from dask.base import tokenize
 from dask.delayed import Delayed, delayed
 
 from daskkrr.kernels.threads import available_cores, blas_threads, engine_threads
+from daskkrr.parallel.client import threaded_get
 
 
 def _sum(*parts: np.ndarray) -> np.ndarray:
@@ -127,7 +128,7 @@ class RowBlockPasses:
         if self.client is not None:
             return self.client.gather(self.client.compute(total))
         with self._local_blas():
-            return dask.compute(total, scheduler=_threaded_get())[0]
+            return dask.compute(total, scheduler=threaded_get())[0]
 
     # ------------------------------------------------------------ helpers
     def _task(self, fn: Callable[..., np.ndarray]) -> Callable[..., Delayed]:
@@ -171,7 +172,7 @@ class RowBlockPasses:
                 wait(futures_of(held))
         else:
             with self._local_blas():
-                held = dask.persist(*arrays, scheduler=_threaded_get())
+                held = dask.persist(*arrays, scheduler=threaded_get())
         self.X = held[0]
         self.Y = held[1] if len(held) > 1 else None
         self._set_blocks(self.X, self.Y)
@@ -197,7 +198,7 @@ class RowBlockPasses:
                     f.result()  # raises the task's exception
             return list(futures)
         with self._local_blas():
-            return list(dask.compute(*parts, scheduler=_threaded_get()))
+            return list(dask.compute(*parts, scheduler=threaded_get()))
 
     def reduce_kept(self, handles: Sequence[Any], fn: Callable[..., np.ndarray], *args: Any,
                     with_y: bool = False) -> np.ndarray:
@@ -215,7 +216,7 @@ class RowBlockPasses:
                 parts = [task(h, *args) for h in handles]
             return self.client.gather(self.client.compute(tree_sum(parts, self.split_every)))
         if with_y:
-            ys = dask.compute(*self.y_blocks, scheduler=_threaded_get())
+            ys = dask.compute(*self.y_blocks, scheduler=threaded_get())
             work = [(h, y) for h, y in zip(handles, ys)]
         else:
             work = [(h,) for h in handles]
@@ -228,11 +229,3 @@ class RowBlockPasses:
         """Free what :meth:`keep` holds."""
         if self.client is not None:
             self.client.cancel(list(handles))
-
-
-def _threaded_get():
-    """Dask's threaded scheduler as a function: naming it "threads" makes Dask import
-    ``distributed`` (about 50 MB) to look for a client on every compute."""
-    import dask.threaded
-
-    return dask.threaded.get

@@ -61,10 +61,16 @@ def scheduler_context(client: Any | None) -> contextlib.AbstractContextManager:
     import dask
 
     if "distributed" not in sys.modules and dask.config.get("scheduler", None) is None:
-        import dask.threaded
-
-        return dask.config.set(scheduler=dask.threaded.get)
+        return dask.config.set(scheduler=threaded_get())
     return contextlib.nullcontext()
+
+
+def threaded_get() -> Any:
+    """Dask's threaded scheduler as a function: naming it ``"threads"`` instead makes Dask
+    import ``distributed`` (about 50 MB) to look for a client on every compute."""
+    import dask.threaded
+
+    return dask.threaded.get
 
 
 def local_cluster_kwargs(n_workers: int | None = None, memory_limit: str | int | None = None) -> dict:

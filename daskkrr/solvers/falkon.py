@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable
 import numpy as np
 
 from daskkrr.solvers.cg import CGResult, CGState, conjugate_gradient
-from daskkrr.solvers.linalg import JitterWarning, cholesky_jitter, solve_upper
+from daskkrr.solvers.linalg import JitterWarning, cholesky_jitter, mirror_triangle, solve_upper
 
 
 @dataclasses.dataclass
@@ -179,8 +179,7 @@ def _sketch_gram(T: np.ndarray, d: np.ndarray, blocks: Iterable[np.ndarray], cen
         # sum (w - wbar)(w - wbar)^T = sum w w^T - r wbar wbar^T, as a rank-one update of the upper triangle
         inner = dsyr(-1.0 / rows, total, lower=0, a=inner, overwrite_a=1)
     inner /= rows
-    for i in range(0, M, 256):  # mirror the upper triangle, a strip at a time (no M x M temporaries)
-        inner[i:i + 256, :i] = inner[:i, i:i + 256].T
+    mirror_triangle(inner, from_upper=True)  # dsyrk/dsyr filled the upper triangle only
     return inner
 
 

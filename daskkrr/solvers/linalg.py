@@ -75,7 +75,7 @@ def cholesky_jitter(
                 break
             if info < 0:  # pragma: no cover - an argument error, not a numerical one
                 raise ValueError(f"LAPACK potrf rejected argument {-info} for the {what}")
-            _mirror_lower_to_upper(work)
+            mirror_triangle(work, from_upper=False)
             if jitter >= limit:
                 raise np.linalg.LinAlgError(
                     f"Cholesky of the {what} of shape {S.shape} failed even with jitter {jitter:.3g} "
@@ -102,15 +102,23 @@ def cholesky_jitter(
 _STRIP = 256
 
 
-def _mirror_lower_to_upper(A: np.ndarray) -> None:
-    """Copy the strict lower triangle of ``A`` onto its strict upper triangle, in place."""
+def mirror_triangle(A: np.ndarray, *, from_upper: bool) -> None:
+    """Make square ``A`` symmetric in place by copying one strict triangle onto the other.
+
+    Works a strip of columns at a time, so no ``m x m`` temporary is made.
+    """
     m = A.shape[0]
     for j in range(0, m, _STRIP):
         k = min(m, j + _STRIP)
-        A[:j, j:k] = A[j:k, :j].T
         block = A[j:k, j:k]
-        upper = np.triu_indices(k - j, 1)
-        block[upper] = block.T[upper]
+        if from_upper:
+            A[j:k, :j] = A[:j, j:k].T
+            lower = np.tril_indices(k - j, -1)
+            block[lower] = block.T[lower]
+        else:
+            A[:j, j:k] = A[j:k, :j].T
+            upper = np.triu_indices(k - j, 1)
+            block[upper] = block.T[upper]
 
 
 def _zero_lower(A: np.ndarray) -> None:
