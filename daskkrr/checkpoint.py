@@ -13,6 +13,12 @@ file holds plain numpy arrays (loaded with ``allow_pickle=False``):
 * the complete CG state (:class:`daskkrr.solvers.CGState`) every
   ``checkpoint_every`` iterations and at the end.
 
+:class:`FitCheckpoint` is a subscriber of the fit's events
+(:mod:`daskkrr.events`): it saves what the pipeline reports
+(:class:`~daskkrr.events.CentersChosen`, :class:`~daskkrr.events.RhsComputed`,
+:class:`~daskkrr.events.SolverState`) and hands saved results back to the
+pipeline's stages on resume (``saved_centers``, ``saved_rhs``, ``cg_state``).
+
 The fingerprint ties a checkpoint to its fit: the estimator and its parameters
 (``max_iter`` and ``tol`` excepted, so a fit can be continued with more
 iterations), the data's shape, dtype and row chunking, a SHA-256 of the first
@@ -24,7 +30,6 @@ fit: the CG continues from the saved state exactly.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -35,10 +40,11 @@ from typing import Any
 
 import numpy as np
 
+from daskkrr import events as ev
 from daskkrr.sampling.base import CenterDictionary
 from daskkrr.solvers.cg import CGState
 
-__all__ = ["CHECKPOINT_FILE", "CheckpointError", "FitCheckpoint", "fit_fingerprint"]
+__all__ = ["CHECKPOINT_FILE", "CheckpointError", "FitCheckpoint"]
 
 logger = logging.getLogger("daskkrr")
 
@@ -47,70 +53,12 @@ FORMAT_VERSION = 1
 CHECKPOINT_FILE = "checkpoint.npz"
 _TMP_PREFIX = f".{CHECKPOINT_FILE}.tmp-"
 
-#: Parameters that may change between the interrupted fit and its continuation.
-_FREE_PARAMS = frozenset({"client", "verbose", "max_iter", "tol"})
-
 
 class CheckpointError(ValueError):
     """A checkpoint cannot be used: unreadable, another format, or another fit's."""
 
 
 # --------------------------------------------------------------------------- fingerprint
-
-
-def _block_digest(*blocks: np.ndarray) -> str:
-    """SHA-256 of the shapes, dtypes and bytes of some numpy blocks."""
-    h = hashlib.sha256()
-    for block in blocks:
-        a = np.ascontiguousarray(block)
-        h.update(f"{a.shape}{a.dtype.str}".encode())
-        h.update(a.tobytes())
-    return h.hexdigest()
-
-
-def fit_fingerprint(model: Any, Xs: Any, Y: Any, client: Any = None) -> dict[str, Any]:
-    """What identifies a fit: estimator, parameters and (scaled) training data.
-
-    Parameters
-    ----------
-    model : NystromModelBase
-        The estimator, after its statistics pass (``scaler_``, ``y_mean_`` set).
-    Xs, Y : dask arrays
-        Scaled features ``(n, d)`` and centred 2-D targets ``(n, t)``, row-chunked.
-    client : distributed.Client or None
-        Where to hash the first row block (only the digest comes back).
-
-    Returns
-    -------
-    dict
-        JSON-ready.
-    """
-    import dask
-    from dask.delayed import delayed
-
-    from daskkrr.models.persistence import _jsonable_params, _py
-
-    params = {k: v for k, v in _jsonable_params(model).items() if k not in _FREE_PARAMS}
-    digest = delayed(_block_digest, pure=True)(Xs.blocks[0], Y.blocks[0])
-    first = client.compute(digest, sync=True) if client is not None else dask.compute(digest)[0]
-    chunks = [int(c) for c in Xs.chunks[0]]
-    scaler = getattr(model, "scaler_", None)
-    classes = getattr(model, "classes_", None)
-    fingerprint = {
-        "estimator": type(model).__name__,
-        "params": params,
-        "n_rows": int(Xs.shape[0]),
-        "n_features": int(Xs.shape[1]),
-        "n_targets": int(Y.shape[1]),
-        "dtype": str(Xs.dtype),
-        "row_blocks": len(chunks),
-        "row_chunks_sha256": hashlib.sha256(json.dumps(chunks).encode()).hexdigest(),
-        "first_block_sha256": first,
-        "scaler": None if scaler is None else scaler.to_dict(),
-        "y_mean": _py(np.asarray(getattr(model, "y_mean_", []))),
-        "classes": None if classes is None else _py(np.asarray(classes)),
-    }
-    return json.loads(json.dumps(_py(fingerprint)))
 
 
 def _differences(saved: Any, now: Any, prefix: str = "") -> list[str]:
@@ -204,11 +152,6 @@ class FitCheckpoint:
         return self._cg_state
 
     @property
-    def on_state(self) -> Callable[[CGState], None] | None:
-        """Callback for :func:`daskkrr.solvers.falkon_solve` (None when disabled)."""
-        return self.save_cg if self.enabled else None
-
-    @property
     def resumed(self) -> bool:
         """Whether a saved state was loaded by :meth:`start`."""
         return self._resumed
@@ -219,8 +162,9 @@ class FitCheckpoint:
         Parameters
         ----------
         fingerprint : callable
-            Returns the current fit's fingerprint (:func:`fit_fingerprint`); only
-            called when checkpointing is enabled.
+            Returns the current fit's fingerprint (a JSON-ready dict, see
+            :func:`daskkrr.pipeline.fingerprint.fit_fingerprint`); only called when
+            checkpointing is enabled.
 
         Raises
         ------
@@ -281,40 +225,50 @@ class FitCheckpoint:
                     meta.get("stage"), meta.get("iteration"))
 
     # ------------------------------------------------------------------ stages
-    def centers(self, compute: Callable[[], CenterDictionary]) -> CenterDictionary:
-        """The saved centers, or ``compute()``'s (then saved)."""
-        if "centers" in self._arrays:
-            info = dict(self._meta.get("sampler_info") or {})
-            optional = {k: self._arrays.get(f"center_{k}") for k in ("counts", "probabilities")}
-            return CenterDictionary(
-                centers=self._arrays["centers"], indices=self._arrays["center_indices"],
-                weights=self._arrays["center_weights"], info=info, **optional,
-            )
-        dictionary = compute()
-        if self.enabled:
-            from daskkrr.models.persistence import _py
+    def on_event(self, event: ev.Event) -> None:
+        """Subscriber for the fit's event bus: saves the centers, the right-hand side and the
+        solver state as the pipeline reports them (restored results are not saved again)."""
+        if not self.enabled:
+            return
+        if isinstance(event, ev.CentersChosen) and not event.restored:
+            self.save_centers(event.dictionary)
+        elif isinstance(event, ev.RhsComputed) and not event.restored:
+            self.save_rhs(event.rhs)
+        elif isinstance(event, ev.SolverState):
+            self.save_cg(event.state)
 
-            self._arrays.update(
-                centers=np.asarray(dictionary.centers), center_indices=np.asarray(dictionary.indices),
-                center_weights=np.asarray(dictionary.weights),
-            )
-            for key in ("counts", "probabilities"):
-                value = getattr(dictionary, key)
-                if value is not None:
-                    self._arrays[f"center_{key}"] = np.asarray(value)
-            self._meta["sampler_info"] = _py(dict(dictionary.info))
-            self._write("centers")
-        return dictionary
+    def saved_centers(self) -> CenterDictionary | None:
+        """The centers of the interrupted fit, or None."""
+        if "centers" not in self._arrays:
+            return None
+        info = dict(self._meta.get("sampler_info") or {})
+        optional = {k: self._arrays.get(f"center_{k}") for k in ("counts", "probabilities")}
+        return CenterDictionary(
+            centers=self._arrays["centers"], indices=self._arrays["center_indices"],
+            weights=self._arrays["center_weights"], info=info, **optional,
+        )
 
-    def rhs(self, compute: Callable[[], np.ndarray]) -> np.ndarray:
-        """The saved ``K_nM^T y``, or ``compute()``'s (then saved)."""
-        if "rhs" in self._arrays:
-            return np.array(self._arrays["rhs"], dtype=np.float64)
-        b = np.asarray(compute(), dtype=np.float64)
-        if self.enabled:
-            self._arrays["rhs"] = b
-            self._write("rhs")
-        return b
+    def saved_rhs(self) -> np.ndarray | None:
+        """The interrupted fit's ``K_nM^T y``, or None."""
+        return np.array(self._arrays["rhs"], dtype=np.float64) if "rhs" in self._arrays else None
+
+    def save_centers(self, dictionary: CenterDictionary) -> None:
+        from daskkrr.models.persistence import _py
+
+        self._arrays.update(
+            centers=np.asarray(dictionary.centers), center_indices=np.asarray(dictionary.indices),
+            center_weights=np.asarray(dictionary.weights),
+        )
+        for key in ("counts", "probabilities"):
+            value = getattr(dictionary, key)
+            if value is not None:
+                self._arrays[f"center_{key}"] = np.asarray(value)
+        self._meta["sampler_info"] = _py(dict(dictionary.info))
+        self._write("centers")
+
+    def save_rhs(self, rhs: np.ndarray) -> None:
+        self._arrays["rhs"] = np.asarray(rhs, dtype=np.float64)
+        self._write("rhs")
 
     def save_cg(self, state: CGState) -> None:
         """Save a CG state (called by the solver every ``every`` iterations and at the end)."""

@@ -19,7 +19,7 @@ from daskkrr.parallel.cost import (
     should_persist,
 )
 from daskkrr.parallel.strategies import balance_blocks, plan_strategy
-from daskkrr.parallel.threads import Resources
+from daskkrr.parallel.resources import Resources
 
 STRATEGIES = ("recompute", "cache", "gram")
 # (kernel, params, centers): the dot-product kernels have finite rank (15 for degree 2 in
@@ -140,7 +140,7 @@ def test_plan_and_block_balancing():
     X = da.zeros((100_000, 5), chunks=(100_000, 5))
     Y = da.zeros((100_000, 1), chunks=(100_000, 1))
     res = Resources(slots=2, cores=2, memory_bytes=8 * 2**30, n_workers=0, thread_budget=1)
-    plan = plan_strategy("recompute", X, n_centers=100, n_targets=1, iterations=10, client=None, resources=res)
+    plan = plan_strategy("recompute", X, n_centers=100, n_targets=1, iterations=10, resources=res)
     assert plan.strategy == "recompute" and plan.persist
     assert "recompute" in plan.describe()
     Xb, Yb = balance_blocks(X, Y, slots=2)

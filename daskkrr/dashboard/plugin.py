@@ -6,7 +6,7 @@ a distributed client), it
 - adds the page's routes (:mod:`daskkrr.dashboard.http`) to the scheduler's web
   server, next to the Dask dashboard;
 - counts, per fit, the finished per-block tasks (tasks whose name is one of
-  :data:`daskkrr.progress.BLOCK_TASKS` and whose ``daskkrr_fit`` annotation names the
+  :data:`daskkrr.events.BLOCK_PREFIX` and whose ``daskkrr_fit`` annotation names the
   fit), so the page and the client's bar see a pass advance block by block;
 - keeps only the most recent fits' records in the scheduler's metadata.
 
@@ -21,7 +21,8 @@ from typing import Any
 
 from distributed.diagnostics.plugin import SchedulerPlugin
 
-from daskkrr.progress.state import ANNOTATION, BLOCK_TASKS
+from daskkrr.events import BLOCK_PREFIX
+from daskkrr.progress.state import ANNOTATION
 
 logger = logging.getLogger("daskkrr.dashboard")
 
@@ -116,7 +117,7 @@ class DaskkrrDashboardPlugin(SchedulerPlugin):
         if fit_id is None:
             return
         prefix = key_prefix(key)
-        if prefix not in BLOCK_TASKS:
+        if not prefix.startswith(BLOCK_PREFIX + "-"):
             return
         root = metadata_root(self.scheduler)
         counts = root["blocks"].get(fit_id)

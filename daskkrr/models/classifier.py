@@ -8,7 +8,7 @@ import dask.array as da
 import numpy as np
 from sklearn.base import ClassifierMixin
 
-from daskkrr.models._inputs import is_in_memory
+from daskkrr.data.inputs import is_in_memory
 from daskkrr.models.base import NystromModelBase
 from daskkrr.models.regressors import FalkonRegressor
 

@@ -8,10 +8,10 @@ import dask.array as da
 import numpy as np
 from sklearn.base import RegressorMixin
 
-from daskkrr.models._inputs import is_in_memory, load_training_data
+from daskkrr.data.inputs import is_in_memory, load_training_data
 from daskkrr.models.base import NystromModelBase, _check_positive
-from daskkrr.parallel import resolve_client, scheduler_context
-from daskkrr.solvers import exact_krr_coefficients
+from daskkrr.parallel import Executor
+from daskkrr.pipeline import Stage, exact_solve, run_fit, statistics
 
 _SHARED_PARAMS_DOC = """
     kernel : str or Kernel, default="gaussian"
@@ -110,8 +110,7 @@ class _RegressorMixin(RegressorMixin):
         Y = yd.astype(np.float64)
         ss_res = ((Y - pred) ** 2).sum(axis=0)
         ss_tot = ((Y - Y.mean(axis=0)) ** 2).sum(axis=0)
-        with scheduler_context(resolve_client(self.client)):
-            res, tot = da.compute(ss_res, ss_tot)
+        res, tot = Executor(self.client).compute(ss_res, ss_tot)
         r2 = 1 - np.asarray(res) / np.where(np.asarray(tot) > 0, tot, 1.0)
         return float(np.mean(r2))
 
@@ -329,26 +328,8 @@ class ExactKernelRidge(_RegressorMixin, NystromModelBase):
     def fit(self, X: Any, y: Any = None) -> "ExactKernelRidge":
         """Fit on anything :func:`daskkrr.open_dataset` takes (gathered to the client)."""
         _check_positive("max_samples", self.max_samples, integer=True)
-        Xs, Y, one_d = self._prepare(X, y)
-        n = int(Xs.shape[0])
-        if n > self.max_samples:
-            raise ValueError(
-                f"ExactKernelRidge needs an n x n kernel matrix; n={n} exceeds max_samples={self.max_samples}. "
-                "Use FalkonRegressor, or raise max_samples if memory allows"
-            )
-        with scheduler_context(resolve_client(self.client)):
-            Xn, Yn = (np.asarray(a) for a in da.compute(Xs, Y))
-        self.kernel_ = self._make_kernel(self.n_features_in_)
-        K = self.kernel_(Xn, Xn)
-        coef = exact_krr_coefficients(K, Yn, float(self.penalty))
-        self.centers_ = np.ascontiguousarray(Xn)
-        self.center_indices_ = np.arange(n, dtype=np.int64)
-        self.center_weights_ = np.ones(n)
-        self.sampler_info_ = {"sampler": "all"}
-        self.coef_ = coef[:, 0] if one_d else coef
-        self.n_iter_ = 0
-        self.residuals_ = np.zeros((1, Yn.shape[1]))
-        self.converged_ = True
-        self.jitter_ = 0.0
-        self.n_data_passes_ = 2
+        self._validate_params()
+        ctx = run_fit(self, X, y, (Stage("statistics", statistics), Stage("solve", exact_solve)))
+        for name, value in ctx.fitted.items():
+            setattr(self, name, value)
         return self

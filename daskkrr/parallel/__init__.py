@@ -1,20 +1,28 @@
-"""Orchestration: which scheduler runs the work and how row blocks are mapped and reduced."""
+"""The execution layer: the only code that talks to Dask (and to ``distributed``).
 
-from daskkrr.parallel.blocks import RowBlockPasses, tree_sum
-from daskkrr.parallel.client import (
-    cluster_client,
-    current_client,
-    local_cluster_kwargs,
-    resolve_client,
-    scheduler_context,
-)
+- :mod:`~daskkrr.parallel.backends`: where graphs run (threads or a cluster, from Dask's current context);
+- :mod:`~daskkrr.parallel.executor`: the passes over row blocks (map-reduce, fold, tree merge,
+  keep/release, gather rows, broadcast);
+- :mod:`~daskkrr.parallel.strategies` and :mod:`~daskkrr.parallel.cost`: how the solver's
+  products are computed (recompute, cache, gram) and the cost model that chooses;
+- :mod:`~daskkrr.parallel.resources`: slots, cores, memory and thread budgets;
+- :mod:`~daskkrr.parallel.client`: clusters started or joined by the CLI and workflows.
+"""
+
+from daskkrr.parallel.backends import Backend, DistributedBackend, ThreadedBackend, backend_for, current_client
+from daskkrr.parallel.client import cluster_client, local_cluster_kwargs
+from daskkrr.parallel.executor import BlockPasses, Executor, gather_rows, tree_reduce
 
 __all__ = [
-    "RowBlockPasses",
+    "Backend",
+    "BlockPasses",
+    "DistributedBackend",
+    "Executor",
+    "ThreadedBackend",
+    "backend_for",
     "cluster_client",
     "current_client",
+    "gather_rows",
     "local_cluster_kwargs",
-    "resolve_client",
-    "scheduler_context",
-    "tree_sum",
+    "tree_reduce",
 ]

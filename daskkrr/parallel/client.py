@@ -1,8 +1,8 @@
-"""Which Dask scheduler runs the work, and clusters the library starts itself.
+"""Clusters the library connects to or starts itself (the CLI and workflows).
 
-``client=None`` in the Python API means: the current distributed client if there
-is one, otherwise Dask's local threaded scheduler (no cluster is started, so
-small fits and GridSearchCV stay cheap). The command line instead starts a
+In the Python API a fit runs where Dask's current context says (see
+:mod:`daskkrr.parallel.backends`); no cluster is started, so small fits and
+GridSearchCV stay cheap. The command line instead starts a
 :class:`distributed.LocalCluster` when no scheduler address is given, and always
 closes what it started.
 """
@@ -12,65 +12,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import sys
 from collections.abc import Iterator
 from typing import Any
 
 logger = logging.getLogger(__name__)
-
-
-def current_client() -> Any | None:
-    """The current ``distributed`` client, or None.
-
-    Without ``distributed`` imported there can be no client, and importing it just
-    to find out would add about 50 MB to every threaded fit.
-    """
-    if "distributed" not in sys.modules:
-        return None
-    try:
-        from distributed import get_client
-
-        return get_client()
-    except (ImportError, ValueError):
-        return None
-
-
-def resolve_client(client: Any | None) -> Any | None:
-    """``client`` if given, else the current distributed client, else None (threads)."""
-    if client is not None:
-        from distributed import Client
-
-        if not isinstance(client, Client):
-            raise TypeError(
-                f"client must be a distributed.Client or None; got {type(client).__name__}"
-            )
-        return client
-    return current_client()
-
-
-def scheduler_context(client: Any | None) -> contextlib.AbstractContextManager:
-    """Make ``client`` the scheduler of every ``.compute()`` inside the block.
-
-    For None, Dask's own choice stands, except that when ``distributed`` has not
-    been imported (so there is no client) and no scheduler is configured, the
-    threaded scheduler -- Dask's default for arrays -- is named outright: Dask
-    would otherwise import ``distributed`` on every compute to look for a client.
-    """
-    if client is not None:
-        return client.as_current()
-    import dask
-
-    if "distributed" not in sys.modules and dask.config.get("scheduler", None) is None:
-        return dask.config.set(scheduler=threaded_get())
-    return contextlib.nullcontext()
-
-
-def threaded_get() -> Any:
-    """Dask's threaded scheduler as a function: naming it ``"threads"`` instead makes Dask
-    import ``distributed`` (about 50 MB) to look for a client on every compute."""
-    import dask.threaded
-
-    return dask.threaded.get
 
 
 def local_cluster_kwargs(n_workers: int | None = None, memory_limit: str | int | None = None) -> dict:

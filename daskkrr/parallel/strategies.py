@@ -33,7 +33,7 @@ from daskkrr.kernels.blocks import (
     knm_gram_matvec,
     knm_t_matvec,
 )
-from daskkrr.parallel.blocks import RowBlockPasses
+from daskkrr.parallel.executor import BlockPasses, Executor
 from daskkrr.parallel.cost import (
     STRATEGY_CHOICES,
     Budget,
@@ -46,7 +46,7 @@ from daskkrr.parallel.cost import (
     expected_iterations,
     should_persist,
 )
-from daskkrr.parallel.threads import Resources, cluster_resources
+from daskkrr.parallel.resources import Resources
 
 logger = logging.getLogger("daskkrr")
 
@@ -87,7 +87,7 @@ def plan_strategy(
     n_centers: int,
     n_targets: int,
     iterations: int,
-    client: Any | None,
+    executor: Executor | None = None,
     tol: float | None = None,
     in_memory: bool = False,
     resources: Resources | None = None,
@@ -100,7 +100,7 @@ def plan_strategy(
     preconditioner is ``sketched``, built from sampled rows).
     """
     check_strategy(strategy)
-    res = resources or cluster_resources(client)
+    res = resources or (executor or Executor()).resources()
     n, d = (int(s) for s in X.shape)
     factor = SKETCH_CONVERGENCE_FACTOR if sketched else TYPICAL_CONVERGENCE_FACTOR
     its = expected_iterations(int(iterations), tol, factor)
@@ -135,7 +135,7 @@ def balance_blocks(X: da.Array, Y: da.Array | None, slots: int) -> tuple[da.Arra
 
 
 # --------------------------------------------------------------------------- block tasks
-# RowBlockPasses calls fn(X_b, [Y_b,] *args); module-level so workers can unpickle them.
+# BlockPasses calls fn(X_b, [Y_b,] *args); module-level so workers can unpickle them.
 def _rhs_task(Xb: np.ndarray, Yb: np.ndarray, kernel: Kernel, Z: np.ndarray) -> np.ndarray:
     return knm_t_matvec(kernel, Xb, Z, Yb)
 
@@ -167,14 +167,14 @@ class RecomputeOperator:
 
     name = "recompute"
 
-    def __init__(self, passes: RowBlockPasses, kernel: Kernel, Z: Any):
+    def __init__(self, passes: BlockPasses, kernel: Kernel, Z: Any):
         self.passes, self.kernel, self.Z = passes, kernel, Z
 
     def rhs(self) -> np.ndarray:
-        return self.passes.reduce(_rhs_task, self.kernel, self.Z, with_y=True)
+        return self.passes.map_reduce(_rhs_task, self.kernel, self.Z, name="rhs", with_y=True)
 
     def gram_matvec(self, u: np.ndarray) -> np.ndarray:
-        return self.passes.reduce(_gram_matvec_task, self.kernel, self.Z, u)
+        return self.passes.map_reduce(_gram_matvec_task, self.kernel, self.Z, u, name="matvec")
 
     def close(self) -> None:
         pass
@@ -185,15 +185,15 @@ class CachedOperator:
 
     name = "cache"
 
-    def __init__(self, passes: RowBlockPasses, kernel: Kernel, Z: Any):
+    def __init__(self, passes: BlockPasses, kernel: Kernel, Z: Any):
         self.passes = passes
-        self.blocks = passes.keep(_kernel_block_task, kernel, Z)
+        self.blocks = passes.keep(_kernel_block_task, kernel, Z, name="cache")
 
     def rhs(self) -> np.ndarray:
-        return self.passes.reduce_kept(self.blocks, _cached_rhs_task, with_y=True)
+        return self.passes.reduce_kept(self.blocks, _cached_rhs_task, name="rhs", with_y=True)
 
     def gram_matvec(self, u: np.ndarray) -> np.ndarray:
-        return self.passes.reduce_kept(self.blocks, _cached_gram_matvec_task, np.asarray(u))
+        return self.passes.reduce_kept(self.blocks, _cached_gram_matvec_task, np.asarray(u), name="matvec")
 
     def close(self) -> None:
         self.passes.release(self.blocks)
@@ -214,15 +214,15 @@ class GramOperator:
 
     name = "gram"
 
-    def __init__(self, passes: RowBlockPasses, kernel: Kernel, Z: Any, n_centers: int,
+    def __init__(self, passes: BlockPasses, kernel: Kernel, Z: Any, n_centers: int,
                  preconditioner: Any | None = None):
         self.factor = None
         right = None
         if preconditioner is not None:
             self.factor = (np.asarray(preconditioner.T, dtype=np.float64),
                            np.asarray(preconditioner.d, dtype=np.float64))
-            right = passes.broadcast(self.factor)
-        GB = passes.reduce(_gram_rhs_task, kernel, Z, right, with_y=True)
+            right = passes.executor.broadcast(self.factor)
+        GB = passes.map_reduce(_gram_rhs_task, kernel, Z, right, name="gram", with_y=True)
         self.gram = np.ascontiguousarray(GB[:, :n_centers])
         self.knm_t_y = np.ascontiguousarray(GB[:, n_centers:])
 
@@ -245,7 +245,7 @@ class GramOperator:
 Operator = RecomputeOperator | CachedOperator | GramOperator
 
 
-def make_operator(strategy: str, passes: RowBlockPasses, kernel: Kernel, Z: Any, n_centers: int,
+def make_operator(strategy: str, passes: BlockPasses, kernel: Kernel, Z: Any, n_centers: int,
                   preconditioner: Any | None = None) -> Operator:
     """Build the operator of a concrete strategy (``"recompute"``, ``"cache"`` or ``"gram"``).
 
@@ -262,12 +262,10 @@ def make_operator(strategy: str, passes: RowBlockPasses, kernel: Kernel, Z: Any,
     raise ValueError(f"strategy must be one of 'recompute', 'cache', 'gram'; got {strategy!r}")
 
 
-def prepare_passes(
-    X: da.Array, Y: da.Array | None, client: Any | None, plan: StrategyPlan
-) -> RowBlockPasses:
+def prepare_passes(X: da.Array, Y: da.Array | None, executor: Executor, plan: StrategyPlan) -> BlockPasses:
     """Row-block passes laid out for ``plan``: balanced blocks, thread budget, persisted if planned."""
     X, Y = balance_blocks(X, Y, plan.resources.slots)
-    passes = RowBlockPasses(X, Y, client=client)
+    passes = executor.passes(X, Y)
     passes.thread_budget = plan.resources.thread_budget
     if plan.persist:
         passes.persist()

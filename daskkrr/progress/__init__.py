@@ -10,20 +10,17 @@ the daskkrr dashboard page (``<dashboard>/daskkrr``) shows it live.
 """
 
 from daskkrr.progress.bar import ProgressBar, describe, in_notebook
-from daskkrr.progress.state import ANNOTATION, BLOCK_TASKS, PHASES, FitProgress
-from daskkrr.progress.tracker import FitTracker, current_tracker, fit_progress, report, tracked_fit
+from daskkrr.progress.state import ANNOTATION, PHASES, FitProgress
+from daskkrr.progress.tracker import FitTracker, fit_progress, report
 
 __all__ = [
     "ANNOTATION",
-    "BLOCK_TASKS",
     "PHASES",
     "FitProgress",
     "FitTracker",
     "ProgressBar",
-    "current_tracker",
     "describe",
     "fit_progress",
     "in_notebook",
     "report",
-    "tracked_fit",
 ]

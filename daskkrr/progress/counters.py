@@ -88,12 +88,11 @@ class SchedulerLink:
         self.poll_interval = poll_interval
 
     @classmethod
-    def connect(cls, client: Any) -> SchedulerLink | None:
-        """Register the dashboard plugin (once per client); None if the scheduler refuses it."""
+    def connect(cls, client: Any, install: Any) -> SchedulerLink | None:
+        """Register the dashboard plugin with ``install(client)`` (once per client); None if the
+        scheduler refuses it."""
         known = _REGISTERED.get(client)
         if known is None:
-            from daskkrr.dashboard import install
-
             try:
                 install(client)
                 known = True

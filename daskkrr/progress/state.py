@@ -12,21 +12,6 @@ import dataclasses
 import time
 from typing import Any
 
-#: Task-name prefixes of the per-block tasks of a pass (see ``daskkrr.models.base``
-#: and ``daskkrr.sampling.squeak``), as :func:`dask.utils.key_split` spells them
-#: (without leading underscores). The dashboard plugin counts their completions.
-BLOCK_TASKS = frozenset({
-    "rhs_task", "gram_rhs_task", "gram_matvec_task",          # passes over the data
-    "kernel_block_task", "cached_rhs_task", "cached_gram_matvec_task",  # the "cache" strategy
-    "stream_block",                                           # SQUEAK's pass
-})
-
-
-def task_name(fn_or_name: object) -> str:
-    """The task prefix Dask gives the tasks of a function (its name without leading underscores)."""
-    name = fn_or_name if isinstance(fn_or_name, str) else getattr(fn_or_name, "__name__", str(fn_or_name))
-    return name.lstrip("_")
-
 #: Dask annotation that tags every task of a fit with the fit's id.
 ANNOTATION = "daskkrr_fit"
 
@@ -88,6 +73,8 @@ class FitProgress:
     finished : float or None
     error : str or None
         One-line message when the fit failed.
+    converged : bool or None
+        Whether the solver reached its tolerance (None until the fit ends).
     """
 
     fit_id: str
@@ -112,6 +99,7 @@ class FitProgress:
     updated: float = dataclasses.field(default_factory=time.time)
     finished: float | None = None
     error: str | None = None
+    converged: bool | None = None
 
     # ----------------------------------------------------------- derived figures
     @property
@@ -171,12 +159,13 @@ class FitProgress:
         self.blocks_in_pass = live
         return True
 
-    def close_pass(self) -> None:
-        """Book a finished pass: its blocks, and its tasks (for :meth:`apply_counts`)."""
+    def close_pass(self, n_tasks: int | None = None) -> None:
+        """Book a finished pass: its blocks, and its ``n_tasks`` block tasks (for :meth:`apply_counts`)."""
+        n_tasks = self.n_blocks if n_tasks is None else int(n_tasks)
         self.passes += 1
         self.blocks_done += self.n_blocks
         if self.pass_task:
-            self.task_base[self.pass_task] = self.task_base.get(self.pass_task, 0) + self.n_blocks
+            self.task_base[self.pass_task] = self.task_base.get(self.pass_task, 0) + n_tasks
         self.blocks_in_pass = 0
 
     # --------------------------------------------------------------- JSON

@@ -1,11 +1,11 @@
-"""Follow a fit: the estimator reports events, the tracker updates the record and tells the sinks.
+"""Follow a fit: the tracker subscribes to the fit's events, updates the record and tells the sinks.
 
-The estimators call :func:`current_tracker` at a handful of points (phase changes,
-the end of a pass, each CG iteration, the chosen dictionary). Outside a fit that
-returns a tracker that does nothing, so those calls cost nothing.
+The fit pipeline and the execution layer emit typed events (:mod:`daskkrr.events`);
+:meth:`FitTracker.on_event` turns them into the :class:`FitProgress` record. The
+tracker knows nothing of estimators, stages' code or Dask task functions.
 
 Who listens is decided by :func:`report` (a context manager) or, without one, by
-the estimator's ``verbose`` flag:
+the fit's ``verbose`` flag:
 
 - a progress bar (terminal or Jupyter), see :class:`daskkrr.progress.ProgressBar`;
 - the ``daskkrr.progress`` logger (INFO), always;
@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
-import functools
 import logging
 import threading
 import time
@@ -27,7 +26,8 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from daskkrr.progress.state import ANNOTATION, FitProgress, task_name
+from daskkrr import events as ev
+from daskkrr.progress.state import ANNOTATION, FitProgress
 
 logger = logging.getLogger("daskkrr.progress")
 
@@ -48,7 +48,6 @@ class ReportSettings:
 
 
 _SETTINGS: contextvars.ContextVar[ReportSettings | None] = contextvars.ContextVar("daskkrr_report", default=None)
-_CURRENT: contextvars.ContextVar[FitTracker | None] = contextvars.ContextVar("daskkrr_fit", default=None)
 
 
 @contextlib.contextmanager
@@ -137,42 +136,26 @@ class FitTracker:
         per-block task, ``stream_block``, by default.
         """
         with self._lock:
-            if task is None and name == "sampling" and self.state.sampler in STREAMING_SAMPLERS:
-                task = "stream_block"
             self.state.phase = name
             self.state.pass_task = task
             self.state.blocks_in_pass = 0
             self._emit("phase")
 
-    def start_pass(self, task: str) -> None:
-        """A pass whose per-block tasks are called ``task`` starts (may change the phase)."""
-        task = task_name(task)
+    def start_pass(self, name: str, n_blocks: int) -> None:
+        """A pass called ``name`` over ``n_blocks`` blocks starts (may change the phase)."""
+        task = ev.block_task_prefix(name)
         with self._lock:
-            phase = PASS_PHASES.get(task, self.state.phase)
+            phase = PASS_PHASES.get(name, self.state.phase)
             if phase != self.state.phase:
                 self.phase(phase, task)
             else:
                 self.state.pass_task = task
                 self.state.blocks_in_pass = 0
 
-    def watch(self, passes: Any) -> Any:
-        """Wrap a :class:`~daskkrr.parallel.RowBlockPasses`: each ``reduce``, ``keep`` and
-        ``reduce_kept`` becomes a tracked pass. Passes it made already (``persist``) are counted."""
-        if self is _NULL:
-            return passes
+    def pass_done(self, n_blocks: int | None = None) -> None:
+        """A pass finished (``n_blocks``: its block tasks, for the live counts)."""
         with self._lock:
-            s = self.state
-            s.n_blocks = int(getattr(passes, "n_blocks", s.n_blocks) or s.n_blocks)
-            for _ in range(int(getattr(passes, "n_passes", 0) or 0)):
-                s.pass_task = None
-                s.close_pass()
-            self._emit("pass")
-        return _WatchedPasses(passes, self)
-
-    def pass_done(self) -> None:
-        """A full pass over the data finished."""
-        with self._lock:
-            self.state.close_pass()
+            self.state.close_pass(n_blocks)
             self._emit("pass")
 
     def task_counts(self, counts: dict[str, int]) -> None:
@@ -204,7 +187,6 @@ class FitTracker:
             ]
             if points:
                 s.dictionary = points
-                s.close_pass()  # the sampler streamed the data once
             s.blocks_in_pass = 0
             self._emit("dictionary")
 
@@ -236,91 +218,54 @@ class FitTracker:
             self._emit("failed")
 
 
-#: Phase of a pass, by the name of its per-block task (see daskkrr.parallel.strategies).
-PASS_PHASES = {
-    "rhs_task": "rhs", "cached_rhs_task": "rhs",
-    "gram_matvec_task": "cg", "cached_gram_matvec_task": "cg",
-    "gram_rhs_task": "gram",          # one pass: K_nM^T K_nM and K_nM^T y
-    "kernel_block_task": "cache",     # kernel blocks kept in worker memory
-}
+    # ------------------------------------------------------------ events
+    def on_event(self, event: ev.Event) -> None:
+        """Subscriber for the fit's :class:`~daskkrr.events.EventBus`."""
+        if isinstance(event, ev.DataOpened):
+            self.begin(event.n_rows, event.n_blocks, event.n_features)
+        elif isinstance(event, ev.StageStarted):
+            if event.stage in STAGE_PHASES:
+                self.phase(STAGE_PHASES[event.stage])
+        elif isinstance(event, ev.PassStarted):
+            self.start_pass(event.name, event.n_blocks)
+        elif isinstance(event, ev.PassDone):
+            self.pass_done(event.n_blocks)
+        elif isinstance(event, ev.CentersChosen):
+            self.sampled(event.dictionary)
+        elif isinstance(event, ev.SolverStep):
+            self.cg_iteration(event.iteration, event.residual)
+        elif isinstance(event, ev.FitDone):
+            self.state.converged = bool(event.converged)
+            self.finish()
+        elif isinstance(event, ev.FitFailed):
+            self.fail(event.error)
 
 
-class _WatchedPasses:
-    """A RowBlockPasses whose passes report to a tracker; everything else passes through."""
-
-    def __init__(self, passes: Any, tracker: FitTracker):
-        self._passes = passes
-        self._tracker = tracker
-
-    def _tracked(self, method: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        self._tracker.start_pass(task_name(fn))
-        out = getattr(self._passes, method)(*args, **kwargs)
-        self._tracker.pass_done()
-        return out
-
-    def reduce(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        return self._tracked("reduce", fn, fn, *args, **kwargs)
-
-    def keep(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        return self._tracked("keep", fn, fn, *args, **kwargs)
-
-    def reduce_kept(self, handles: Any, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        return self._tracked("reduce_kept", fn, handles, fn, *args, **kwargs)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._passes, name)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name.startswith("_"):
-            object.__setattr__(self, name, value)
-        else:  # e.g. passes.thread_budget = 2 reaches the real object
-            setattr(self._passes, name, value)
+#: Phase shown for a pipeline stage (stages not listed keep the phase their passes set).
+STAGE_PHASES = {"statistics": "statistics", "centers": "sampling", "preconditioner": "preconditioner"}
+#: Phase shown while a pass of this name runs (other passes keep the current phase).
+PASS_PHASES = {"rhs": "rhs", "matvec": "cg", "gram": "gram", "cache": "cache"}
 
 
-_NULL = FitTracker(FitProgress(fit_id="none"))
-
-
-def current_tracker() -> FitTracker:
-    """The tracker of the fit running in this context, or one that ignores every event."""
-    return _CURRENT.get() or _NULL
 
 
 def new_fit_id() -> str:
     return f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:8]}"
 
 
-def _sampler_name(estimator: Any) -> str:
-    sampler = getattr(estimator, "sampler", "")
-    if isinstance(sampler, str):
-        return sampler.lower()
-    return str(getattr(sampler, "name", "") or type(sampler).__name__)
-
-
-def tracked_fit(method: Callable[..., Any]) -> Callable[..., Any]:
-    """Decorator for an estimator's fit method: run it inside :func:`fit_progress`."""
-
-    @functools.wraps(method)
-    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
-        from daskkrr.parallel import resolve_client
-
-        try:
-            client = resolve_client(getattr(self, "client", None))
-        except TypeError:  # the fit itself reports a bad client, with its own message
-            client = None
-        with fit_progress(self, client):
-            return method(self, *args, **kwargs)
-
-    return wrapper
-
-
 @contextlib.contextmanager
-def fit_progress(estimator: Any, client: Any = None) -> Iterator[FitTracker]:
-    """Track one fit of ``estimator`` (used by the estimators; nestable).
+def fit_progress(started: ev.FitStarted, *, client: Any = None, verbose: bool = False,
+                 install_dashboard: Callable[[Any], Any] | None = None) -> Iterator[FitTracker]:
+    """Track one fit: a :class:`FitTracker` with the sinks of the active :func:`report` settings.
 
-    Builds the sinks from the active :func:`report` settings (or ``estimator.verbose``),
-    attaches a live block counter (a local-scheduler callback, or the scheduler
-    plugin when ``client`` is a distributed client), tags the fit's tasks with the
-    ``daskkrr_fit`` annotation, and marks the record done or failed at the end.
+    ``verbose`` shows the bar when no :func:`report` decides. On a distributed
+    ``client`` the record is published to the scheduler (``install_dashboard``
+    registers the scheduler plugin that serves the dashboard page and counts block
+    tasks); on the local scheduler a Dask callback counts block tasks. The fit's
+    tasks are annotated with its id. Feed the tracker events with
+    :meth:`FitTracker.on_event`; the record is marked done by
+    :class:`~daskkrr.events.FitDone` and failed by an exception or
+    :class:`~daskkrr.events.FitFailed`.
     """
     import dask
 
@@ -329,21 +274,17 @@ def fit_progress(estimator: Any, client: Any = None) -> Iterator[FitTracker]:
     from daskkrr.progress.sinks import LogSink
 
     settings = _SETTINGS.get() or ReportSettings(bar=None)
-    state = FitProgress(
-        fit_id=new_fit_id(),
-        estimator=type(estimator).__name__,
-        sampler=_sampler_name(estimator),
-        max_iter=getattr(estimator, "max_iter", None) if getattr(estimator, "_solver", "") == "falkon" else None,
-    )
+    state = FitProgress(fit_id=new_fit_id(), estimator=started.estimator, sampler=started.sampler,
+                        max_iter=started.max_iter)
     sinks: list[Sink] = [LogSink()]
-    bar = settings.bar if settings.bar is not None else bool(getattr(estimator, "verbose", False))
+    bar = settings.bar if settings.bar is not None else bool(verbose)
     if isinstance(bar, ProgressBar):
         sinks.append(bar)
     elif bar:
         sinks.append(ProgressBar())
     link = None
-    if client is not None and settings.publish is not False:
-        link = SchedulerLink.connect(client)
+    if client is not None and settings.publish is not False and install_dashboard is not None:
+        link = SchedulerLink.connect(client, install_dashboard)
         if link is not None:
             sinks.append(link.publish)
     sinks.extend(settings.callbacks)  # last: a slow callback never delays the others
@@ -352,14 +293,13 @@ def fit_progress(estimator: Any, client: Any = None) -> Iterator[FitTracker]:
         LocalBlockCounter(tracker) if client is None else contextlib.nullcontext()
     )
     annotate = dask.annotate(**{ANNOTATION: state.fit_id}) if link is not None else contextlib.nullcontext()
-    token = _CURRENT.set(tracker)
     try:
         with annotate, counter:
             yield tracker
     except BaseException as exc:
-        tracker.fail(exc)
+        if tracker.state.status == "running":
+            tracker.fail(exc)
         raise
     else:
-        tracker.finish()
-    finally:
-        _CURRENT.reset(token)
+        if tracker.state.status == "running":
+            tracker.finish()

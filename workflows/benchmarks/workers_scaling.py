@@ -7,7 +7,7 @@ so that every iteration is a full pass of kernel computations):
   thread (``DASKKRR_ENGINE_THREADS=1``): the one-core baseline;
 - ``1 worker, 2 engine threads``: one single-threaded worker; the host's spare
   core goes to the engine inside each task (the thread budget rule of
-  :mod:`daskkrr.parallel.threads`);
+  :mod:`daskkrr.parallel.resources`);
 - ``2 workers``: two single-threaded worker processes (daskkrr's default local
   cluster on 2 cores), each task on one engine thread.
 

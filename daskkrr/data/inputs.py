@@ -8,7 +8,7 @@ from typing import Any
 import dask.array as da
 import numpy as np
 
-from daskkrr.data import open_dataset
+from daskkrr.data.loading import open_dataset
 
 
 def is_in_memory(X: Any) -> bool:

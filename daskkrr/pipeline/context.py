@@ -1,0 +1,93 @@
+"""What the stages of one fit share: the parameters, the execution layer, the events, and
+the results each stage leaves for the next."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import numpy as np
+
+from daskkrr.events import EventBus
+from daskkrr.parallel import Executor
+
+
+class StageStore(Protocol):
+    """Results saved by an interrupted fit, handed back to the stages on resume.
+
+    :class:`daskkrr.checkpoint.FitCheckpoint` is the one implementation; with no
+    checkpoint every method returns None.
+    """
+
+    every: int
+
+    def start(self, fingerprint: Callable[[], dict[str, Any]]) -> None: ...
+
+    def saved_centers(self) -> Any | None: ...
+
+    def saved_rhs(self) -> np.ndarray | None: ...
+
+    @property
+    def cg_state(self) -> Any | None: ...
+
+
+@dataclasses.dataclass
+class FitContext:
+    """The shared state of one fit, filled in stage by stage.
+
+    Stages read the estimator's parameters from ``params`` and never set
+    attributes on it: what the fitted model keeps goes into ``fitted``, which the
+    estimator copies onto itself when the pipeline has finished.
+    """
+
+    params: Any
+    executor: Executor
+    events: EventBus
+    store: StageStore
+    X_in: Any = None
+    y_in: Any = None
+    #: Whether the training input is in memory (numpy); the cost model reads it.
+    in_memory: bool = False
+    #: ``y (dask) -> Y (n, t) float64``: regression targets or one-vs-all codes.
+    encode_targets: Callable[[Any], Any] | None = None
+
+    # statistics
+    X: Any = None
+    Y: Any = None
+    one_d: bool = False
+    scaler: Any = None
+    y_mean: np.ndarray | None = None
+    kernel: Any = None
+    # centers
+    dictionary: Any = None
+    centers: np.ndarray | None = None
+    # preconditioner
+    preconditioner: Any = None
+    sketch_rows: int = 0
+    # operator
+    plan: Any = None
+    passes: Any = None
+    operator: Any = None
+    #: ``K_nM^T 1 / n`` when an intercept is fitted (the rhs pass's extra column).
+    mu: np.ndarray | None = None
+    # solve
+    coef: np.ndarray | None = None
+    n_iter: int = 0
+    converged: bool = True
+
+    fitted: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def n(self) -> int:
+        return int(self.X.shape[0])
+
+    @property
+    def n_features(self) -> int:
+        return int(self.X.shape[1])
+
+    def close(self) -> None:
+        """Free what the operator holds (cached kernel blocks on the workers)."""
+        if self.operator is not None:
+            self.operator.close()
+            self.operator = None

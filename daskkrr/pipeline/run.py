@@ -1,0 +1,92 @@
+"""Run the stages of one fit, with its subscribers: progress, log, dashboard, checkpoint, callbacks."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from daskkrr import events as ev
+from daskkrr.checkpoint import FitCheckpoint
+from daskkrr.data.inputs import is_in_memory
+from daskkrr.parallel import Executor
+from daskkrr.pipeline.context import FitContext
+from daskkrr.pipeline.stages import Stage
+from daskkrr.progress import fit_progress
+
+logger = logging.getLogger("daskkrr")
+
+
+def sampler_name(sampler: Any) -> str:
+    """The registry name of a sampler parameter (a name or a sampler object)."""
+    if isinstance(sampler, str):
+        return sampler.lower()
+    return str(getattr(sampler, "name", "") or type(sampler).__name__)
+
+
+def run_fit(
+    estimator: Any,
+    X: Any,
+    y: Any,
+    stages: Sequence[Stage],
+    *,
+    checkpoint: Any = None,
+    checkpoint_every: int = 5,
+    resume: bool = False,
+    iterative: bool = False,
+) -> FitContext:
+    """Run ``stages`` on ``(X, y)`` for ``estimator`` and return the finished context.
+
+    The fit runs where Dask's current context says (the estimator's ``client``
+    first). Every stage and pass is reported on one :class:`~daskkrr.events.EventBus`
+    whose subscribers are, in order: the progress tracker (bar, log records,
+    dashboard), the checkpoint (critical: a checkpoint that cannot be written
+    stops the fit) and the subscribers of :func:`daskkrr.events.subscribe`.
+    Whatever a stage holds on the workers is released, however the fit ends.
+
+    ``iterative`` marks fits whose solve counts iterations (``max_iter``), for the
+    progress estimate.
+    """
+    # Checks its arguments and refuses an existing checkpoint without resume, before any work.
+    store = FitCheckpoint(checkpoint, every=checkpoint_every, resume=resume)
+    bus = ev.EventBus()
+    executor = Executor(getattr(estimator, "client", None), events=bus)
+    started = ev.FitStarted(
+        estimator=type(estimator).__name__,
+        sampler=sampler_name(getattr(estimator, "sampler", "")),
+        max_iter=getattr(estimator, "max_iter", None) if iterative else None,
+    )
+    install = None
+    if executor.client is not None:
+        from daskkrr.dashboard import install
+    with fit_progress(started, client=executor.client, verbose=bool(getattr(estimator, "verbose", False)),
+                      install_dashboard=install) as tracker:
+        bus.subscribe(tracker.on_event)
+        if store.enabled:
+            bus.subscribe(store.on_event, critical=True)
+        for fn in ev.user_subscribers():
+            bus.subscribe(fn)
+        bus.emit(started)
+        ctx = FitContext(
+            params=estimator, executor=executor, events=bus, store=store, X_in=X, y_in=y,
+            in_memory=is_in_memory(X), encode_targets=estimator._encode_targets,
+        )
+        t0 = time.perf_counter()
+        try:
+            with executor.context():  # any compute inside a stage runs where the fit runs
+                for stage in stages:
+                    bus.emit(ev.StageStarted(stage.name))
+                    ts = time.perf_counter()
+                    stage.run(ctx)
+                    bus.emit(ev.StageDone(stage.name, time.perf_counter() - ts))
+        except BaseException as exc:
+            bus.emit(ev.FitFailed(exc))
+            raise
+        finally:
+            ctx.close()
+        seconds = time.perf_counter() - t0
+        ctx.fitted["fit_time_"] = seconds
+        bus.emit(ev.FitDone(ctx.n_iter, ctx.converged, seconds))
+    logger.info("fit done in %.2fs (%d solver iterations)", seconds, ctx.n_iter)
+    return ctx

@@ -1,0 +1,276 @@
+"""The stages of a kernel fit: statistics -> centers -> preconditioner -> operator -> solve.
+
+Each stage is a function of the :class:`~daskkrr.pipeline.context.FitContext`:
+it reads what earlier stages left there, schedules its work through
+``ctx.executor`` (the execution layer), reports through ``ctx.events`` and
+leaves its own results for the next stage. An estimator is a list of stages
+(:func:`nystrom_stages`); a new estimator reuses the first ones and brings its
+own solve (a Newton loop, an eigensolver, a PCG on the exact system).
+
+Resume: a stage whose result the interrupted fit saved (``ctx.store``) takes it
+instead of recomputing, and says so in its event (``restored=True``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import dask.array as da
+import numpy as np
+
+from daskkrr import events as ev
+from daskkrr.data import Standardizer
+from daskkrr.data.inputs import load_training_data
+from daskkrr.parallel.strategies import make_operator, plan_strategy, prepare_passes
+from daskkrr.pipeline.context import FitContext
+from daskkrr.pipeline.fingerprint import fit_fingerprint
+from daskkrr.sampling import make_sampler
+from daskkrr.solvers import FalkonPreconditioner, exact_krr_coefficients, falkon_solve
+from daskkrr.solvers.intercept import centered_gram_matvec
+from daskkrr.solvers.sketch import KernelRowSketch, sketch_indices
+
+logger = logging.getLogger("daskkrr")
+
+
+@dataclasses.dataclass(frozen=True)
+class Stage:
+    """A named step of a fit: ``run(ctx)``."""
+
+    name: str
+    run: Callable[[FitContext], None]
+
+
+# --------------------------------------------------------------------------- statistics
+def statistics(ctx: FitContext) -> None:
+    """Open and validate the data; one pass for the feature and target statistics; scale.
+
+    Leaves the scaled features ``ctx.X`` (row-chunked, in the fit's dtype), the
+    centred 2-D targets ``ctx.Y`` and the kernel with resolved parameters, then
+    opens the checkpoint store (which may refuse another fit's checkpoint).
+    """
+    p = ctx.params
+    t0 = time.perf_counter()
+    Xd, yd = load_training_data(ctx.X_in, ctx.y_in, p.chunks)
+    n, d = (int(s) for s in Xd.shape)
+    n_centers = getattr(p, "n_centers", None)
+    if n_centers is not None and n_centers > n:
+        raise ValueError(
+            f"n_centers={n_centers} is larger than the number of training rows ({n}); use n_centers <= {n}"
+        )
+    ctx.events.emit(ev.DataOpened(n, Xd.numblocks[0], d))
+    scaler = Standardizer(with_mean=p.standardize, with_std=p.standardize)
+    ctx.events.emit(ev.PassStarted("statistics", Xd.numblocks[0]))
+    assert ctx.encode_targets is not None
+    Y = ctx.encode_targets(yd)
+    scaler.fit(Xd, Y)  # one pass: statistics and finiteness of X and Y
+    ctx.events.emit(ev.PassDone("statistics", Xd.numblocks[0]))
+    logger.info("statistics pass over %d rows in %.2fs", n, time.perf_counter() - t0)
+    fits_intercept = bool(getattr(p, "fit_intercept", False))
+    centre_y = p.standardize or fits_intercept
+    ctx.scaler = scaler if p.standardize else None
+    ctx.y_mean = (np.asarray(scaler.y_mean_, dtype=np.float64).reshape(-1) if centre_y
+                  else np.zeros(Y.shape[1]))
+    Xs = scaler.transform(Xd) if p.standardize else Xd
+    ctx.X = Xs.astype(getattr(p, "dtype", "float64"))
+    ctx.Y = Y - ctx.y_mean if centre_y else Y
+    ctx.one_d = yd.ndim == 1 and getattr(p, "_squeeze_single_target", True)
+    ctx.kernel = p._make_kernel(d)
+    ctx.fitted.update(
+        scaler_=ctx.scaler, y_mean_=ctx.y_mean, intercept_=ctx.y_mean.copy(),  # final unless fitted
+        n_features_in_=d, kernel_=ctx.kernel,
+    )
+    ctx.store.start(lambda: fit_fingerprint(ctx))  # loads (and checks) a saved state
+
+
+# --------------------------------------------------------------------------- centers
+def choose_centers(ctx: FitContext) -> None:
+    """The Nystrom centers: the sampler's choice, or the interrupted fit's."""
+    p = ctx.params
+    saved = ctx.store.saved_centers()
+    if saved is not None:
+        dictionary = saved
+        ctx.events.emit(ev.CentersChosen(dictionary, restored=True))
+    else:
+        t0 = time.perf_counter()
+        sampler = make_sampler(p.sampler)
+        dictionary = sampler.select(
+            ctx.X, ctx.kernel, n_centers=p.n_centers, penalty=float(p.penalty),
+            random_state=seed_of(p.random_state), client=ctx.executor.client,
+        )
+        logger.info("selected %d centers with %s in %.2fs", dictionary.size, type(sampler).__name__,
+                    time.perf_counter() - t0)
+        ctx.events.emit(ev.CentersChosen(dictionary))
+    ctx.dictionary = dictionary
+    ctx.centers = np.ascontiguousarray(dictionary.centers, dtype=ctx.X.dtype)
+
+
+# --------------------------------------------------------------------------- preconditioner
+def falkon_preconditioner(ctx: FitContext, *, sketch: bool = True) -> None:
+    """FALKON's factors ``T`` and ``A`` from ``K_MM`` (weighted by the centers' weights),
+    optionally with ``A`` from a sketch of sampled rows (:mod:`daskkrr.solvers.sketch`)."""
+    p = ctx.params
+    Z = ctx.centers
+    assert Z is not None
+    n = ctx.n
+    rows = p._sketch_rows(n, Z.shape[0]) if sketch else 0
+    row_sketch = None
+    if rows:
+        sampled = ctx.executor.passes(ctx.X).gather_rows(sketch_indices(n, rows, Z))
+        row_sketch = KernelRowSketch(ctx.kernel, sampled, Z)
+    Z64 = Z.astype(np.float64)
+    ctx.preconditioner = FalkonPreconditioner.from_kernel_matrix(
+        ctx.kernel(Z64, Z64), penalty=float(p.penalty), n=n,
+        weights=None if ctx.dictionary.is_uniform else ctx.dictionary.weights, sketch=row_sketch,
+        center_sketch=bool(getattr(p, "fit_intercept", False)),
+    )
+    ctx.sketch_rows = 0 if row_sketch is None else int(row_sketch.rows)
+
+
+# --------------------------------------------------------------------------- operator
+def kernel_operator(ctx: FitContext, *, strategy: str | None = None, preconditioned: bool = True) -> None:
+    """The operator that gives the solver ``K_nM^T Y`` and ``K_nM^T K_nM u``.
+
+    The strategy (recompute, cache, gram) comes from the cost model unless given
+    (see :mod:`daskkrr.parallel.strategies`). With an intercept the targets get a
+    column of ones, so the rhs pass also yields ``K_nM^T 1``.
+    """
+    p = ctx.params
+    Z = ctx.centers
+    assert Z is not None
+    Y = ctx.Y
+    if getattr(p, "fit_intercept", False):
+        ones = da.ones((ctx.n, 1), chunks=(Y.chunks[0], (1,)))
+        # "tasks": a column merge needs no shuffle (and Dask's choice would import distributed).
+        Y = da.concatenate([Y, ones], axis=1).rechunk({1: -1}, method="tasks")
+    ctx.plan = plan_strategy(
+        strategy or getattr(p, "strategy", "auto"), ctx.X, n_centers=Z.shape[0], n_targets=Y.shape[1],
+        iterations=int(getattr(p, "max_iter", 1)), tol=float(getattr(p, "tol", 1e-7)),
+        executor=ctx.executor, in_memory=ctx.in_memory, sketched=ctx.sketch_rows > 0,
+    )
+    ctx.passes = prepare_passes(ctx.X, Y, ctx.executor, ctx.plan)
+    ctx.operator = make_operator(ctx.plan.strategy, ctx.passes, ctx.kernel, ctx.executor.broadcast(Z),
+                                 Z.shape[0], preconditioner=ctx.preconditioner if preconditioned else None)
+
+
+# --------------------------------------------------------------------------- solve
+def cg_solve(ctx: FitContext) -> None:
+    """FALKON's preconditioned CG; each step is one operator product (a pass, or M x M work)."""
+    p = ctx.params
+    saved = ctx.store.saved_rhs()
+    if saved is None:
+        rhs = np.asarray(ctx.operator.rhs(), dtype=np.float64)
+        ctx.events.emit(ev.RhsComputed(rhs))
+    else:
+        rhs = saved
+        ctx.events.emit(ev.RhsComputed(rhs, restored=True))
+    b, ctx.mu = split_column_sums(rhs, ctx.n, bool(getattr(p, "fit_intercept", False)))
+    gram_matvec = ctx.operator.gram_matvec
+    if ctx.mu is not None:
+        gram_matvec = centered_gram_matvec(gram_matvec, ctx.mu, ctx.n)
+
+    def step(iteration: int, rel: np.ndarray) -> None:
+        ctx.events.emit(ev.SolverStep(int(iteration), float(np.max(rel))))
+
+    def save(state: Any) -> None:
+        ctx.events.emit(ev.SolverState(state))
+
+    coef, result = falkon_solve(
+        ctx.preconditioner, gram_matvec, b, tol=float(p.tol), max_iter=int(p.max_iter), callback=step,
+        state=ctx.store.cg_state, on_state=save if getattr(ctx.store, "enabled", False) else None,
+        state_every=ctx.store.every,
+    )
+    ctx.n_iter, ctx.converged = int(result.n_iter), bool(result.converged)
+    ctx.fitted.update(n_iter_=ctx.n_iter, residuals_=result.residuals, converged_=ctx.converged)
+    _nystrom_model(ctx, coef)
+
+
+def direct_solve(ctx: FitContext) -> None:
+    """One Gram pass (the operator's), then the ``M x M`` system on the client."""
+    p = ctx.params
+    b, ctx.mu = split_column_sums(ctx.operator.knm_t_y, ctx.n, bool(getattr(p, "fit_intercept", False)))
+    gram = ctx.operator.gram
+    if ctx.mu is not None:
+        gram -= ctx.n * np.outer(ctx.mu, ctx.mu)
+    coef = ctx.preconditioner.direct_solve(gram, b)
+    ctx.fitted.update(n_iter_=0, residuals_=np.zeros((1, b.shape[1])), converged_=True)
+    _nystrom_model(ctx, coef)
+
+
+def _nystrom_model(ctx: FitContext, coef: np.ndarray) -> None:
+    """The fitted Nystrom model: centers, coefficients, intercept and how the fit went."""
+    if ctx.mu is not None:  # f(x) = k(x, Z) coef + b with b = mean(y - K_nM coef), unpenalised
+        ctx.fitted["intercept_"] = ctx.y_mean - ctx.mu @ coef.reshape(coef.shape[0], -1)
+    d = ctx.dictionary
+    ctx.fitted.update(
+        centers_=ctx.centers, center_indices_=d.indices, center_weights_=d.weights,
+        sampler_info_=dict(d.info), jitter_=float(ctx.preconditioner.jitter),
+        coef_=coef[:, 0] if (ctx.one_d and coef.ndim == 2) else coef,
+        strategy_=ctx.plan.strategy, preconditioner_rows_=ctx.sketch_rows,
+        n_data_passes_=ctx.passes.n_passes + 1,  # + the statistics pass
+    )
+
+
+def exact_solve(ctx: FitContext) -> None:
+    """Exact KRR: the training data on the client, ``(K + penalty n I) c = y`` factored there."""
+    p = ctx.params
+    n = ctx.n
+    if n > p.max_samples:
+        raise ValueError(
+            f"ExactKernelRidge needs an n x n kernel matrix; n={n} exceeds max_samples={p.max_samples}. "
+            "Use FalkonRegressor, or raise max_samples if memory allows"
+        )
+    Xn, Yn = (np.asarray(a) for a in ctx.executor.compute(ctx.X, ctx.Y))
+    coef = exact_krr_coefficients(ctx.kernel(Xn, Xn), Yn, float(p.penalty))
+    ctx.fitted.update(
+        centers_=np.ascontiguousarray(Xn), center_indices_=np.arange(n, dtype=np.int64),
+        center_weights_=np.ones(n), sampler_info_={"sampler": "all"},
+        coef_=coef[:, 0] if ctx.one_d else coef, n_iter_=0, residuals_=np.zeros((1, Yn.shape[1])),
+        converged_=True, jitter_=0.0, n_data_passes_=2,
+    )
+
+
+# --------------------------------------------------------------------------- helpers
+def split_column_sums(knm_t_y: np.ndarray, n: int, intercept: bool) -> tuple[np.ndarray, np.ndarray | None]:
+    """``K_nM^T Y`` and, with an intercept, ``mu = K_nM^T 1 / n`` (the last column)."""
+    if not intercept:
+        return knm_t_y, None
+    return np.ascontiguousarray(knm_t_y[:, :-1]), knm_t_y[:, -1] / n
+
+
+def seed_of(random_state: Any) -> int | None:
+    """One integer seed from ``random_state`` (int, None, or a numpy Generator/RandomState)."""
+    import numbers
+
+    if random_state is None or isinstance(random_state, numbers.Integral):
+        return None if random_state is None else int(random_state)
+    if isinstance(random_state, np.random.Generator):
+        return int(random_state.integers(2**63 - 1))
+    if isinstance(random_state, np.random.RandomState):
+        return int(random_state.randint(2**31 - 1))
+    raise TypeError(f"random_state must be None, an int or a numpy Generator; got {random_state!r}")
+
+
+def nystrom_stages(solver: str) -> tuple[Stage, ...]:
+    """The stages of a Nystrom fit: ``"falkon"`` (preconditioned CG, row sketch, any strategy)
+    or ``"direct"`` (one Gram pass, ``M x M`` solve)."""
+    if solver == "falkon":
+        return (
+            Stage("statistics", statistics),
+            Stage("centers", choose_centers),
+            Stage("preconditioner", falkon_preconditioner),
+            Stage("operator", kernel_operator),
+            Stage("solve", cg_solve),
+        )
+    if solver == "direct":
+        return (
+            Stage("statistics", statistics),
+            Stage("centers", choose_centers),
+            Stage("preconditioner", lambda ctx: falkon_preconditioner(ctx, sketch=False)),
+            Stage("operator", lambda ctx: kernel_operator(ctx, strategy="gram", preconditioned=False)),
+            Stage("solve", direct_solve),
+        )
+    raise ValueError(f"unknown Nystrom solver {solver!r}; expected 'falkon' or 'direct'")
