@@ -33,8 +33,9 @@ import numpy as np
 from dask.base import tokenize
 from dask.delayed import Delayed, delayed
 
-from daskkrr.kernels.threads import available_cores, blas_threads, engine_threads
+from daskkrr.kernels.threads import engine_threads
 from daskkrr.parallel.client import threaded_get
+from daskkrr.utils.threads import available_cores, blas_threads
 
 
 def _sum(*parts: np.ndarray) -> np.ndarray:
