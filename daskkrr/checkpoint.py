@@ -28,7 +28,6 @@ import hashlib
 import json
 import logging
 import os
-import secrets
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -37,6 +36,8 @@ import numpy as np
 
 from daskkrr.sampling.base import CenterDictionary
 from daskkrr.solvers.cg import CGState
+from daskkrr.utils.atomic import atomic_write
+from daskkrr.utils.jsonable import dumps_strict, jsonable, jsonable_params
 
 __all__ = ["CHECKPOINT_FILE", "CheckpointError", "FitCheckpoint", "fit_fingerprint"]
 
@@ -45,6 +46,7 @@ logger = logging.getLogger("daskkrr")
 FORMAT_NAME = "daskkrr-checkpoint"
 FORMAT_VERSION = 1
 CHECKPOINT_FILE = "checkpoint.npz"
+#: How daskkrr.utils.atomic names the temporary of ``checkpoint.npz`` (cleaned up on start).
 _TMP_PREFIX = f".{CHECKPOINT_FILE}.tmp-"
 
 #: Parameters that may change between the interrupted fit and its continuation.
@@ -88,9 +90,7 @@ def fit_fingerprint(model: Any, Xs: Any, Y: Any, client: Any = None) -> dict[str
     import dask
     from dask.delayed import delayed
 
-    from daskkrr.models.persistence import _jsonable_params, _py
-
-    params = {k: v for k, v in _jsonable_params(model).items() if k not in _FREE_PARAMS}
+    params = {k: v for k, v in jsonable_params(model).items() if k not in _FREE_PARAMS}
     digest = delayed(_block_digest, pure=True)(Xs.blocks[0], Y.blocks[0])
     first = client.compute(digest, sync=True) if client is not None else dask.compute(digest)[0]
     chunks = [int(c) for c in Xs.chunks[0]]
@@ -107,10 +107,10 @@ def fit_fingerprint(model: Any, Xs: Any, Y: Any, client: Any = None) -> dict[str
         "row_chunks_sha256": hashlib.sha256(json.dumps(chunks).encode()).hexdigest(),
         "first_block_sha256": first,
         "scaler": None if scaler is None else scaler.to_dict(),
-        "y_mean": _py(np.asarray(getattr(model, "y_mean_", []))),
-        "classes": None if classes is None else _py(np.asarray(classes)),
+        "y_mean": np.asarray(getattr(model, "y_mean_", [])),
+        "classes": None if classes is None else np.asarray(classes),
     }
-    return json.loads(json.dumps(_py(fingerprint)))
+    return json.loads(dumps_strict(fingerprint))  # plain values, as read back from a checkpoint
 
 
 def _differences(saved: Any, now: Any, prefix: str = "") -> list[str]:
@@ -292,8 +292,6 @@ class FitCheckpoint:
             )
         dictionary = compute()
         if self.enabled:
-            from daskkrr.models.persistence import _py
-
             self._arrays.update(
                 centers=np.asarray(dictionary.centers), center_indices=np.asarray(dictionary.indices),
                 center_weights=np.asarray(dictionary.weights),
@@ -302,7 +300,7 @@ class FitCheckpoint:
                 value = getattr(dictionary, key)
                 if value is not None:
                     self._arrays[f"center_{key}"] = np.asarray(value)
-            self._meta["sampler_info"] = _py(dict(dictionary.info))
+            self._meta["sampler_info"] = jsonable(dict(dictionary.info))
             self._write("centers")
         return dictionary
 
@@ -333,34 +331,9 @@ class FitCheckpoint:
         )
         if iteration is not None:
             self._meta["iteration"] = int(iteration)
-        arrays = {"meta": np.array(json.dumps(self._meta, sort_keys=True)), **self._arrays, **self._cg_arrays}
-        # The name is chosen before the file exists, so an interruption at any point after
-        # its creation (even inside the open call) finds it to remove.
-        tmp = self.path / f"{_TMP_PREFIX}{secrets.token_hex(8)}"
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "wb") as fh:
-                np.savez(fh, **arrays)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, self.file)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        _fsync_directory(self.path)
+        arrays = {"meta": np.array(dumps_strict(self._meta, sort_keys=True)), **self._arrays, **self._cg_arrays}
+        # Durable: the README promises a checkpoint survives the crash it exists for.
+        atomic_write(self.file, lambda fh: np.savez(fh, **arrays), durable=True, mode=0o600)
         logger.info("checkpoint saved to %s (stage %s%s)", self.path, stage,
                     "" if iteration is None else f", CG iteration {iteration}")
 
-
-def _fsync_directory(path: Path) -> None:
-    """Make a rename in ``path`` durable (best effort; not every platform allows it)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:  # pragma: no cover - e.g. Windows
-        return
-    try:
-        os.fsync(fd)
-    except OSError:  # pragma: no cover
-        pass
-    finally:
-        os.close(fd)
