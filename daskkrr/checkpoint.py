@@ -33,7 +33,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import secrets
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -43,6 +42,8 @@ import numpy as np
 from daskkrr import events as ev
 from daskkrr.sampling.base import CenterDictionary
 from daskkrr.solvers.cg import CGState
+from daskkrr.utils.atomic import atomic_write
+from daskkrr.utils.jsonable import dumps_strict, jsonable
 
 __all__ = ["CHECKPOINT_FILE", "CheckpointError", "FitCheckpoint"]
 
@@ -51,6 +52,7 @@ logger = logging.getLogger("daskkrr")
 FORMAT_NAME = "daskkrr-checkpoint"
 FORMAT_VERSION = 1
 CHECKPOINT_FILE = "checkpoint.npz"
+#: How daskkrr.utils.atomic names the temporary of ``checkpoint.npz`` (cleaned up on start).
 _TMP_PREFIX = f".{CHECKPOINT_FILE}.tmp-"
 
 
@@ -253,8 +255,6 @@ class FitCheckpoint:
         return np.array(self._arrays["rhs"], dtype=np.float64) if "rhs" in self._arrays else None
 
     def save_centers(self, dictionary: CenterDictionary) -> None:
-        from daskkrr.models.persistence import _py
-
         self._arrays.update(
             centers=np.asarray(dictionary.centers), center_indices=np.asarray(dictionary.indices),
             center_weights=np.asarray(dictionary.weights),
@@ -263,7 +263,7 @@ class FitCheckpoint:
             value = getattr(dictionary, key)
             if value is not None:
                 self._arrays[f"center_{key}"] = np.asarray(value)
-        self._meta["sampler_info"] = _py(dict(dictionary.info))
+        self._meta["sampler_info"] = jsonable(dict(dictionary.info))
         self._write("centers")
 
     def save_rhs(self, rhs: np.ndarray) -> None:
@@ -287,34 +287,9 @@ class FitCheckpoint:
         )
         if iteration is not None:
             self._meta["iteration"] = int(iteration)
-        arrays = {"meta": np.array(json.dumps(self._meta, sort_keys=True)), **self._arrays, **self._cg_arrays}
-        # The name is chosen before the file exists, so an interruption at any point after
-        # its creation (even inside the open call) finds it to remove.
-        tmp = self.path / f"{_TMP_PREFIX}{secrets.token_hex(8)}"
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "wb") as fh:
-                np.savez(fh, **arrays)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, self.file)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        _fsync_directory(self.path)
+        arrays = {"meta": np.array(dumps_strict(self._meta, sort_keys=True)), **self._arrays, **self._cg_arrays}
+        # Durable: the README promises a checkpoint survives the crash it exists for.
+        atomic_write(self.file, lambda fh: np.savez(fh, **arrays), durable=True, mode=0o600)
         logger.info("checkpoint saved to %s (stage %s%s)", self.path, stage,
                     "" if iteration is None else f", CG iteration {iteration}")
 
-
-def _fsync_directory(path: Path) -> None:
-    """Make a rename in ``path`` durable (best effort; not every platform allows it)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:  # pragma: no cover - e.g. Windows
-        return
-    try:
-        os.fsync(fd)
-    except OSError:  # pragma: no cover
-        pass
-    finally:
-        os.close(fd)

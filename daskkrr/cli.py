@@ -112,7 +112,7 @@ def _cmd_convert(args: argparse.Namespace) -> None:
 
 def _cmd_generate(args: argparse.Namespace) -> None:
     from daskkrr.data import write_classification_zarr, write_regression_zarr
-    from daskkrr.data.atomic import check_destination
+    from daskkrr.utils.atomic import check_destination
     from daskkrr.parallel import cluster_client
 
     check_destination(args.output, args.overwrite)  # fail before starting a cluster
@@ -128,7 +128,7 @@ def _cmd_generate(args: argparse.Namespace) -> None:
 
 def _cmd_fit(args: argparse.Namespace) -> None:
     from daskkrr.config import build_estimator, read_config
-    from daskkrr.data.atomic import check_destination
+    from daskkrr.utils.atomic import check_destination
     from daskkrr.parallel import cluster_client
 
     check_destination(args.out, args.overwrite)  # fail before the work, not after
@@ -211,7 +211,7 @@ def _checkpoint_kwargs(args: argparse.Namespace, model: Any) -> dict[str, Any]:
 
 def _cmd_predict(args: argparse.Namespace) -> None:
     from daskkrr.data import write_array_zarr
-    from daskkrr.data.atomic import check_destination
+    from daskkrr.utils.atomic import check_destination
     from daskkrr.models.persistence import load_model
     from daskkrr.parallel import cluster_client
 

@@ -1,7 +1,7 @@
 """Termination signals as ordinary interruptions, so that atomic writers clean up.
 
 Python turns SIGINT (Ctrl-C) into :class:`KeyboardInterrupt`, which unwinds the
-stack: :func:`daskkrr.data.atomic.atomic_directory` removes its temporary
+stack: :func:`daskkrr.utils.atomic.atomic_directory` removes its temporary
 directory and a local cluster is closed. SIGTERM (sent by ``kill``, systemd,
 batch schedulers, container runtimes) and SIGHUP instead end the process on the
 spot, leaving temporary siblings of outputs and orphaned worker processes.

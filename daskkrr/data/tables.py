@@ -21,9 +21,9 @@ import numpy as np
 import pandas as pd
 import zarr
 
-from daskkrr.data.atomic import atomic_directory, check_destination
 from daskkrr.data.validation import check_chunk_rows
 from daskkrr.data.writing import create_store
+from daskkrr.utils.atomic import atomic_directory, check_destination
 
 __all__ = ["convert_table", "infer_separator"]
 

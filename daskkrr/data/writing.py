@@ -22,10 +22,10 @@ import numpy as np
 import xarray as xr
 import zarr
 
-from daskkrr.data.atomic import atomic_directory, check_destination
 from daskkrr.data.chunking import FORMAT_VERSION, as_row_blocks, numpy_to_dask, uniform_row_chunks
 from daskkrr.data.loading import as_array, open_dataset
 from daskkrr.data.validation import check_features
+from daskkrr.utils.atomic import atomic_directory, check_destination
 
 __all__ = ["DEFAULT_COMPRESSORS", "FORMAT_VERSION", "create_store", "write_array_zarr", "write_zarr"]
 

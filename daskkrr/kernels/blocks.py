@@ -42,7 +42,8 @@ import numpy as np
 from daskkrr.kernels import reference
 from daskkrr.kernels.base import Kernel
 from daskkrr.kernels.spec import supports
-from daskkrr.kernels.threads import blas_threads, current_engine_threads
+from daskkrr.kernels.threads import current_engine_threads
+from daskkrr.utils.threads import blas_threads
 
 #: Largest kernel tile (rows x centers x itemsize) built at once.
 DEFAULT_TILE_BYTES = reference.DEFAULT_TILE_BYTES

@@ -28,17 +28,10 @@ import contextvars
 import os
 import threading
 from collections.abc import Iterator
-from typing import Any
+
+from daskkrr.utils.threads import available_cores
 
 _THREADS: contextvars.ContextVar[int | None] = contextvars.ContextVar("daskkrr_engine_threads", default=None)
-
-
-def available_cores() -> int:
-    """Cores this process may run on (the affinity mask, not the machine's count)."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # pragma: no cover - not Linux
-        return max(1, os.cpu_count() or 1)
 
 
 def _cap() -> int | None:
@@ -72,31 +65,3 @@ def engine_threads(n: int | None) -> Iterator[None]:
         yield
     finally:
         _THREADS.reset(token)
-
-
-_CONTROLLER: Any = None
-_CONTROLLER_LOCK = threading.Lock()
-
-
-def _controller() -> Any:
-    """One threadpoolctl controller per process: finding the BLAS libraries reads
-    ``/proc/self/maps`` (milliseconds), too slow to repeat on every pass."""
-    global _CONTROLLER
-    with _CONTROLLER_LOCK:
-        if _CONTROLLER is None:
-            import scipy.linalg  # noqa: F401  (load scipy's BLAS too, so the controller sees it)
-            from threadpoolctl import ThreadpoolController
-
-            _CONTROLLER = ThreadpoolController()
-        return _CONTROLLER
-
-
-@contextlib.contextmanager
-def blas_threads(n: int) -> Iterator[None]:
-    """Limit BLAS (OpenBLAS/MKL/BLIS, numpy's and scipy's) to ``n`` threads inside the block.
-
-    Process-wide while it lasts, so call it from the thread that owns the
-    parallelism (the main thread), not from inside concurrent tasks.
-    """
-    with _controller().limit(limits=int(n), user_api="blas"):
-        yield

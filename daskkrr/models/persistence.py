@@ -24,7 +24,8 @@ from typing import Any
 import numpy as np
 
 import daskkrr
-from daskkrr.data.atomic import atomic_directory
+from daskkrr.utils.atomic import atomic_directory
+from daskkrr.utils.jsonable import dumps_strict, jsonable_params
 
 FORMAT_NAME = "daskkrr-model"
 FORMAT_VERSION = 1
@@ -47,23 +48,6 @@ def _estimator_classes() -> dict[str, type]:
     return {c.__name__: c for c in (FalkonRegressor, NystromRegressor, ExactKernelRidge, FalkonClassifier)}
 
 
-def _jsonable_params(model: Any) -> dict[str, Any]:
-    params = {}
-    for key, value in model.get_params(deep=False).items():
-        if key == "client":
-            continue
-        if key == "sampler" and not isinstance(value, str):
-            value = getattr(value, "name", None) or type(value).__name__
-        if key == "kernel" and not isinstance(value, str):
-            value = value.to_dict()
-        if isinstance(value, np.generic):
-            value = value.item()
-        if key == "random_state" and not (value is None or isinstance(value, int)):
-            value = None
-        params[key] = value
-    return params
-
-
 def save_model(model: Any, path: str | os.PathLike, *, overwrite: bool = False) -> Path:
     """Write a fitted estimator to the directory ``path``; return the path."""
     model._check_fitted()
@@ -72,11 +56,11 @@ def save_model(model: Any, path: str | os.PathLike, *, overwrite: bool = False) 
         "format_version": FORMAT_VERSION,
         "library_version": daskkrr.__version__,
         "estimator": type(model).__name__,
-        "params": _jsonable_params(model),
+        "params": jsonable_params(model),
         "kernel": model.kernel_.to_dict(),
         "scaler": None if model.scaler_ is None else model.scaler_.to_dict(),
-        "fitted": {k: _py(getattr(model, k)) for k in _SCALARS if hasattr(model, k)},
-        "sampler_info": _py(getattr(model, "sampler_info_", {})),
+        "fitted": {k: getattr(model, k) for k in _SCALARS if hasattr(model, k)},
+        "sampler_info": getattr(model, "sampler_info_", {}),
     }
     arrays = {k.rstrip("_"): np.asarray(getattr(model, k)) for k in (*_ARRAYS, *_OPTIONAL_ARRAYS)
               if hasattr(model, k)}
@@ -88,7 +72,7 @@ def save_model(model: Any, path: str | os.PathLike, *, overwrite: bool = False) 
             arrays["classes"] = classes
     with atomic_directory(path, overwrite=overwrite) as tmp:
         np.savez(tmp / ARRAYS_FILE, **arrays)
-        (tmp / METADATA_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True))
+        (tmp / METADATA_FILE).write_text(dumps_strict(meta, indent=2, sort_keys=True))
     return Path(path)
 
 
@@ -209,15 +193,3 @@ def _check_shapes(model: Any, path: Path) -> None:
     if problems:
         raise ModelFormatError(f"{path} is inconsistent: {'; '.join(problems)}; save the model again")
 
-
-def _py(value: Any) -> Any:
-    """numpy scalars and containers -> plain JSON-ready Python."""
-    if isinstance(value, dict):
-        return {str(k): _py(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_py(v) for v in value]
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    if isinstance(value, np.generic):
-        return value.item()
-    return value

@@ -25,7 +25,7 @@ from typing import Any
 import dask
 from dask.delayed import Delayed, delayed
 
-from daskkrr.kernels.threads import blas_threads
+from daskkrr.utils.threads import blas_threads
 from daskkrr.parallel.resources import Resources, cluster_resources
 
 

@@ -15,7 +15,7 @@ import dataclasses
 import logging
 from typing import Any
 
-from daskkrr.kernels.threads import available_cores
+from daskkrr.utils.threads import available_cores
 
 logger = logging.getLogger(__name__)
 

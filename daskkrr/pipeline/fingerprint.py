@@ -8,8 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from daskkrr.models.persistence import _jsonable_params, _py  # TODO(merge): utils.jsonable
 from daskkrr.pipeline.context import FitContext
+from daskkrr.utils.jsonable import dumps_strict, jsonable_params
 
 #: Parameters that may change between the interrupted fit and its continuation.
 FREE_PARAMS = frozenset({"client", "verbose", "max_iter", "tol"})
@@ -36,7 +36,7 @@ def fit_fingerprint(ctx: FitContext) -> dict[str, Any]:
         JSON-ready.
     """
     model = ctx.params
-    params = {k: v for k, v in _jsonable_params(model).items() if k not in FREE_PARAMS}
+    params = {k: v for k, v in jsonable_params(model).items() if k not in FREE_PARAMS}
     (first,) = ctx.executor.passes(ctx.X, ctx.Y).map(block_digest, name="digest", with_y=True, blocks=[0])
     chunks = [int(c) for c in ctx.X.chunks[0]]
     classes = getattr(model, "classes_", None)
@@ -51,7 +51,7 @@ def fit_fingerprint(ctx: FitContext) -> dict[str, Any]:
         "row_chunks_sha256": hashlib.sha256(json.dumps(chunks).encode()).hexdigest(),
         "first_block_sha256": first,
         "scaler": None if ctx.scaler is None else ctx.scaler.to_dict(),
-        "y_mean": _py(np.asarray(ctx.y_mean if ctx.y_mean is not None else [])),
-        "classes": None if classes is None else _py(np.asarray(classes)),
+        "y_mean": np.asarray(ctx.y_mean if ctx.y_mean is not None else []),
+        "classes": None if classes is None else np.asarray(classes),
     }
-    return json.loads(json.dumps(_py(fingerprint)))
+    return json.loads(dumps_strict(fingerprint))  # plain values, as read back from a checkpoint

@@ -34,7 +34,7 @@ import math
 import numpy as np
 
 from daskkrr.kernels import Kernel
-from daskkrr.sampling.cholesky import cholesky_with_jitter, forward_solve, weighted_gram
+from daskkrr.sampling.cholesky import forward_solve, lower_cholesky, weighted_gram
 from daskkrr.sampling.dictionary_state import DictionaryState
 from daskkrr.sampling.keyed_random import STREAM_BLESS_LEVEL, row_uniforms
 
@@ -50,7 +50,7 @@ class BlessFactor:
     @classmethod
     def from_dictionary(cls, d: DictionaryState, gamma: float) -> BlessFactor:
         sw = np.sqrt(d.selection_weights(1))
-        L, _ = cholesky_with_jitter(weighted_gram(d.gram, sw, gamma)) if d.size else (np.zeros((0, 0)), 0.0)
+        L, _ = lower_cholesky(weighted_gram(d.gram, sw, gamma)) if d.size else (np.zeros((0, 0)), 0.0)
         return cls(points=d.points, sqrt_w=sw, L=L)
 
 

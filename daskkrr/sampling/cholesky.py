@@ -5,7 +5,7 @@ All leverage-score estimators of this package need solves with
     A = D K_DD D + reg * I,     D = diag(sqrt(w)),
 
 for the dictionary Gram matrix ``K_DD``. We never form an inverse: we factor
-``A = L L^T`` (adding jitter only if round-off makes the factorisation fail) and
+``A = L L^T`` (with the package's jitter policy, :mod:`daskkrr.utils.linalg`) and
 apply ``L^{-1}`` by triangular solves. When a dictionary grows by a block of new
 entries whose old part keeps its weights, the factor is extended by a Schur
 complement instead of being recomputed.
@@ -14,41 +14,36 @@ complement instead of being recomputed.
 from __future__ import annotations
 
 import numpy as np
-from scipy.linalg import LinAlgError, cholesky, solve_triangular
+from scipy.linalg import solve_triangular
+
+from daskkrr.utils.linalg import cholesky_jitter
 
 
-def cholesky_with_jitter(A: np.ndarray, *, max_tries: int = 8) -> tuple[np.ndarray, float]:
-    """Lower Cholesky factor of the symmetric positive (semi)definite ``A``.
+#: What to change when a dictionary's regularised Gram matrix is singular.
+_GAMMA_ADVICE = (
+    "The regularisation gamma is probably too small for the data scale: increase gamma "
+    "(or the model penalty) or standardise the features."
+)
 
-    Tries the plain factorisation first; on failure adds ``jitter * I`` with jitter
-    growing from ``1e-12 * mean(diag(A))`` by factors of 100.
+
+def lower_cholesky(
+    A: np.ndarray, *, what: str = "regularised dictionary Gram matrix D K D + gamma I"
+) -> tuple[np.ndarray, float]:
+    """Lower Cholesky factor ``L`` with ``L L^T = A + jitter I``.
+
+    The package's one jitter policy (:func:`daskkrr.utils.linalg.cholesky_jitter`:
+    round-off-level jitter, escalated with a ``JitterWarning``, refused above 1% of
+    the mean diagonal), returned lower-triangular for the forward solves below.
 
     Returns
     -------
     L : ndarray of shape (m, m)
-        Lower-triangular factor, ``L @ L.T ~ A + jitter * I``.
+        Lower-triangular factor.
     jitter : float
-        The jitter that was added (0.0 when none was needed).
+        The jitter that was added.
     """
-    A = np.asarray(A, dtype=np.float64)
-    m = A.shape[0]
-    if A.shape != (m, m):
-        raise ValueError(f"cholesky_with_jitter needs a square matrix; got shape {A.shape}")
-    if m == 0:
-        return np.zeros((0, 0)), 0.0
-    scale = float(np.mean(np.abs(np.diag(A)))) or 1.0
-    jitter = 0.0
-    for attempt in range(max_tries + 1):
-        try:
-            Aj = A if jitter == 0.0 else A + jitter * np.eye(m)
-            return cholesky(Aj, lower=True, check_finite=False), jitter
-        except LinAlgError:
-            jitter = scale * 1e-12 * (100.0**attempt)
-    raise LinAlgError(
-        f"Cholesky of a {m}x{m} regularised Gram matrix failed even with jitter {jitter:.3g}; "
-        "the regularisation gamma is probably too small for the data scale: increase gamma "
-        "(or the model penalty) or standardise the features"
-    )
+    T, jitter = cholesky_jitter(A, what=what, advice=_GAMMA_ADVICE)
+    return T.T, jitter
 
 
 def weighted_gram(gram: np.ndarray, sqrt_w: np.ndarray, reg: float) -> np.ndarray:
@@ -91,7 +86,7 @@ def extend_cholesky(
         raise ValueError(f"extend_cholesky: cross has shape {cross.shape}, expected ({m}, {k})")
     schur = corner - cross.T @ cross
     schur = 0.5 * (schur + schur.T)
-    L22, jitter = cholesky_with_jitter(schur)
+    L22, jitter = lower_cholesky(schur, what="Schur complement of the extended dictionary")
     out = np.zeros((m + k, m + k))
     out[:m, :m] = L
     out[m:, :m] = cross.T

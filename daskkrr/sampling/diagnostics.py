@@ -19,7 +19,7 @@ import numpy as np
 
 from daskkrr.kernels import Kernel
 from daskkrr.sampling.base import CenterDictionary
-from daskkrr.sampling.cholesky import cholesky_with_jitter, forward_solve, weighted_gram
+from daskkrr.sampling.cholesky import forward_solve, lower_cholesky, weighted_gram
 from daskkrr.sampling.exact import EXACT_MAX_ROWS, _as_small_numpy
 
 
@@ -34,7 +34,7 @@ def regularized_nystrom(
     """``K S (S^T K S + gamma I)^{-1} S^T K`` for the full matrix ``K`` (small n)."""
     sw = np.sqrt(np.asarray(sel_weights, dtype=np.float64))
     C = K[:, indices] * sw[None, :]
-    L, _ = cholesky_with_jitter(weighted_gram(K[np.ix_(indices, indices)], sw, gamma))
+    L, _ = lower_cholesky(weighted_gram(K[np.ix_(indices, indices)], sw, gamma))
     G = forward_solve(L, C.T)  # L^{-1} S^T K, shape (m, n)
     return G.T @ G
 

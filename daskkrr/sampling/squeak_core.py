@@ -34,9 +34,9 @@ import numpy as np
 
 from daskkrr.kernels import Kernel
 from daskkrr.sampling.cholesky import (
-    cholesky_with_jitter,
     extend_cholesky,
     forward_solve,
+    lower_cholesky,
     weighted_gram,
 )
 from daskkrr.sampling.dictionary_state import DictionaryState
@@ -91,7 +91,7 @@ class SqueakParams:
 def _factor(state: DictionaryState, qbar: int, reg: float) -> tuple[np.ndarray, np.ndarray]:
     """Cholesky factor of ``D K_DD D + reg I`` and ``sqrt(s)``."""
     sw = np.sqrt(state.selection_weights(qbar))
-    L, _ = cholesky_with_jitter(weighted_gram(state.gram, sw, reg))
+    L, _ = lower_cholesky(weighted_gram(state.gram, sw, reg))
     return L, sw
 
 

@@ -3,7 +3,7 @@
 from daskkrr.solvers.cg import CGResult, CGState, conjugate_gradient
 from daskkrr.solvers.exact import exact_krr_coefficients, nystrom_lstsq_coefficients
 from daskkrr.solvers.falkon import FalkonPreconditioner, falkon_solve
-from daskkrr.solvers.linalg import JitterWarning, cholesky_jitter
+from daskkrr.utils.linalg import JitterWarning, cholesky_jitter
 
 __all__ = [
     "CGResult",

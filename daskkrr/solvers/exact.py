@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import scipy.linalg as sla
 
-from daskkrr.solvers.linalg import cholesky_jitter, solve_upper
+from daskkrr.utils.linalg import cholesky_jitter, solve_upper
 
 
 def exact_krr_coefficients(K: np.ndarray, y: np.ndarray, penalty: float) -> np.ndarray:

@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable
 import numpy as np
 
 from daskkrr.solvers.cg import CGResult, CGState, conjugate_gradient
-from daskkrr.solvers.linalg import JitterWarning, cholesky_jitter, mirror_triangle, solve_upper
+from daskkrr.utils.linalg import JitterWarning, cholesky_jitter, mirror_triangle, solve_upper
 
 
 @dataclasses.dataclass

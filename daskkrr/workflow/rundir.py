@@ -25,7 +25,6 @@ import contextlib
 import fcntl
 import json
 import logging
-import math
 import os
 import socket
 import time
@@ -35,6 +34,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from daskkrr.utils.atomic import atomic_symlink, atomic_write_bytes
+from daskkrr.utils.jsonable import dumps_strict
+
 STATUS_FILE = "status.json"
 CONFIG_FILE = "config.json"
 METRICS_FILE = "metrics.json"
@@ -43,24 +45,10 @@ FAILED_FILE = "FAILED"
 LATEST = "latest"
 
 
-def _plain(value: Any) -> Any:
-    """JSON-safe copy: numpy scalars become Python ones, NaN and infinities null (strict JSON)."""
-    if hasattr(value, "item") and getattr(value, "ndim", None) == 0:
-        value = value.item()
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value
-
-
 def write_json(path: Path, data: Any) -> None:
-    """Write strict JSON atomically (temporary file, then rename)."""
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:6]}.tmp")
-    tmp.write_text(json.dumps(_plain(data), indent=2, sort_keys=True, default=str, allow_nan=False) + "\n")
-    os.replace(tmp, path)
+    """Write strict JSON atomically (NaN and infinities as null; other objects as their str)."""
+    text = dumps_strict(data, indent=2, sort_keys=True, default=str) + "\n"
+    atomic_write_bytes(path, text.encode(), durable=False)
 
 
 def read_status(run_dir: str | os.PathLike) -> dict[str, Any]:
@@ -155,10 +143,7 @@ class RunDirectory:
 
     def point_latest(self) -> None:
         """Make ``<runs_dir>/latest`` point at this run (atomically replaced)."""
-        link = self.path.parent / LATEST
-        tmp = self.path.parent / f".{LATEST}.{uuid.uuid4().hex[:6]}"
-        os.symlink(self.run_id, tmp)
-        os.replace(tmp, link)
+        atomic_symlink(self.run_id, self.path.parent / LATEST)
 
 
 @contextlib.contextmanager

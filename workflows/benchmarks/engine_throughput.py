@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fit_tools import machine, print_table, write_results  # noqa: E402
 
 from daskkrr.kernels import GaussianKernel, blocks, reference  # noqa: E402
-from daskkrr.kernels.threads import available_cores, blas_threads  # noqa: E402
+from daskkrr.utils.threads import available_cores, blas_threads  # noqa: E402
 
 
 def _best(fn, repeat: int, clock=time.perf_counter) -> float:

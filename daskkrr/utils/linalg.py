@@ -1,4 +1,18 @@
-"""Small dense linear algebra on the client: Cholesky with jitter escalation."""
+"""Dense linear algebra shared by the solvers and the samplers: one jittered Cholesky.
+
+The policy, the same for every caller (FALKON's ``K_MM`` and inner matrix, the
+exact solver, the leverage-score estimators' dictionary Gram matrices):
+
+* start from round-off-level jitter, ``m * eps * mean(diag S)``;
+* on failure multiply the jitter by 100 and retry, and say so with a
+  :class:`JitterWarning` once more than round-off was needed;
+* refuse with ``numpy.linalg.LinAlgError`` (saying what to change) when more than
+  ``max_jitter_ratio`` (default 1%) of the mean diagonal would be needed, and with
+  ``ValueError`` / ``LinAlgError`` for non-square, non-finite or degenerate input.
+
+The factorisation runs in place (LAPACK ``potrf``) so that ``M = 10 000`` centers
+need one ``M x M`` matrix, not three.
+"""
 
 from __future__ import annotations
 
@@ -9,21 +23,28 @@ import numpy as np
 import scipy.linalg as sla
 from scipy.linalg.lapack import dpotrf as potrf
 
+from daskkrr.utils.threads import blas_threads
+
+__all__ = ["JitterWarning", "cholesky_jitter", "mirror_triangle", "solve_upper"]
+
 #: Above this size the factorisation runs single-threaded: scipy's bundled
 #: OpenBLAS has been seen to crash in multithreaded Cholesky at M >= 16 000.
 SINGLE_THREAD_FACTOR_SIZE = 8000
+
+#: What to change when a matrix is singular for all practical purposes (the solvers' case).
+SINGULAR_ADVICE = (
+    "Use fewer centers, a larger sigma or penalty, remove duplicated rows, or standardize "
+    "the features (standardize=True: large, unscaled values lose the distances to round-off)."
+)
 
 
 class JitterWarning(UserWarning):
     """Cholesky needed more diagonal jitter than the default."""
 
 
-def _blas_limit(size: int):
-    if size < SINGLE_THREAD_FACTOR_SIZE:
-        return contextlib.nullcontext()
-    from threadpoolctl import threadpool_limits
-
-    return threadpool_limits(limits=1, user_api="blas")
+def _factor_threads(size: int) -> contextlib.AbstractContextManager[None]:
+    """BLAS threads for a factorisation of this size (see SINGLE_THREAD_FACTOR_SIZE)."""
+    return contextlib.nullcontext() if size < SINGLE_THREAD_FACTOR_SIZE else blas_threads(1)
 
 
 def cholesky_jitter(
@@ -33,15 +54,50 @@ def cholesky_jitter(
     initial_jitter: float | None = None,
     max_jitter_ratio: float = 1e-2,
     overwrite: bool = False,
+    advice: str = SINGULAR_ADVICE,
 ) -> tuple[np.ndarray, float]:
     """Upper Cholesky factor ``T`` with ``T^T T = S + jitter I``.
 
     Starts from ``initial_jitter`` (default: ``m * eps * mean(diag S)``, the usual
-    round-off-level shift) and multiplies it by 100 until the factorisation
-    succeeds. Escalating past the default raises a :class:`JitterWarning`; needing
-    more than ``max_jitter_ratio * mean(diag S)`` means the matrix is singular for
-    all practical purposes and raises ``numpy.linalg.LinAlgError``.
+    round-off-level shift; 0 tries the plain factorisation first) and multiplies it
+    by 100 until the factorisation succeeds. Escalating past the default raises a
+    :class:`JitterWarning`; needing more than ``max_jitter_ratio * mean(diag S)``
+    means the matrix is singular for all practical purposes and raises
+    ``numpy.linalg.LinAlgError`` ending with ``advice`` (what the user should change).
+    Only the upper triangle of ``S`` is factored, so ``S`` must be symmetric.
 
+    Parameters
+    ----------
+    S : array_like of shape (m, m)
+        Symmetric positive (semi)definite matrix.
+    what : str, default="matrix"
+        Name of the matrix in messages.
+    initial_jitter : float or None, default=None
+        First jitter tried (None: the round-off-level default).
+    max_jitter_ratio : float, default=1e-2
+        Largest jitter accepted, relative to the mean diagonal.
+    overwrite : bool, default=False
+        Factor in ``S`` itself when it allows (see Memory).
+    advice : str
+        What to change when the matrix is singular (appended to the error).
+
+    Returns
+    -------
+    T : ndarray of shape (m, m)
+        Upper-triangular factor (Fortran-ordered, strict lower triangle zero).
+    jitter : float
+        The jitter that was added.
+
+    Raises
+    ------
+    ValueError
+        If ``S`` is not square.
+    numpy.linalg.LinAlgError
+        If ``S`` has NaN/inf entries, a non-positive mean diagonal, or needs more
+        than ``max_jitter_ratio`` of it as jitter.
+
+    Notes
+    -----
     Memory: ``S`` plus one ``m x m`` working matrix; with ``overwrite=True`` (``S``
     a symmetric, Fortran-ordered float64 array the caller gives up) the factor is
     built in ``S`` itself. A failed attempt only writes the upper triangle, so ``S``
@@ -51,10 +107,12 @@ def cholesky_jitter(
     if S.ndim != 2 or S.shape[0] != S.shape[1]:
         raise ValueError(f"{what} must be square; got shape {S.shape}")
     m = S.shape[0]
+    if m == 0:
+        return np.zeros((0, 0), order="F"), 0.0
     if not np.all(np.isfinite(S)):
         raise np.linalg.LinAlgError(f"{what} of shape {S.shape} has NaN or inf entries")
     diagonal = np.diag(S).copy()
-    scale = float(np.mean(diagonal)) if m else 1.0
+    scale = float(np.mean(diagonal))
     if not scale > 0:
         raise np.linalg.LinAlgError(
             f"{what} of shape {S.shape} has a non-positive mean diagonal ({scale:g}); "
@@ -66,7 +124,7 @@ def cholesky_jitter(
     limit = max_jitter_ratio * scale
     in_place = overwrite and S.flags.f_contiguous and S.flags.writeable
     work = S if in_place else np.array(S, dtype=np.float64, order="F")
-    with _blas_limit(m):
+    with _factor_threads(m):
         while True:
             work[np.diag_indices(m)] = diagonal + jitter
             # LAPACK's potrf on the upper triangle, in place; the lower triangle keeps S.
@@ -79,11 +137,9 @@ def cholesky_jitter(
             if jitter >= limit:
                 raise np.linalg.LinAlgError(
                     f"Cholesky of the {what} of shape {S.shape} failed even with jitter {jitter:.3g} "
-                    f"({jitter / scale:.1e} of its mean diagonal): the problem is singular. "
-                    "Use fewer centers, a larger sigma or penalty, remove duplicated rows, or standardize "
-                    "the features (standardize=True: large, unscaled values lose the distances to round-off)."
+                    f"({jitter / scale:.1e} of its mean diagonal): the problem is singular. {advice}"
                 )
-            jitter = min(jitter * 100, limit)
+            jitter = min(jitter * 100 if jitter > 0 else default, limit)
     _zero_lower(T)
     if not np.all(np.isfinite(T)):
         raise np.linalg.LinAlgError(f"Cholesky of the {what} of shape {S.shape} overflowed")
