@@ -22,7 +22,7 @@ from sklearn.base import BaseEstimator
 from daskkrr.checkpoint import FitCheckpoint, fit_fingerprint
 from daskkrr.data import Standardizer
 from daskkrr.kernels import Kernel, make_kernel
-from daskkrr.kernels.blocks import knm_gram_and_rhs, knm_gram_matvec, knm_matvec, knm_t_matvec
+from daskkrr.kernels.engine import engine_for
 from daskkrr.models._inputs import is_in_memory, load_features, load_training_data
 from daskkrr.parallel import resolve_client, scheduler_context
 from daskkrr.parallel.strategies import check_strategy, make_operator, plan_strategy, prepare_passes
@@ -292,7 +292,7 @@ class NystromModelBase(BaseEstimator):
                 raise TypeError(f"X must be numeric; got dtype {Xn.dtype}")
             _check_finite_rows(Xn, 0)
             Xs = self.scaler_.transform(Xn) if self.scaler_ is not None else Xn
-            out = knm_matvec(self.kernel_, np.asarray(Xs, dtype=self.dtype), self.centers_, coef2)
+            out = engine_for(self.kernel_).matvec(self.kernel_, np.asarray(Xs, dtype=self.dtype), self.centers_, coef2)
             return out + self.intercept_
         Xd = load_features(X, self.chunks)
         self._check_n_features(Xd.shape)
@@ -322,15 +322,15 @@ class NystromModelBase(BaseEstimator):
 
 # Block tasks: RowBlockPasses calls fn(X_b, [Y_b,] *args).
 def _rhs_task(Xb: np.ndarray, Yb: np.ndarray, kernel: Kernel, Z: np.ndarray) -> np.ndarray:
-    return knm_t_matvec(kernel, Xb, Z, Yb)
+    return engine_for(kernel).t_matvec(kernel, Xb, Z, Yb)
 
 
 def _gram_rhs_task(Xb: np.ndarray, Yb: np.ndarray, kernel: Kernel, Z: np.ndarray) -> np.ndarray:
-    return knm_gram_and_rhs(kernel, Xb, Yb, Z)
+    return engine_for(kernel).gram_and_rhs(kernel, Xb, Yb, Z)
 
 
 def _gram_matvec_task(Xb: np.ndarray, kernel: Kernel, Z: np.ndarray, U: np.ndarray) -> np.ndarray:
-    return knm_gram_matvec(kernel, Xb, Z, U)
+    return engine_for(kernel).gram_matvec(kernel, Xb, Z, U)
 
 
 def _predict_block(
@@ -339,7 +339,7 @@ def _predict_block(
 ) -> np.ndarray:
     start = block_info[0]["array-location"][0][0] if block_info and 0 in block_info else 0
     _check_finite_rows(Xb, start)
-    return knm_matvec(kernel, Xb, Z, coef) + y_mean
+    return engine_for(kernel).matvec(kernel, Xb, Z, coef) + y_mean
 
 
 def _check_finite_rows(Xb: np.ndarray, start: int) -> None:
