@@ -41,7 +41,6 @@ import contextlib
 import importlib
 import os
 import sys
-from collections.abc import Iterator
 from types import ModuleType
 from typing import Any, ClassVar, Self
 
@@ -58,6 +57,9 @@ DEFAULT_TILE_BYTES = reference.DEFAULT_TILE_BYTES
 ENGINES = ("auto", "fused", "numpy")
 #: Dask workers with a smaller memory limit use the numpy reference under ``engine="auto"``.
 FUSED_MIN_WORKER_MEMORY = 2**30
+
+
+_NO_GUARD = contextlib.nullcontext()  # stateless, so one instance serves every call
 
 
 def _tile(max_tile_bytes: int | None) -> int:
@@ -102,15 +104,16 @@ class KernelEngine(abc.ABC):
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
 
-    @contextlib.contextmanager
-    def _threads(self, n_threads: int | None) -> Iterator[int]:
-        """The engine's thread count for one call, with BLAS single-threaded while it exceeds one."""
+    def _threads(self, n_threads: int | None) -> tuple[int, contextlib.AbstractContextManager]:
+        """The engine's thread count for one call, and the BLAS guard to hold while it runs.
+
+        BLAS is single-threaded while the engine runs threads of its own (the rule
+        of :mod:`daskkrr.kernels.threads`: engine threads x BLAS threads <= cores).
+        """
         if not self.threaded:
-            yield 1
-            return
+            return 1, _NO_GUARD
         nt = current_engine_threads() if n_threads is None else max(1, int(n_threads))
-        with blas_threads(1) if nt > 1 else contextlib.nullcontext():
-            yield nt
+        return nt, (blas_threads(1) if nt > 1 else _NO_GUARD)
 
     # ------------------------------------------------------------------ public products
     def gram_matvec(self, kernel: Kernel, Xb: np.ndarray, Z: np.ndarray, U: np.ndarray, *,
@@ -119,7 +122,8 @@ class KernelEngine(abc.ABC):
 
         ``U`` has shape ``(M,)`` or ``(M, t)``; returns float64 shaped like ``U``.
         """
-        with self._threads(n_threads) as nt:
+        nt, guard = self._threads(n_threads)
+        with guard:
             out = self._gram_matvec(kernel, Xb, Z, U, nt, _tile(max_tile_bytes))
         return _shaped(out, out.shape[0], U)
 
@@ -129,7 +133,8 @@ class KernelEngine(abc.ABC):
 
         ``V`` has shape ``(n_b,)`` or ``(n_b, t)``; returns float64 ``(M,)`` or ``(M, t)``.
         """
-        with self._threads(n_threads) as nt:
+        nt, guard = self._threads(n_threads)
+        with guard:
             out = self._t_matvec(kernel, Xb, Z, V, nt, _tile(max_tile_bytes))
         return _shaped(out, out.shape[0], V)
 
@@ -139,7 +144,8 @@ class KernelEngine(abc.ABC):
 
         ``A`` has shape ``(M,)`` or ``(M, t)``; returns float64 ``(n_b,)`` or ``(n_b, t)``.
         """
-        with self._threads(n_threads) as nt:
+        nt, guard = self._threads(n_threads)
+        with guard:
             out = self._matvec(kernel, Xb, Z, A, nt, _tile(max_tile_bytes))
         return _shaped(out, out.shape[0], A)
 
@@ -154,24 +160,28 @@ class KernelEngine(abc.ABC):
         The products are float64 GEMMs (float32 kernel tiles are widened first).
         ``Yb`` has shape ``(n_b,)`` or ``(n_b, t)``.
         """
-        with self._threads(n_threads) as nt:
+        nt, guard = self._threads(n_threads)
+        with guard:
             return self._gram_and_rhs(kernel, Xb, Yb, Z, right, nt, _tile(max_tile_bytes))
 
     def kernel_block(self, kernel: Kernel, Xb: np.ndarray, Z: np.ndarray, *,
                      n_threads: int | None = None) -> np.ndarray:
         """``K = k(Xb, Z)`` materialised in the block dtype, ``(n_b, M)``: what the cache strategy keeps."""
-        with self._threads(n_threads) as nt:
+        nt, guard = self._threads(n_threads)
+        with guard:
             return self._kernel_block(kernel, Xb, Z, nt)
 
     def cached_gram_matvec(self, K: np.ndarray, U: np.ndarray, *, n_threads: int | None = None) -> np.ndarray:
         """``K^T (K U)`` for a stored block ``K`` (from :meth:`kernel_block`), float64 shaped like ``U``."""
-        with self._threads(n_threads) as nt:
+        nt, guard = self._threads(n_threads)
+        with guard:
             out = self._cached_gram_matvec(K, U, nt)
         return _shaped(out, K.shape[1], U)
 
     def cached_t_matvec(self, K: np.ndarray, V: np.ndarray, *, n_threads: int | None = None) -> np.ndarray:
         """``K^T V`` for a stored block ``K`` (``V``: ``(n_b,)`` or ``(n_b, t)``), float64 ``(M,)`` or ``(M, t)``."""
-        with self._threads(n_threads) as nt:
+        nt, guard = self._threads(n_threads)
+        with guard:
             out = self._cached_t_matvec(K, V, nt)
         return _shaped(out, K.shape[1], V)
 
@@ -297,6 +307,10 @@ class FusedEngine(KernelEngine):
 
 
 # --------------------------------------------------------------------------- resolution
+_NUMPY = NumpyEngine()
+_FUSED = FusedEngine()
+
+
 def _worker_memory_limit() -> int | None:
     """Memory limit of the Dask worker running this thread, if any.
 
@@ -364,10 +378,10 @@ def engine_for(kernel: Kernel | None, engine: str = "auto") -> KernelEngine:
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {ENGINES}; got {engine!r}")
     if engine == "auto":
-        engine = _auto_choice(kernel)
+        return _FUSED if _auto_choice(kernel) == "fused" else _NUMPY
     if engine == "numpy":
-        return NumpyEngine()
+        return _NUMPY
     if kernel is not None and not supports(kernel):
         raise TypeError(f"the fused engine does not implement {type(kernel).__name__}; use engine='numpy'")
     FusedEngine._core()
-    return FusedEngine()
+    return _FUSED
