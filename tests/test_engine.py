@@ -1,22 +1,29 @@
-"""The fused block engine against the numpy reference, for every kernel and dtype."""
+"""Both block engines, through the KernelEngine interface, against the numpy reference,
+for every kernel and dtype; and how engine_for resolves an engine."""
 
 from __future__ import annotations
 
+import sys
 import threading
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from daskkrr.kernels import (
+    FusedEngine,
     GaussianKernel,
     Kernel,
+    KernelEngine,
     LaplacianKernel,
     LinearKernel,
     MaternKernel,
+    NumpyEngine,
     PolynomialKernel,
-    blocks,
+    engine_for,
     reference,
 )
+from daskkrr.kernels import engine as engine_module
 from daskkrr.kernels._vexp import exp_neg
 from daskkrr.kernels.threads import current_engine_threads, engine_threads
 
@@ -30,6 +37,7 @@ KERNELS = [
     LinearKernel(),
 ]
 IDS = [f"{k.name}{getattr(k, 'nu', '')}" for k in KERNELS]
+ENGINES = [NumpyEngine(), FusedEngine()]
 # float32 entries carry ~1e-7 relative round-off; products are summed in float64.
 TOL = {np.float32: 2e-5, np.float64: 1e-12}
 
@@ -49,37 +57,53 @@ def _close(actual, expected, tol):
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("kernel", KERNELS, ids=IDS)
-def test_fused_matches_reference(kernel, dtype):
+@pytest.mark.parametrize("engine", ENGINES, ids=lambda e: e.name)
+def test_engine_matches_reference(engine, kernel, dtype):
     X, Z, U, V = _data(dtype)
     tol = TOL[dtype]
     small = 29 * dtype(0).itemsize * 5  # five-row tiles: many tiles and a remainder
-    for tile in (blocks.DEFAULT_TILE_BYTES, small):
+    for tile in (None, small):
         for threads in (1, 3):
-            kw = dict(engine="fused", n_threads=threads)
-            _close(blocks.knm_gram_matvec(kernel, X, Z, U, tile, **kw),
-                   reference.knm_gram_matvec(kernel, X, Z, U), tol)
-            _close(blocks.knm_t_matvec(kernel, X, Z, V, tile, **kw), reference.knm_t_matvec(kernel, X, Z, V), tol)
-            _close(blocks.knm_matvec(kernel, X, Z, U[:, 0], tile, **kw),
-                   reference.knm_matvec(kernel, X, Z, U[:, 0]), tol)
-            _close(blocks.knm_gram_and_rhs(kernel, X, V, Z, tile, **kw),
-                   reference.knm_gram_and_rhs(kernel, X, V, Z), tol)
-    K = blocks.knm_block(kernel, X, Z, engine="fused", n_threads=2)
+            kw = {"n_threads": threads, "max_tile_bytes": tile}
+            _close(engine.gram_matvec(kernel, X, Z, U, **kw), reference.knm_gram_matvec(kernel, X, Z, U), tol)
+            _close(engine.t_matvec(kernel, X, Z, V, **kw), reference.knm_t_matvec(kernel, X, Z, V), tol)
+            _close(engine.matvec(kernel, X, Z, U[:, 0], **kw), reference.knm_matvec(kernel, X, Z, U[:, 0]), tol)
+            _close(engine.gram_and_rhs(kernel, X, V, Z, **kw), reference.knm_gram_and_rhs(kernel, X, V, Z), tol)
+    K = engine.kernel_block(kernel, X, Z, n_threads=2)
     assert K.dtype == dtype and K.shape == (len(X), len(Z))
     _close(K, kernel(X.astype(np.float64), Z.astype(np.float64)), TOL[dtype] / 10)
-    _close(blocks.cached_gram_matvec(K, U, n_threads=2), reference.knm_gram_matvec(kernel, X, Z, U), tol)
-    _close(blocks.cached_t_matvec(K, V), reference.knm_t_matvec(kernel, X, Z, V), tol)
+    _close(engine.cached_gram_matvec(K, U, n_threads=2), reference.knm_gram_matvec(kernel, X, Z, U), tol)
+    _close(engine.cached_t_matvec(K, V), reference.knm_t_matvec(kernel, X, Z, V), tol)
 
 
-def test_shapes_and_dtypes_follow_the_reference():
+@pytest.mark.parametrize("engine", ENGINES, ids=lambda e: e.name)
+def test_preconditioned_gram_matches_reference(engine):
+    X, Z, _, V = _data(np.float64)
+    k = GaussianKernel(sigma=1.3)
+    Kmm = k(Z, Z) + 1e-3 * np.eye(len(Z))
+    right = (np.linalg.cholesky(Kmm).T, np.linspace(0.5, 2.0, len(Z)))
+    _close(engine.gram_and_rhs(k, X, V, Z, right, n_threads=2, max_tile_bytes=29 * 8 * 7),
+           reference.knm_gram_and_rhs(k, X, V, Z, right=right), 1e-10)
+
+
+@pytest.mark.parametrize("engine", ENGINES, ids=lambda e: e.name)
+def test_shapes_and_dtypes_follow_the_reference(engine):
     X, Z, U, V = _data(np.float64, n=50, M=7)
     k = GaussianKernel()
-    for fn, arg in ((blocks.knm_gram_matvec, U[:, 0]), (blocks.knm_gram_matvec, U),
-                    (blocks.knm_t_matvec, V[:, 0]), (blocks.knm_matvec, U[:, 0]), (blocks.knm_matvec, U)):
-        out = fn(k, X, Z, arg)
-        ref = getattr(reference, fn.__name__)(k, X, Z, arg)
-        assert out.shape == ref.shape and out.dtype == np.float64
+    for method, ref, arg in (("gram_matvec", "knm_gram_matvec", U[:, 0]), ("gram_matvec", "knm_gram_matvec", U),
+                             ("t_matvec", "knm_t_matvec", V[:, 0]), ("matvec", "knm_matvec", U[:, 0]),
+                             ("matvec", "knm_matvec", U)):
+        out = getattr(engine, method)(k, X, Z, arg)
+        expected = getattr(reference, ref)(k, X, Z, arg)
+        assert out.shape == expected.shape and out.dtype == np.float64
+    K = engine.kernel_block(k, X, Z)
+    for method, arg, shape in (("cached_gram_matvec", U[:, 0], (7,)), ("cached_gram_matvec", U, (7, 2)),
+                               ("cached_t_matvec", V[:, 0], (7,)), ("cached_t_matvec", V, (7, 2))):
+        out = getattr(engine, method)(K, arg)
+        assert out.shape == shape and out.dtype == np.float64
+    assert engine.gram_and_rhs(k, X, V[:, 0], Z).shape == (7, 8)
     # float32 rows with float64 centers compute in float64, like the reference
-    out = blocks.knm_matvec(k, X.astype(np.float32), Z, U)
+    out = engine.matvec(k, X.astype(np.float32), Z, U)
     _close(out, reference.knm_matvec(k, X.astype(np.float32), Z, U), 1e-12)
 
 
@@ -90,7 +114,7 @@ def test_near_coincident_pairs_are_exact_for_matern():
     X = np.vstack([Z, Z + 1e-7 * rng.normal(size=Z.shape)])
     for dtype in (np.float32, np.float64):
         k = MaternKernel(sigma=1.0, nu=0.5)
-        K = blocks.knm_block(k, X.astype(dtype), Z.astype(dtype), engine="fused")
+        K = FusedEngine().kernel_block(k, X.astype(dtype), Z.astype(dtype))
         exact = k(X.astype(dtype).astype(np.float64), Z.astype(dtype).astype(np.float64))
         np.testing.assert_allclose(K, exact, rtol=0, atol=3e-7 if dtype == np.float32 else 1e-14)
         assert np.all(np.diag(K[:40]) == 1)
@@ -109,27 +133,70 @@ def test_vectorised_exp_is_accurate_and_underflows_to_zero():
         assert np.all(z == 0)
 
 
-def test_engine_dispatch_and_errors():
-    class Scaled(Kernel):  # a user kernel: the fused engine does not know it
-        name = "scaled"
+class Scaled(Kernel):  # a user kernel: the fused engine does not know it
+    name = "scaled"
 
-        def _block(self, A, B):
-            return 2.0 * (A @ B.T)
+    def _block(self, A, B):
+        return 2.0 * (A @ B.T)
 
-        def _diag(self, A):
-            return 2.0 * np.einsum("ij,ij->i", A, A)
+    def _diag(self, A):
+        return 2.0 * np.einsum("ij,ij->i", A, A)
 
+
+def test_engine_for_resolves_as_documented(monkeypatch):
+    monkeypatch.delenv("DASKKRR_ENGINE", raising=False)
+    k = GaussianKernel()
+    assert engine_for(k) is FusedEngine() and engine_for(k, "fused") is FusedEngine()
+    assert engine_for(k, "numpy") is NumpyEngine()
+    assert engine_for(Scaled()) is NumpyEngine()  # any other Kernel subclass: the reference
+    assert engine_for(None) is FusedEngine()  # products on a stored block need no kernel
+    assert isinstance(engine_for(k), KernelEngine) and NumpyEngine() is NumpyEngine()
+    monkeypatch.setenv("DASKKRR_ENGINE", "numpy")
+    assert engine_for(k) is NumpyEngine() and engine_for(None) is NumpyEngine()
+    assert engine_for(k, "fused") is FusedEngine()  # an explicit choice wins over the variable
+    monkeypatch.setenv("DASKKRR_ENGINE", "fused")
+    assert engine_for(k) is FusedEngine() and engine_for(Scaled()) is NumpyEngine()
+
+
+def test_small_dask_workers_run_the_reference(monkeypatch):
+    """The kernels layer asks an already loaded ``distributed`` for the worker's memory."""
+    monkeypatch.delenv("DASKKRR_ENGINE", raising=False)
+    worker = SimpleNamespace(memory_manager=SimpleNamespace(memory_limit=engine_module.FUSED_MIN_WORKER_MEMORY // 2))
+    monkeypatch.setitem(sys.modules, "distributed", SimpleNamespace(get_worker=lambda: worker))
+    assert engine_for(GaussianKernel()) is NumpyEngine() and engine_for(None) is NumpyEngine()
+    monkeypatch.setenv("DASKKRR_ENGINE", "fused")
+    assert engine_for(GaussianKernel()) is FusedEngine()
+    monkeypatch.delenv("DASKKRR_ENGINE")
+    worker.memory_manager.memory_limit = engine_module.FUSED_MIN_WORKER_MEMORY
+    assert engine_for(GaussianKernel()) is FusedEngine()
+
+
+def test_engine_errors():
     X, Z, U, _ = _data(np.float64, n=20, M=5)
-    assert blocks.resolve_engine(GaussianKernel()) == "fused"
-    assert blocks.resolve_engine(GaussianKernel(), "numpy") == "numpy"
-    assert blocks.resolve_engine(Scaled()) == "numpy"
-    _close(blocks.knm_gram_matvec(Scaled(), X, Z, U), reference.knm_gram_matvec(Scaled(), X, Z, U), 1e-12)
+    _close(NumpyEngine().gram_matvec(Scaled(), X, Z, U), reference.knm_gram_matvec(Scaled(), X, Z, U), 1e-12)
     with pytest.raises(TypeError, match="fused engine does not implement Scaled"):
-        blocks.knm_matvec(Scaled(), X, Z, U, engine="fused")
+        engine_for(Scaled(), "fused")
+    with pytest.raises(TypeError, match="fused engine does not implement Scaled"):
+        FusedEngine().matvec(Scaled(), X, Z, U)
     with pytest.raises(ValueError, match="engine must be one of"):
-        blocks.knm_matvec(GaussianKernel(), X, Z, U, engine="gpu")
+        engine_for(GaussianKernel(), "gpu")
     with pytest.raises(ValueError, match="same number of features"):
-        blocks.knm_matvec(GaussianKernel(), X, Z[:, :3], U)
+        FusedEngine().matvec(GaussianKernel(), X, Z[:, :3], U)
+    with pytest.raises(TypeError, match="abstract"):
+        KernelEngine()
+
+
+def test_without_numba_auto_falls_back_and_fused_says_why(monkeypatch):
+    monkeypatch.delenv("DASKKRR_ENGINE", raising=False)
+    monkeypatch.setitem(sys.modules, "daskkrr.kernels.fused", None)  # the import now fails
+    monkeypatch.setattr(engine_module, "_FUSED_CORE", None)
+    monkeypatch.setattr(engine_module, "_FUSED_ERROR", None)
+    X, Z, U, _ = _data(np.float64, n=20, M=5)
+    assert engine_for(GaussianKernel()) is NumpyEngine()
+    with pytest.raises(ImportError, match="fused engine needs numba"):
+        engine_for(GaussianKernel(), "fused")
+    with pytest.raises(ImportError, match="fused engine needs numba"):
+        FusedEngine().matvec(GaussianKernel(), X, Z, U)
 
 
 def test_thread_rule():
@@ -146,14 +213,11 @@ def test_thread_rule():
             pass
 
 
-def test_auto_engine_override_and_numpy_products_on_stored_blocks(monkeypatch):
+def test_stored_block_products_agree_across_engines():
     X, Z, U, V = _data(np.float32, n=5000, M=9)
     k = GaussianKernel()
-    K = blocks.knm_block(k, X, Z)
-    fused = (blocks.cached_gram_matvec(K, U), blocks.cached_t_matvec(K, V))
-    monkeypatch.setenv("DASKKRR_ENGINE", "numpy")
-    assert blocks.auto_engine() == "numpy" and blocks.resolve_engine(k) == "numpy"
-    _close(blocks.cached_gram_matvec(K, U), fused[0], 1e-12)
-    _close(blocks.cached_t_matvec(K, V), fused[1], 1e-12)
-    monkeypatch.setenv("DASKKRR_ENGINE", "fused")
-    assert blocks.resolve_engine(k) == "fused"
+    K = FusedEngine().kernel_block(k, X, Z)
+    _close(NumpyEngine().kernel_block(k, X, Z), K, 1e-6)
+    fused = (FusedEngine().cached_gram_matvec(K, U), FusedEngine().cached_t_matvec(K, V))
+    _close(NumpyEngine().cached_gram_matvec(K, U), fused[0], 1e-12)
+    _close(NumpyEngine().cached_t_matvec(K, V), fused[1], 1e-12)

@@ -9,15 +9,16 @@ import pytest
 from sklearn.metrics import pairwise
 
 from daskkrr.kernels import (
+    FusedEngine,
     GaussianKernel,
     LaplacianKernel,
     LinearKernel,
     MaternKernel,
+    NumpyEngine,
     PolynomialKernel,
     kernel_from_dict,
     make_kernel,
 )
-from daskkrr.kernels.blocks import knm_gram_and_rhs, knm_gram_matvec, knm_matvec, knm_t_matvec
 
 
 @pytest.fixture
@@ -117,7 +118,8 @@ def test_shape_mismatch_message():
 
 @pytest.mark.parametrize("kernel", ALL, ids=lambda k: k.name)
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_block_products_match_dense(kernel, dtype):
+@pytest.mark.parametrize("engine", [NumpyEngine(), FusedEngine()], ids=lambda e: e.name)
+def test_block_products_match_dense(engine, kernel, dtype):
     rng = np.random.default_rng(1)
     Xb = rng.normal(size=(301, 5)).astype(dtype)
     Z = rng.normal(size=(17, 5)).astype(dtype)
@@ -127,13 +129,13 @@ def test_block_products_match_dense(kernel, dtype):
     tol = 1e-10 if dtype == np.float64 else 1e-3
     tiny_tile = 17 * 8 * 10  # forces ~30 tiles
     scale = np.abs(K).max() ** 2 * 301
-    np.testing.assert_allclose(knm_gram_matvec(kernel, Xb, Z, U, tiny_tile), K.T @ (K @ U),
+    np.testing.assert_allclose(engine.gram_matvec(kernel, Xb, Z, U, max_tile_bytes=tiny_tile), K.T @ (K @ U),
                                rtol=tol, atol=tol * scale)
-    np.testing.assert_allclose(knm_t_matvec(kernel, Xb, Z, Y, tiny_tile), K.T @ Y, rtol=tol,
+    np.testing.assert_allclose(engine.t_matvec(kernel, Xb, Z, Y, max_tile_bytes=tiny_tile), K.T @ Y, rtol=tol,
                                atol=tol * scale)
-    np.testing.assert_allclose(knm_matvec(kernel, Xb, Z, U[:, 0], tiny_tile), K @ U[:, 0], rtol=tol,
-                               atol=tol * scale)
-    GB = knm_gram_and_rhs(kernel, Xb, Y, Z, tiny_tile)
+    np.testing.assert_allclose(engine.matvec(kernel, Xb, Z, U[:, 0], max_tile_bytes=tiny_tile), K @ U[:, 0],
+                               rtol=tol, atol=tol * scale)
+    GB = engine.gram_and_rhs(kernel, Xb, Y, Z, max_tile_bytes=tiny_tile)
     np.testing.assert_allclose(GB[:, :17], K.T @ K, rtol=tol, atol=tol * scale)
     np.testing.assert_allclose(GB[:, 17:], K.T @ Y, rtol=tol, atol=tol * scale)
 

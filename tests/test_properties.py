@@ -4,7 +4,6 @@ documented error."""
 
 from __future__ import annotations
 
-import inspect
 import re
 import tempfile
 from pathlib import Path
@@ -12,12 +11,12 @@ from pathlib import Path
 import dask.array as da
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from daskkrr.data import Standardizer, open_dataset, write_zarr
-from daskkrr.kernels import blocks, make_kernel
+from daskkrr.kernels import FusedEngine, NumpyEngine, make_kernel
 
 FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -258,10 +257,10 @@ def test_invalid_kernel_parameters_are_refused(name, sigma):
         make_kernel(name, sigma=sigma)
 
 
-ENGINES = [e for e in getattr(blocks, "ENGINES", ("numpy",)) if e != "auto"] or ["numpy"]
+ENGINES = [NumpyEngine(), FusedEngine()]
 
 
-@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("engine", ENGINES, ids=lambda e: e.name)
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(spec=kernel_specs(), t=st.integers(1, 3), tile=st.integers(8, 4096), data=st.data())
 def test_block_products_match_dense_numpy(engine, spec, t, tile, data):
@@ -269,19 +268,13 @@ def test_block_products_match_dense_numpy(engine, spec, t, tile, data):
     X, d = _points(data.draw, n_max=40)
     Z, _ = _points(data.draw, n_max=15, d=d)
     kernel = make_kernel(name, **params)
-    extra = {"engine": engine} if "engine" in inspect.signature(blocks.knm_gram_matvec).parameters else {}
-    try:
-        if extra:
-            blocks.resolve_engine(kernel, engine)
-    except (TypeError, ImportError):
-        assume(False)  # this engine does not implement this kernel
     rng = np.random.default_rng(0)
     U, V = rng.normal(size=(len(Z), t)), rng.normal(size=(len(X), t))
     K = _reference_kernel(name, params, X, Z)
     scale = max(1.0, float(np.abs(K).max())) ** 2 * len(X) * len(Z)
     tol = dict(rtol=1e-9, atol=1e-11 * scale)
-    np.testing.assert_allclose(blocks.knm_gram_matvec(kernel, X, Z, U, tile, **extra), K.T @ (K @ U), **tol)
-    np.testing.assert_allclose(blocks.knm_t_matvec(kernel, X, Z, V, tile, **extra), K.T @ V, **tol)
-    np.testing.assert_allclose(blocks.knm_matvec(kernel, X, Z, U, tile, **extra), K @ U, **tol)
-    np.testing.assert_allclose(blocks.knm_gram_matvec(kernel, X, Z, U[:, 0], tile, **extra),
+    np.testing.assert_allclose(engine.gram_matvec(kernel, X, Z, U, max_tile_bytes=tile), K.T @ (K @ U), **tol)
+    np.testing.assert_allclose(engine.t_matvec(kernel, X, Z, V, max_tile_bytes=tile), K.T @ V, **tol)
+    np.testing.assert_allclose(engine.matvec(kernel, X, Z, U, max_tile_bytes=tile), K @ U, **tol)
+    np.testing.assert_allclose(engine.gram_matvec(kernel, X, Z, U[:, 0], max_tile_bytes=tile),
                                K.T @ (K @ U[:, 0]), **tol)

@@ -12,6 +12,7 @@ from typing import Any
 
 from daskkrr.kernels.base import Kernel, squared_distances
 from daskkrr.kernels.dot import LinearKernel, PolynomialKernel
+from daskkrr.kernels.engine import FusedEngine, KernelEngine, NumpyEngine, engine_for
 from daskkrr.kernels.stationary import GaussianKernel, LaplacianKernel, MaternKernel
 
 KERNELS: dict[str, type[Kernel]] = {
@@ -59,12 +60,16 @@ def kernel_from_dict(spec: dict[str, Any]) -> Kernel:
 
 __all__ = [
     "KERNELS",
+    "FusedEngine",
     "GaussianKernel",
     "Kernel",
+    "KernelEngine",
     "LaplacianKernel",
     "LinearKernel",
     "MaternKernel",
+    "NumpyEngine",
     "PolynomialKernel",
+    "engine_for",
     "kernel_from_dict",
     "make_kernel",
     "squared_distances",

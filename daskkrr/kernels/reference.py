@@ -2,8 +2,8 @@
 
 Plain numpy, one large kernel tile (up to ``max_tile_bytes``) at a time: build
 the tile with the kernel object, then multiply with BLAS. Accumulation is in
-float64 whatever the block dtype. :mod:`daskkrr.kernels.blocks` dispatches to
-these with ``engine="numpy"``; the tests compare the fused engine
+float64 whatever the block dtype. :class:`daskkrr.kernels.engine.NumpyEngine`
+computes its products with these; the tests compare the fused engine
 (:mod:`daskkrr.kernels.fused`) against them, and the throughput benchmark
 (``workflows/benchmarks/engine_throughput.py``) uses them as the baseline.
 """
@@ -103,6 +103,35 @@ def knm_gram_and_rhs(
         Wt = Kt if right is None else precondition_tile(Kt, *right)
         out[:, :M] += Wt.T @ Wt
         out[:, M:] += Kt.T @ Y2[sl]
+    return out
+
+
+def kernel_block(kernel: Kernel, Xb: np.ndarray, Z: np.ndarray) -> np.ndarray:
+    """``k(Xb, Z)`` materialised in the common dtype of ``Xb`` and ``Z``, ``(n_b, M)``."""
+    Xb, Z = _cast(np.asarray(Xb), np.asarray(Z))
+    return np.ascontiguousarray(kernel(Xb, Z))
+
+
+#: Rows of a stored block widened to float64 at once by the cached products.
+CACHED_SLICE_ROWS = 4096
+
+
+def cached_gram_matvec(K: np.ndarray, U: np.ndarray) -> np.ndarray:
+    """``K^T (K U)`` for a stored kernel block ``K``, float64 ``(M, t)``."""
+    U2 = np.asarray(U, dtype=np.float64).reshape(K.shape[1], -1)
+    out = np.zeros_like(U2)
+    for s in range(0, K.shape[0], CACHED_SLICE_ROWS):  # float64 a slice at a time
+        K64 = np.asarray(K[s : s + CACHED_SLICE_ROWS], dtype=np.float64)
+        out += K64.T @ (K64 @ U2)
+    return out
+
+
+def cached_t_matvec(K: np.ndarray, V: np.ndarray) -> np.ndarray:
+    """``K^T V`` for a stored kernel block ``K`` (``V`` has ``len(K)`` rows), float64 ``(M, t)``."""
+    V2 = np.asarray(V, dtype=np.float64).reshape(K.shape[0], -1)
+    out = np.zeros((K.shape[1], V2.shape[1]))
+    for s in range(0, K.shape[0], CACHED_SLICE_ROWS):
+        out += np.asarray(K[s : s + CACHED_SLICE_ROWS], dtype=np.float64).T @ V2[s : s + CACHED_SLICE_ROWS]
     return out
 
 

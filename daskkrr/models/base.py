@@ -18,8 +18,8 @@ import numpy as np
 from sklearn.base import BaseEstimator
 
 from daskkrr.kernels import Kernel, make_kernel
-from daskkrr.kernels.blocks import knm_matvec
 from daskkrr.data.inputs import is_in_memory, load_features
+from daskkrr.kernels.engine import engine_for
 from daskkrr.parallel.strategies import check_strategy
 from daskkrr.pipeline import Stage, nystrom_stages, run_fit
 from daskkrr.sampling import CenterSampler, make_sampler
@@ -171,7 +171,7 @@ class NystromModelBase(BaseEstimator):
                 raise TypeError(f"X must be numeric; got dtype {Xn.dtype}")
             _check_finite_rows(Xn, 0)
             Xs = self.scaler_.transform(Xn) if self.scaler_ is not None else Xn
-            out = knm_matvec(self.kernel_, np.asarray(Xs, dtype=self.dtype), self.centers_, coef2)
+            out = engine_for(self.kernel_).matvec(self.kernel_, np.asarray(Xs, dtype=self.dtype), self.centers_, coef2)
             return out + self.intercept_
         Xd = load_features(X, self.chunks)
         self._check_n_features(Xd.shape)
@@ -205,7 +205,7 @@ def _predict_block(
 ) -> np.ndarray:
     start = block_info[0]["array-location"][0][0] if block_info and 0 in block_info else 0
     _check_finite_rows(Xb, start)
-    return knm_matvec(kernel, Xb, Z, coef) + y_mean
+    return engine_for(kernel).matvec(kernel, Xb, Z, coef) + y_mean
 
 
 def _check_finite_rows(Xb: np.ndarray, start: int) -> None:

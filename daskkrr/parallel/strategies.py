@@ -25,14 +25,7 @@ import dask.array as da
 import numpy as np
 
 from daskkrr.kernels.base import Kernel
-from daskkrr.kernels.blocks import (
-    cached_gram_matvec,
-    cached_t_matvec,
-    knm_block,
-    knm_gram_and_rhs,
-    knm_gram_matvec,
-    knm_t_matvec,
-)
+from daskkrr.kernels.engine import engine_for
 from daskkrr.parallel.executor import BlockPasses, Executor
 from daskkrr.parallel.cost import (
     STRATEGY_CHOICES,
@@ -137,28 +130,28 @@ def balance_blocks(X: da.Array, Y: da.Array | None, slots: int) -> tuple[da.Arra
 # --------------------------------------------------------------------------- block tasks
 # BlockPasses calls fn(X_b, [Y_b,] *args); module-level so workers can unpickle them.
 def _rhs_task(Xb: np.ndarray, Yb: np.ndarray, kernel: Kernel, Z: np.ndarray) -> np.ndarray:
-    return knm_t_matvec(kernel, Xb, Z, Yb)
+    return engine_for(kernel).t_matvec(kernel, Xb, Z, Yb)
 
 
 def _gram_matvec_task(Xb: np.ndarray, kernel: Kernel, Z: np.ndarray, U: np.ndarray) -> np.ndarray:
-    return knm_gram_matvec(kernel, Xb, Z, U)
+    return engine_for(kernel).gram_matvec(kernel, Xb, Z, U)
 
 
 def _gram_rhs_task(Xb: np.ndarray, Yb: np.ndarray, kernel: Kernel, Z: np.ndarray,
                    right: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
-    return knm_gram_and_rhs(kernel, Xb, Yb, Z, right=right)
+    return engine_for(kernel).gram_and_rhs(kernel, Xb, Yb, Z, right=right)
 
 
 def _kernel_block_task(Xb: np.ndarray, kernel: Kernel, Z: np.ndarray) -> np.ndarray:
-    return knm_block(kernel, Xb, Z)
+    return engine_for(kernel).kernel_block(kernel, Xb, Z)
 
 
 def _cached_rhs_task(Kb: np.ndarray, Yb: np.ndarray) -> np.ndarray:
-    return cached_t_matvec(Kb, Yb)
+    return engine_for(None).cached_t_matvec(Kb, Yb)
 
 
 def _cached_gram_matvec_task(Kb: np.ndarray, U: np.ndarray) -> np.ndarray:
-    return cached_gram_matvec(Kb, U)
+    return engine_for(None).cached_gram_matvec(Kb, U)
 
 
 # --------------------------------------------------------------------------- operators

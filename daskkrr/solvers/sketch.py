@@ -22,6 +22,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from daskkrr.kernels.base import Kernel
+from daskkrr.kernels.engine import engine_for
 
 #: Fewest and most sketch rows per center chosen by ``preconditioner_rows="auto"``.
 AUTO_ROWS_PER_CENTER = (4, 16)
@@ -71,8 +72,7 @@ class KernelRowSketch:
         return int(self.X.shape[0])
 
     def __iter__(self) -> Iterator[np.ndarray]:
-        from daskkrr.kernels.blocks import knm_block
-
+        engine = engine_for(self.kernel)
         for start in range(0, self.rows, SKETCH_BLOCK_ROWS):
-            block = knm_block(self.kernel, self.X[start:start + SKETCH_BLOCK_ROWS], self.Z)
+            block = engine.kernel_block(self.kernel, self.X[start:start + SKETCH_BLOCK_ROWS], self.Z)
             yield np.asarray(block, dtype=np.float64)

@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from fit_tools import machine, print_table, write_results  # noqa: E402
 
-from daskkrr.kernels import GaussianKernel, blocks, reference  # noqa: E402
+from daskkrr.kernels import FusedEngine, GaussianKernel, reference  # noqa: E402
 from daskkrr.utils.threads import available_cores, blas_threads  # noqa: E402
 
 
@@ -54,13 +54,14 @@ def measure(d: int, dtype: type, n_rows: int, n_centers: int, repeat: int) -> di
     k = GaussianKernel(sigma=float(np.sqrt(d)))
     E = n_rows * n_centers / 1e6
     cores = available_cores()
-    blocks.knm_gram_matvec(k, X[:64], Z, u, engine="fused")  # load the compiled code
+    fused = FusedEngine()
+    fused.gram_matvec(k, X[:64], Z, u)  # load the compiled code
     row: dict = {"d": d, "dtype": np.dtype(dtype).name, "n_rows": n_rows, "M": n_centers}
 
     # All cores, wall clock.
     t_np = _best(lambda: reference.knm_gram_matvec(k, X, Z, u), repeat)
-    t_fu = _best(lambda: blocks.knm_gram_matvec(k, X, Z, u, engine="fused", n_threads=cores), repeat)
-    t_pr = _best(lambda: blocks.knm_matvec(k, X, Z, u, engine="fused", n_threads=cores), repeat)
+    t_fu = _best(lambda: fused.gram_matvec(k, X, Z, u, n_threads=cores), repeat)
+    t_pr = _best(lambda: fused.matvec(k, X, Z, u, n_threads=cores), repeat)
     ZT = np.ascontiguousarray(Z.T)
     t_gemm = _best(lambda: X @ ZT, repeat)
     S = rng.normal(size=(2048, 2048)).astype(dtype)
@@ -79,7 +80,7 @@ def measure(d: int, dtype: type, n_rows: int, n_centers: int, repeat: int) -> di
     # One thread each, CPU time (stable on a loaded machine).
     with blas_threads(1):
         c_np = _best(lambda: reference.knm_gram_matvec(k, X, Z, u), repeat, time.thread_time)
-        c_fu = _best(lambda: blocks.knm_gram_matvec(k, X, Z, u, engine="fused", n_threads=1), repeat,
+        c_fu = _best(lambda: fused.gram_matvec(k, X, Z, u, n_threads=1), repeat,
                      time.thread_time)
         c_sq = _best(lambda: S @ S, repeat, time.thread_time)
     row.update(numpy_1t_Mps=E / c_np, fused_1t_Mps=E / c_fu, speedup_1t=c_np / c_fu,

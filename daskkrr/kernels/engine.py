@@ -1,0 +1,388 @@
+"""How one block is processed: the kernel engine interface and its two implementations.
+
+These products are the hot loop of daskkrr: each FALKON iteration calls
+:meth:`KernelEngine.gram_matvec` once per row block, and predict calls
+:meth:`KernelEngine.matvec` once per block. They are pure functions of one block,
+bounded in memory by ``max_tile_bytes`` rather than by the block's row count, so
+an ``(n_b, M)`` kernel block is never materialised whole when it is large.
+
+Two engines implement :class:`KernelEngine`:
+
+- :class:`FusedEngine` (:mod:`daskkrr.kernels.fused`, numba): cache-sized tiles,
+  the kernel function and both products fused per row, several times faster;
+  numba is imported on its first call only;
+- :class:`NumpyEngine` (:mod:`daskkrr.kernels.reference`): the plain numpy
+  reference, for any :class:`~daskkrr.kernels.Kernel` subclass.
+
+:func:`engine_for` picks one. ``engine="auto"`` (the default) takes the fused
+engine for the built-in kernels and the reference for any other kernel, with two
+exceptions: ``$DASKKRR_ENGINE`` (``fused`` or ``numpy``) overrides it, and a Dask
+worker with less than :data:`FUSED_MIN_WORKER_MEMORY` of memory runs the
+reference (numba's compiled code and LLVM runtime stay resident, about 100 MB per
+process, which such a worker cannot spare).
+
+Every product accumulates in float64, whatever the block dtype, so float32 data
+do not lose accuracy across many tiles. ``n_threads=None`` follows the rule of
+:mod:`daskkrr.kernels.threads` (1 inside Dask tasks, every core on the main
+thread); the base class applies it, and holds BLAS to one thread while an engine
+runs threads of its own.
+
+>>> import numpy as np
+>>> from daskkrr.kernels import GaussianKernel, engine_for
+>>> engine = engine_for(GaussianKernel(sigma=1.0), "numpy")
+>>> engine.matvec(GaussianKernel(sigma=1.0), np.zeros((3, 2)), np.zeros((1, 2)), np.ones(1))
+array([1., 1., 1.])
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import importlib
+import os
+import sys
+from types import ModuleType
+from typing import Any, ClassVar, Self
+
+import numpy as np
+
+from daskkrr.kernels import reference
+from daskkrr.kernels.base import Kernel
+from daskkrr.kernels.spec import supports
+from daskkrr.kernels.threads import current_engine_threads
+from daskkrr.utils.threads import blas_threads
+
+#: Largest kernel tile (rows x centers x itemsize) built at once when ``max_tile_bytes`` is None.
+DEFAULT_TILE_BYTES = reference.DEFAULT_TILE_BYTES
+#: Engines accepted by :func:`engine_for`.
+ENGINES = ("auto", "fused", "numpy")
+#: Dask workers with a smaller memory limit use the numpy reference under ``engine="auto"``.
+FUSED_MIN_WORKER_MEMORY = 2**30
+
+
+_NO_GUARD = contextlib.nullcontext()  # stateless, so one instance serves every call
+
+
+def _tile(max_tile_bytes: int | None) -> int:
+    return DEFAULT_TILE_BYTES if max_tile_bytes is None else int(max_tile_bytes)
+
+
+def _shaped(out: np.ndarray, lead: int, like: Any) -> np.ndarray:
+    """``out`` reshaped to ``(lead,)`` followed by the trailing shape of the operand ``like``."""
+    return out.reshape((lead,) + np.shape(like)[1:])
+
+
+class KernelEngine(abc.ABC):
+    """The per-block kernel products, as one engine computes them.
+
+    Engines are stateless singletons (``NumpyEngine() is NumpyEngine()``), so they
+    are cheap to pass around and to pickle into Dask tasks. Subclasses implement
+    the ``_``-prefixed hooks; the public methods resolve ``n_threads`` and
+    ``max_tile_bytes``, guard BLAS, and give the results their documented shapes.
+
+    The methods share their arguments: ``kernel`` (a :class:`~daskkrr.kernels.Kernel`);
+    ``Xb``, a row block ``(n_b, d)`` (float32 or float64; the kernel uses the
+    common dtype of ``Xb`` and ``Z``); ``Z``, the centers ``(M, d)``;
+    ``n_threads``, the engine's threads (None: the rule of
+    :mod:`daskkrr.kernels.threads`; an engine without threads of its own ignores
+    it); ``max_tile_bytes``, the largest kernel tile built at once (None:
+    :data:`DEFAULT_TILE_BYTES`).
+    """
+
+    #: The name :func:`engine_for` knows this engine by.
+    name: ClassVar[str]
+    #: Whether the engine runs threads of its own (then BLAS is held to one thread meanwhile).
+    threaded: ClassVar[bool]
+
+    _instances: ClassVar[dict[type, KernelEngine]] = {}
+
+    def __new__(cls) -> Self:
+        instance = KernelEngine._instances.get(cls)
+        if instance is None:
+            instance = KernelEngine._instances[cls] = super().__new__(cls)
+        return instance  # type: ignore[return-value]  # stored per class
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+    def _threads(self, n_threads: int | None) -> tuple[int, contextlib.AbstractContextManager]:
+        """The engine's thread count for one call, and the BLAS guard to hold while it runs.
+
+        BLAS is single-threaded while the engine runs threads of its own (the rule
+        of :mod:`daskkrr.kernels.threads`: engine threads x BLAS threads <= cores).
+        """
+        if not self.threaded:
+            return 1, _NO_GUARD
+        nt = current_engine_threads() if n_threads is None else max(1, int(n_threads))
+        return nt, (blas_threads(1) if nt > 1 else _NO_GUARD)
+
+    # ------------------------------------------------------------------ public products
+    def gram_matvec(self, kernel: Kernel, Xb: np.ndarray, Z: np.ndarray, U: np.ndarray, *,
+                    n_threads: int | None = None, max_tile_bytes: int | None = None) -> np.ndarray:
+        """``K^T (K U)`` with ``K = k(Xb, Z)``: FALKON's per-block product.
+
+        ``U`` has shape ``(M,)`` or ``(M, t)``; returns float64 shaped like ``U``.
+        """
+        nt, guard = self._threads(n_threads)
+        with guard:
+            out = self._gram_matvec(kernel, Xb, Z, U, nt, _tile(max_tile_bytes))
+        return _shaped(out, out.shape[0], U)
+
+    def t_matvec(self, kernel: Kernel, Xb: np.ndarray, Z: np.ndarray, V: np.ndarray, *,
+                 n_threads: int | None = None, max_tile_bytes: int | None = None) -> np.ndarray:
+        """``K^T V`` with ``K = k(Xb, Z)``: the right-hand side ``K_nM^T y``, block by block.
+
+        ``V`` has shape ``(n_b,)`` or ``(n_b, t)``; returns float64 ``(M,)`` or ``(M, t)``.
+        """
+        nt, guard = self._threads(n_threads)
+        with guard:
+            out = self._t_matvec(kernel, Xb, Z, V, nt, _tile(max_tile_bytes))
+        return _shaped(out, out.shape[0], V)
+
+    def matvec(self, kernel: Kernel, Xb: np.ndarray, Z: np.ndarray, A: np.ndarray, *,
+               n_threads: int | None = None, max_tile_bytes: int | None = None) -> np.ndarray:
+        """``K A`` with ``K = k(Xb, Z)``: the prediction of one block.
+
+        ``A`` has shape ``(M,)`` or ``(M, t)``; returns float64 ``(n_b,)`` or ``(n_b, t)``.
+        """
+        nt, guard = self._threads(n_threads)
+        with guard:
+            out = self._matvec(kernel, Xb, Z, A, nt, _tile(max_tile_bytes))
+        return _shaped(out, out.shape[0], A)
+
+    def gram_and_rhs(self, kernel: Kernel, Xb: np.ndarray, Yb: np.ndarray, Z: np.ndarray,
+                     right: tuple[np.ndarray, np.ndarray] | None = None, *,
+                     n_threads: int | None = None, max_tile_bytes: int | None = None) -> np.ndarray:
+        """``[W^T W | K^T Y]`` with ``K = k(Xb, Z)``: the Gram strategy's one pass, float64 ``(M, M + t)``.
+
+        ``W = K`` by default; with ``right = (T, d)`` (FALKON's upper-triangular
+        factor and positive scaling) ``W = K diag(d) T^{-1}``, the preconditioned
+        Gram matrix (see :func:`daskkrr.kernels.reference.precondition_tile`).
+        The products are float64 GEMMs (float32 kernel tiles are widened first).
+        ``Yb`` has shape ``(n_b,)`` or ``(n_b, t)``.
+        """
+        nt, guard = self._threads(n_threads)
+        with guard:
+            return self._gram_and_rhs(kernel, Xb, Yb, Z, right, nt, _tile(max_tile_bytes))
+
+    def kernel_block(self, kernel: Kernel, Xb: np.ndarray, Z: np.ndarray, *,
+                     n_threads: int | None = None) -> np.ndarray:
+        """``K = k(Xb, Z)`` materialised in the block dtype, ``(n_b, M)``: what the cache strategy keeps."""
+        nt, guard = self._threads(n_threads)
+        with guard:
+            return self._kernel_block(kernel, Xb, Z, nt)
+
+    def cached_gram_matvec(self, K: np.ndarray, U: np.ndarray, *, n_threads: int | None = None) -> np.ndarray:
+        """``K^T (K U)`` for a stored block ``K`` (from :meth:`kernel_block`), float64 shaped like ``U``."""
+        nt, guard = self._threads(n_threads)
+        with guard:
+            out = self._cached_gram_matvec(K, U, nt)
+        return _shaped(out, K.shape[1], U)
+
+    def cached_t_matvec(self, K: np.ndarray, V: np.ndarray, *, n_threads: int | None = None) -> np.ndarray:
+        """``K^T V`` for a stored block ``K`` (``V``: ``(n_b,)`` or ``(n_b, t)``), float64 ``(M,)`` or ``(M, t)``."""
+        nt, guard = self._threads(n_threads)
+        with guard:
+            out = self._cached_t_matvec(K, V, nt)
+        return _shaped(out, K.shape[1], V)
+
+    # ------------------------------------------------------------------ hooks
+    # Each receives a resolved thread count and tile size and returns float64 ``(rows, t)``
+    # (the public method reshapes), except the stored block and ``[W^T W | K^T Y]``.
+    @abc.abstractmethod
+    def _gram_matvec(self, kernel: Kernel, Xb: Any, Z: Any, U: Any, n_threads: int,
+                     max_tile_bytes: int) -> np.ndarray: ...
+
+    @abc.abstractmethod
+    def _t_matvec(self, kernel: Kernel, Xb: Any, Z: Any, V: Any, n_threads: int,
+                  max_tile_bytes: int) -> np.ndarray: ...
+
+    @abc.abstractmethod
+    def _matvec(self, kernel: Kernel, Xb: Any, Z: Any, A: Any, n_threads: int,
+                max_tile_bytes: int) -> np.ndarray: ...
+
+    @abc.abstractmethod
+    def _gram_and_rhs(self, kernel: Kernel, Xb: Any, Yb: Any, Z: Any,
+                      right: tuple[np.ndarray, np.ndarray] | None, n_threads: int,
+                      max_tile_bytes: int) -> np.ndarray: ...
+
+    @abc.abstractmethod
+    def _kernel_block(self, kernel: Kernel, Xb: Any, Z: Any, n_threads: int) -> np.ndarray: ...
+
+    @abc.abstractmethod
+    def _cached_gram_matvec(self, K: np.ndarray, U: Any, n_threads: int) -> np.ndarray: ...
+
+    @abc.abstractmethod
+    def _cached_t_matvec(self, K: np.ndarray, V: Any, n_threads: int) -> np.ndarray: ...
+
+
+class NumpyEngine(KernelEngine):
+    """The numpy reference (:mod:`daskkrr.kernels.reference`): large tiles, BLAS with its own threads.
+
+    Works for any :class:`~daskkrr.kernels.Kernel` subclass; runs no threads of its own.
+    """
+
+    name = "numpy"
+    threaded = False
+
+    def _gram_matvec(self, kernel, Xb, Z, U, n_threads, max_tile_bytes):
+        return reference.knm_gram_matvec(kernel, Xb, Z, U, max_tile_bytes)
+
+    def _t_matvec(self, kernel, Xb, Z, V, n_threads, max_tile_bytes):
+        return reference.knm_t_matvec(kernel, Xb, Z, V, max_tile_bytes)
+
+    def _matvec(self, kernel, Xb, Z, A, n_threads, max_tile_bytes):
+        return reference.knm_matvec(kernel, Xb, Z, A, max_tile_bytes)
+
+    def _gram_and_rhs(self, kernel, Xb, Yb, Z, right, n_threads, max_tile_bytes):
+        return reference.knm_gram_and_rhs(kernel, Xb, Yb, Z, max_tile_bytes, right=right)
+
+    def _kernel_block(self, kernel, Xb, Z, n_threads):
+        return reference.kernel_block(kernel, Xb, Z)
+
+    def _cached_gram_matvec(self, K, U, n_threads):
+        return reference.cached_gram_matvec(K, U)
+
+    def _cached_t_matvec(self, K, V, n_threads):
+        return reference.cached_t_matvec(K, V)
+
+
+_FUSED_CORE: ModuleType | None = None
+_FUSED_ERROR: ImportError | None = None
+
+
+def _fused_core() -> ModuleType | None:
+    """:mod:`daskkrr.kernels.fused`, imported (with numba) on first use; None if numba is missing."""
+    global _FUSED_CORE, _FUSED_ERROR
+    if _FUSED_CORE is None and _FUSED_ERROR is None:
+        try:
+            _FUSED_CORE = importlib.import_module("daskkrr.kernels.fused")
+        except ImportError as exc:
+            _FUSED_ERROR = exc
+    return _FUSED_CORE
+
+
+class FusedEngine(KernelEngine):
+    """The fused, cache-tiled numba engine (:mod:`daskkrr.kernels.fused`) for the built-in kernels.
+
+    numba is imported on the first product; without it every product raises
+    ImportError (:func:`engine_for` then picks :class:`NumpyEngine` under ``"auto"``).
+    """
+
+    name = "fused"
+    threaded = True
+
+    @staticmethod
+    def available() -> bool:
+        """True when numba, hence this engine, can be loaded."""
+        return _fused_core() is not None
+
+    @staticmethod
+    def _core() -> ModuleType:
+        core = _fused_core()
+        if core is None:
+            raise ImportError(f"the fused engine needs numba: {_FUSED_ERROR}; use engine='numpy'")
+        return core
+
+    def _gram_matvec(self, kernel, Xb, Z, U, n_threads, max_tile_bytes):
+        return self._core().gram_matvec(kernel, Xb, Z, U, max_tile_bytes=max_tile_bytes, n_threads=n_threads)
+
+    def _t_matvec(self, kernel, Xb, Z, V, n_threads, max_tile_bytes):
+        return self._core().t_matvec(kernel, Xb, Z, V, max_tile_bytes=max_tile_bytes, n_threads=n_threads)
+
+    def _matvec(self, kernel, Xb, Z, A, n_threads, max_tile_bytes):
+        return self._core().matvec(kernel, Xb, Z, A, max_tile_bytes=max_tile_bytes, n_threads=n_threads)
+
+    def _gram_and_rhs(self, kernel, Xb, Yb, Z, right, n_threads, max_tile_bytes):
+        return self._core().gram_and_rhs(kernel, Xb, Yb, Z, max_tile_bytes=max_tile_bytes,
+                                         n_threads=n_threads, right=right)
+
+    def _kernel_block(self, kernel, Xb, Z, n_threads):
+        return self._core().kernel_block(kernel, Xb, Z, n_threads=n_threads)
+
+    def _cached_gram_matvec(self, K, U, n_threads):
+        return self._core().cached_gram_matvec(K, U, n_threads=n_threads)
+
+    def _cached_t_matvec(self, K, V, n_threads):
+        return self._core().cached_t_matvec(K, V, n_threads=n_threads)
+
+
+# --------------------------------------------------------------------------- resolution
+_NUMPY = NumpyEngine()
+_FUSED = FusedEngine()
+
+
+def _worker_memory_limit() -> int | None:
+    """Memory limit of the Dask worker running this thread, if any.
+
+    The kernels layer does not import Dask: it asks only when ``distributed`` is
+    already loaded (as it is in a worker process).
+    """
+    distributed = sys.modules.get("distributed")
+    if distributed is None:
+        return None
+    try:
+        worker = distributed.get_worker()
+        limit = worker.memory_manager.memory_limit
+    except Exception:  # not in a worker task
+        return None
+    return int(limit) if limit else None
+
+
+def _auto_choice(kernel: Kernel | None) -> str:
+    """What ``engine="auto"`` means for ``kernel`` here and now (see the module docstring)."""
+    if kernel is not None and not supports(kernel):
+        return "numpy"
+    forced = os.environ.get("DASKKRR_ENGINE", "").strip().lower()
+    if forced == "numpy":
+        return "numpy"
+    if forced != "fused":
+        limit = _worker_memory_limit()
+        if limit is not None and limit < FUSED_MIN_WORKER_MEMORY:
+            return "numpy"
+    return "fused" if FusedEngine.available() else "numpy"
+
+
+def engine_for(kernel: Kernel | None, engine: str = "auto") -> KernelEngine:
+    """The engine that computes the block products of ``kernel``.
+
+    Call it where the products run (inside the Dask task), so that the worker's
+    memory and environment decide ``"auto"``.
+
+    Parameters
+    ----------
+    kernel : Kernel or None
+        The kernel, or None for the products on a stored block
+        (:meth:`KernelEngine.cached_gram_matvec`, :meth:`KernelEngine.cached_t_matvec`),
+        which involve no kernel function.
+    engine : {"auto", "fused", "numpy"}
+        ``"auto"``: :class:`FusedEngine` for the built-in kernels and
+        :class:`NumpyEngine` for any other Kernel subclass, unless ``$DASKKRR_ENGINE``
+        (``fused`` or ``numpy``) says otherwise for a built-in kernel, the caller
+        is a Dask worker with less than :data:`FUSED_MIN_WORKER_MEMORY` of memory
+        (no ``$DASKKRR_ENGINE=fused``), or numba is missing: then :class:`NumpyEngine`.
+
+    Returns
+    -------
+    KernelEngine
+        A stateless singleton.
+
+    Raises
+    ------
+    ValueError
+        For an unknown ``engine``.
+    TypeError
+        For ``engine="fused"`` with a kernel the fused engine does not implement.
+    ImportError
+        For ``engine="fused"`` without numba.
+    """
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {ENGINES}; got {engine!r}")
+    if engine == "auto":
+        return _FUSED if _auto_choice(kernel) == "fused" else _NUMPY
+    if engine == "numpy":
+        return _NUMPY
+    if kernel is not None and not supports(kernel):
+        raise TypeError(f"the fused engine does not implement {type(kernel).__name__}; use engine='numpy'")
+    FusedEngine._core()
+    return _FUSED
