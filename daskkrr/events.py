@@ -1,0 +1,205 @@
+"""Typed events of a fit, and the bus that hands them to subscribers.
+
+The fit pipeline (:mod:`daskkrr.pipeline`) and the execution layer
+(:mod:`daskkrr.parallel`) *emit* these events; progress bars, log records, the
+dashboard feed, checkpoints and user callbacks *subscribe* to them. Neither side
+knows the other: a subscriber sees plain dataclasses, never estimator internals
+or Dask task names.
+
+This module imports nothing from daskkrr and nothing from Dask, so every layer
+may use it.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import dataclasses
+import logging
+from collections.abc import Callable
+from typing import Any
+
+logger = logging.getLogger("daskkrr")
+
+#: Key prefix of every per-block task; the pass name follows (``daskkrr-block-rhs``).
+#: Dask's ``key_split`` keeps alphabetic words only, so pass names are letters only.
+BLOCK_PREFIX = "daskkrr-block"
+
+
+def block_task_prefix(pass_name: str) -> str:
+    """The Dask key prefix of the per-block tasks of the pass ``pass_name``."""
+    if not pass_name.isalpha():
+        raise ValueError(f"pass names are letters only (they become Dask key prefixes); got {pass_name!r}")
+    return f"{BLOCK_PREFIX}-{pass_name.lower()}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Event:
+    """Base class of every fit event."""
+
+
+@dataclasses.dataclass(frozen=True)
+class FitStarted(Event):
+    """A fit begins (before any data is read)."""
+
+    estimator: str
+    sampler: str = ""
+    max_iter: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class DataOpened(Event):
+    """The training data are open: their size is known."""
+
+    n_rows: int
+    n_blocks: int
+    n_features: int
+
+
+@dataclasses.dataclass(frozen=True)
+class StageStarted(Event):
+    """A pipeline stage starts (``statistics``, ``centers``, ``preconditioner``, ``operator``, ``solve``)."""
+
+    stage: str
+
+
+@dataclasses.dataclass(frozen=True)
+class StageDone(Event):
+    stage: str
+    seconds: float
+
+
+@dataclasses.dataclass(frozen=True)
+class PassStarted(Event):
+    """A pass over the row blocks starts; its block tasks carry :func:`block_task_prefix` (``name``)."""
+
+    name: str
+    n_blocks: int
+
+
+@dataclasses.dataclass(frozen=True)
+class PassDone(Event):
+    name: str
+    n_blocks: int
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockDone(Event):
+    """One block task of the pass under way finished (local schedulers report them one by one)."""
+
+    name: str
+
+
+@dataclasses.dataclass(frozen=True)
+class CentersChosen(Event):
+    """The centers are chosen (a :class:`daskkrr.sampling.CenterDictionary`)."""
+
+    dictionary: Any
+    restored: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class RhsComputed(Event):
+    """The right-hand side of the solve (``K_nM^T y``, ``(M, t)``) is known."""
+
+    rhs: Any
+    restored: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class SolverStep(Event):
+    """An iterative solver finished ``iteration`` with the given (largest) relative residual."""
+
+    iteration: int
+    residual: float
+
+
+@dataclasses.dataclass(frozen=True)
+class SolverState(Event):
+    """The solver's complete state (e.g. :class:`daskkrr.solvers.CGState`), to save for resume."""
+
+    state: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class FitDone(Event):
+    n_iter: int
+    converged: bool
+    seconds: float
+
+
+@dataclasses.dataclass(frozen=True)
+class FitFailed(Event):
+    error: BaseException
+
+
+Subscriber = Callable[[Event], None]
+
+
+class EventBus:
+    """Delivers events to subscribers in subscription order.
+
+    A subscriber that raises is logged and skipped (progress never breaks a fit),
+    unless it was subscribed with ``critical=True``: a checkpoint that cannot be
+    written must stop the fit, not lose its state silently.
+    """
+
+    def __init__(self) -> None:
+        self._subscribers: list[tuple[Subscriber, bool]] = []
+
+    def subscribe(self, fn: Subscriber, *, critical: bool = False) -> Callable[[], None]:
+        """Add ``fn``; returns a function that removes it."""
+        entry = (fn, bool(critical))
+        self._subscribers.append(entry)
+
+        def unsubscribe() -> None:
+            if entry in self._subscribers:
+                self._subscribers.remove(entry)
+
+        return unsubscribe
+
+    def emit(self, event: Event) -> None:
+        for fn, critical in list(self._subscribers):
+            if critical:
+                fn(event)
+                continue
+            try:
+                fn(event)
+            except Exception:  # a progress sink must never break the fit
+                logger.debug("event subscriber %r failed on %s", fn, type(event).__name__, exc_info=True)
+
+
+#: A bus that drops everything (code run outside a fit).
+NULL_BUS = EventBus()
+
+_USER: contextvars.ContextVar[tuple[Subscriber, ...]] = contextvars.ContextVar("daskkrr_subscribers", default=())
+
+
+def user_subscribers() -> tuple[Subscriber, ...]:
+    """Subscribers added with :func:`subscribe` in this context (added to every fit's bus)."""
+    return _USER.get()
+
+
+class subscribe:  # noqa: N801 - used as a context manager, like contextlib's helpers
+    """Receive the typed events of every fit run inside the ``with`` block.
+
+    Examples
+    --------
+    >>> from daskkrr.events import SolverStep, subscribe
+    >>> steps = []
+    >>> with subscribe(lambda e: steps.append(e) if isinstance(e, SolverStep) else None):
+    ...     pass  # model.fit(...)
+    """
+
+    def __init__(self, fn: Subscriber):
+        if not callable(fn):
+            raise TypeError(f"subscribe needs a callable; got {fn!r}")
+        self.fn = fn
+        self._token: contextvars.Token | None = None
+
+    def __enter__(self) -> subscribe:
+        self._token = _USER.set((*_USER.get(), self.fn))
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        assert self._token is not None
+        _USER.reset(self._token)
