@@ -28,7 +28,7 @@ from daskkrr.parallel import resolve_client, scheduler_context
 from daskkrr.parallel.strategies import check_strategy, make_operator, plan_strategy, prepare_passes
 from daskkrr.progress import current_tracker, tracked_fit
 from daskkrr.sampling import CenterSampler, make_sampler
-from daskkrr.sampling.uniform import gather_rows
+from daskkrr.parallel.executor import gather_rows
 from daskkrr.solvers import FalkonPreconditioner, falkon_solve
 from daskkrr.solvers.intercept import centered_gram_matvec
 from daskkrr.solvers.sketch import KernelRowSketch, auto_sketch_rows, sketch_indices
