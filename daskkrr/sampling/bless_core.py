@@ -68,9 +68,9 @@ def bless_gammas(gamma: float, gamma_0: float, q: float) -> list[float]:
     return [float(gamma_0 / q**h) for h in range(1, H)] + [float(gamma)]
 
 
-def diag_max(Xb: np.ndarray, kernel: Kernel) -> np.ndarray:
+def diag_max(Xb: np.ndarray, kernel: Kernel) -> float:
     """``max_i k(x_i, x_i)`` over one row block (``kappa^2`` is the max over the blocks)."""
-    return np.max(np.asarray(kernel.diag(Xb), dtype=np.float64))
+    return float(np.max(np.asarray(kernel.diag(Xb), dtype=np.float64)))
 
 
 def candidate_rate(gamma_h: float, kappa2: float, q1: float) -> float:
