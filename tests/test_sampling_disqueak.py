@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 from daskkrr.kernels import make_kernel
+from daskkrr.parallel.executor import Executor
 from daskkrr.sampling import DisqueakSampler, SqueakSampler, ridge_leverage_scores
-from daskkrr.sampling.disqueak import leaf_boundaries, merge_tree
+from daskkrr.sampling.squeak import leaf_boundaries
 
 from .test_sampling_squeak import EPS, N_SEEDS, QBAR, assert_guarantees, dictionary_checks, summarise
 
@@ -50,15 +51,22 @@ def test_one_leaf_is_squeak(problem):
     np.testing.assert_array_equal(a.counts, b.counts)
 
 
+def _leaf_letter(state, block, block_index, first_row):
+    """A leaf of two rows named by its position: a, b, c, ..."""
+    return chr(ord("a") + first_row // 2)
+
+
+def _concat(left, right):
+    return f"({left}{right})"
+
+
 def test_tree_shapes():
-    merges = []
-
-    def merge(left, right):
-        merges.append((left, right))
-        return f"({left}{right})"
-
-    assert merge_tree(list("abcde"), merge, "balanced") == "(((ab)(cd))e)"
-    assert merge_tree(list("abcd"), merge, "chain") == "(((ab)c)d)"
+    passes = Executor().passes(da.zeros((10, 2), chunks=(2, 2)))
+    shape = passes.tree_merge(_leaf_letter, name="shape", bounds=[0, 2, 4, 6, 8, 10], merge=_concat)
+    assert shape == "(((ab)(cd))e)"
+    shape = passes.tree_merge(_leaf_letter, name="shape", bounds=[0, 2, 4, 6, 8], merge=_concat,
+                              tree="chain")
+    assert shape == "(((ab)c)d)"
     X = da.zeros((10, 2), chunks=(4, 2))
     np.testing.assert_array_equal(leaf_boundaries(X, None), [0, 4, 8, 10])
     np.testing.assert_array_equal(leaf_boundaries(X, 2), [0, 4, 10])
@@ -84,7 +92,9 @@ def test_dictionary_does_not_depend_on_workers(problem, tree):
     for n_workers in (1, 2):
         with LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=False,
                           dashboard_address=None) as cluster, Client(cluster) as client:
-            got = sampler.select(Xd, kernel, random_state=11, client=client)
+            # client= is an alias of executor=; both must give the same dictionary.
+            where = {"client": client} if n_workers == 1 else {"executor": Executor(client)}
+            got = sampler.select(Xd, kernel, random_state=11, **where)
         np.testing.assert_array_equal(got.indices, ref.indices)
         np.testing.assert_array_equal(got.counts, ref.counts)
         np.testing.assert_allclose(got.weights, ref.weights, rtol=1e-12)

@@ -18,8 +18,7 @@ from daskkrr.sampling import (
     selection_weights,
     spectral_error_bounds,
 )
-from daskkrr.sampling.diagnostics import regularized_nystrom
-from daskkrr.sampling.exact import order_sample
+from daskkrr.sampling.exact import order_sample, regularized_nystrom
 
 
 @pytest.fixture(scope="module")

@@ -31,10 +31,9 @@ from daskkrr.sampling import (
     ridge_leverage_scores,
     selection_weights,
     spectral_error_bounds,
-    squeak_reference,
 )
 from daskkrr.sampling.squeak_core import SqueakParams
-from daskkrr.sampling.squeak_stream import squeak_numpy
+from daskkrr.testing import squeak_numpy, squeak_reference
 
 N_SEEDS = 40
 QBAR = 48

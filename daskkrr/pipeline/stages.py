@@ -99,7 +99,7 @@ def choose_centers(ctx: FitContext) -> None:
         sampler = make_sampler(p.sampler)
         dictionary = sampler.select(
             ctx.X, ctx.kernel, n_centers=p.n_centers, penalty=float(p.penalty),
-            random_state=seed_of(p.random_state), client=ctx.executor.client,
+            random_state=seed_of(p.random_state), executor=ctx.executor,
         )
         logger.info("selected %d centers with %s in %.2fs", dictionary.size, type(sampler).__name__,
                     time.perf_counter() - t0)

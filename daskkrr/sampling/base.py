@@ -1,21 +1,31 @@
-"""Center-selection interface shared by every sampler.
+"""Center-selection interface shared by every sampler, the registry and the input checks.
 
 A sampler looks at the (row-chunked, already scaled) training data and returns a
 :class:`CenterDictionary`: the centers ``Z`` that the Nystrom/FALKON solvers use,
 where each came from, and the importance weights the weighted FALKON
-preconditioner needs.
+preconditioner needs. Samplers schedule their passes over the data through
+:class:`~daskkrr.parallel.executor.Executor` only (see :func:`resolve_executor`).
+
+The regularisation ``gamma`` of leverage-score sampling is in kernel-matrix units,
+``tau_i(gamma) = (K (K + gamma I)^{-1})_ii``. FALKON writes its penalty per sample,
+minimising ``(1/n) ||y - K_nM a||^2 + lambda a^T K_MM a``, whose ridge in kernel-matrix
+units is ``gamma = lambda * n``: samplers take ``gamma=None`` to mean exactly that
+(:func:`resolve_gamma`). A dictionary sampled at ``gamma`` approximates ``K`` up to
+``gamma / (1 - eps)`` in operator norm; its size grows like ``qbar * d_eff(gamma)``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from abc import ABC, abstractmethod
-from typing import Any
+from typing import Any, TypeVar
 
 import dask.array as da
 import numpy as np
 
 from daskkrr.kernels import Kernel
+from daskkrr.parallel.executor import Executor
 
 
 @dataclasses.dataclass
@@ -91,6 +101,7 @@ class CenterSampler(ABC):
         n_centers: int | None,
         penalty: float,
         random_state: int | None,
+        executor: Any = None,
         client: Any = None,
     ) -> CenterDictionary:
         """Return the centers for data ``X`` (n, d), a row-chunked dask array.
@@ -108,10 +119,99 @@ class CenterSampler(ABC):
             FALKON's lambda; RLS samplers default to ``gamma = penalty * n``.
         random_state : int or None
             Seed. The result must not depend on the number of workers.
+        executor : Executor, distributed.Client or None
+            Where the passes over ``X`` run (:meth:`Executor.coerce`); None: Dask's
+            current context (the current distributed client, else the local scheduler).
         client : distributed.Client or None
-            Client to run on, or None for the current/threaded scheduler.
+            Alias of ``executor`` (pass one or the other).
         """
 
     def __repr__(self) -> str:
         params = ", ".join(f"{k}={v!r}" for k, v in vars(self).items() if not k.startswith("_"))
         return f"{type(self).__name__}({params})"
+
+
+#: Registered samplers by name, in registration order (``make_sampler`` looks names up here).
+SAMPLERS: dict[str, type[CenterSampler]] = {}
+
+S = TypeVar("S", bound=type[CenterSampler])
+
+
+def register(cls: S) -> S:
+    """Class decorator: make ``cls`` available to :func:`make_sampler` under ``cls.name``."""
+    if not cls.name:
+        raise ValueError(f"{cls.__name__} has no registry name")
+    SAMPLERS[cls.name] = cls
+    return cls
+
+
+def make_sampler(sampler: str | CenterSampler, **params: Any) -> CenterSampler:
+    """Return a sampler object from a registry name or pass one through."""
+    if isinstance(sampler, CenterSampler):
+        return sampler
+    if not isinstance(sampler, str):
+        raise TypeError(
+            f"sampler must be a name or a CenterSampler; got {type(sampler).__name__}"
+        )
+    key = sampler.lower()
+    if key not in SAMPLERS:
+        raise ValueError(f"unknown sampler {sampler!r}; choose one of {sorted(SAMPLERS)}")
+    return SAMPLERS[key](**params)
+
+
+def resolve_executor(executor: Any = None, client: Any = None) -> Executor:
+    """The executor of a ``select`` call: ``executor`` or its alias ``client`` (not both)."""
+    if executor is not None and client is not None:
+        raise TypeError("pass executor= or client=, not both (client is an alias of executor)")
+    return Executor.coerce(executor if executor is not None else client)
+
+
+def as_row_chunked(X: Any, *, default_rows: int = 8192) -> da.Array:
+    """Return ``X`` as a 2-D dask array with one chunk across the columns.
+
+    numpy inputs are wrapped with blocks of ``default_rows`` rows.
+    """
+    if not isinstance(X, da.Array):
+        arr = np.asarray(X)
+        if arr.ndim != 2:
+            raise ValueError(f"X must be 2-D (rows, features); got shape {arr.shape}")
+        return da.from_array(arr, chunks=(min(default_rows, max(1, arr.shape[0])), arr.shape[1]))
+    if X.ndim != 2:
+        raise ValueError(f"X must be a 2-D dask array (rows, features); got shape {X.shape}")
+    if X.numblocks[1] != 1:
+        raise ValueError(
+            f"X has {X.numblocks[1]} chunks across its {X.shape[1]} columns; samplers need each "
+            "block to hold all columns: X = X.rechunk({1: -1})"
+        )
+    if any(np.isnan(c) for c in X.chunks[0]):
+        raise ValueError(
+            "X has unknown chunk sizes along the rows; call X.compute_chunk_sizes() first"
+        )
+    if X.shape[0] == 0:
+        raise ValueError("X has no rows")
+    return X
+
+
+def resolve_gamma(gamma: float | None, penalty: float | None, n: int) -> float:
+    """``gamma`` if given, else ``penalty * n``; checked to be finite and > 0.
+
+    Parameters
+    ----------
+    gamma : float or None
+        Explicit regularisation in kernel-matrix units.
+    penalty : float or None
+        FALKON's per-sample penalty ``lambda``.
+    n : int
+        Number of rows the dictionary is built on.
+    """
+    if gamma is None:
+        if penalty is None:
+            raise ValueError("gamma is None and no penalty was given: pass gamma= or penalty=")
+        value = float(penalty) * int(n)
+        source = f"penalty * n = {penalty!r} * {n}"
+    else:
+        value = float(gamma)
+        source = f"gamma = {gamma!r}"
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"the leverage-score regularisation must be finite and > 0; got {source}")
+    return value

@@ -1,14 +1,14 @@
-"""BLESS on Dask: coarse-to-fine leverage-score sampling with uniform candidate sets.
+"""BLESS sampler: coarse-to-fine leverage-score sampling with uniform candidate sets.
 
 The numerical work of a level is :func:`~daskkrr.sampling.bless_core.bless_level_rows`;
-this module decides where it runs:
+this module decides where it runs (through the execution layer):
 
 - levels whose candidate set is small (at most ``max_candidate_bytes``) run in
   memory, on the candidates gathered by a single pass over ``X`` (the candidate sets
   are nested, so the largest in-memory level's set serves all coarser ones);
-- finer levels run as one pass each: every row block computes its candidates'
-  estimates against the previous dictionary (broadcast once per level) and returns
-  only the rows it selects.
+- finer levels run as one pass each (:meth:`~daskkrr.parallel.executor.BlockPasses.map`):
+  every row block computes its candidates' estimates against the previous
+  dictionary (broadcast once per level) and returns only the rows it selects.
 
 The result does not depend on the chunking or on the workers (all draws are keyed
 by global row and level).
@@ -17,14 +17,20 @@ by global row and level).
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import dask
-import dask.array as da
 import numpy as np
 
 from daskkrr.kernels import Kernel
-from daskkrr.sampling.base import CenterDictionary, CenterSampler
+from daskkrr.parallel.executor import BlockPasses
+from daskkrr.sampling.base import (
+    CenterDictionary,
+    CenterSampler,
+    as_row_chunked,
+    register,
+    resolve_executor,
+    resolve_gamma,
+)
 from daskkrr.sampling.bless_core import (
     BlessFactor,
     LevelSample,
@@ -33,33 +39,28 @@ from daskkrr.sampling.bless_core import (
     bless_level_rows,
     candidate_rate,
     candidates_block,
+    diag_max,
     dictionary_from_sample,
 )
-from daskkrr.sampling.dask_inputs import active_client, as_row_chunked, row_offsets
-from daskkrr.sampling.dictionary_state import DictionaryState, thin_to_size
+from daskkrr.sampling.dictionary import DictionaryState, thin_to_size
 from daskkrr.sampling.keyed_random import STREAM_THINNING, keyed_rng, resolve_seed
-from daskkrr.sampling.regularization import resolve_gamma
+
+if TYPE_CHECKING:
+    import dask.array as da
 
 #: Default RLS oversampling: a level's dictionary has about q2 d_eff(gamma_h) rows.
 DEFAULT_Q2 = 8.0
 
 
-def _compute_list(tasks: list[Any], client: Any | None) -> list[Any]:
-    if client is not None:
-        return client.gather(client.compute(tasks))
-    return list(dask.compute(*tasks))
-
-
-def kernel_sup(X: da.Array, kernel: Kernel, client: Any | None) -> float:
-    """``kappa^2 = max_i k(x_i, x_i)`` (1 for stationary kernels without a pass)."""
+def kernel_sup(passes: BlockPasses, kernel: Kernel) -> float:
+    """``kappa^2 = max_i k(x_i, x_i)`` (stationary kernels: ``k(0, 0)``, without a pass)."""
+    X = passes.X
     if kernel.is_stationary:
         return float(np.asarray(kernel.diag(np.zeros((1, X.shape[1]), dtype=X.dtype)))[0])
-    diag = X.map_blocks(lambda b: np.asarray(kernel.diag(b), dtype=np.float64), drop_axis=1,
-                        dtype=np.float64)
-    top = diag.max()
-    return float(client.compute(top).result() if client is not None else top.compute())
+    return float(passes.map_reduce(diag_max, kernel, name="kernelsup", combine="max"))
 
 
+@register
 class BlessSampler(CenterSampler):
     """BLESS: ridge-leverage-score centers by a coarse-to-fine sequence of regularisations.
 
@@ -127,10 +128,12 @@ class BlessSampler(CenterSampler):
         n_centers: int | None = None,
         penalty: float | None = None,
         random_state: int | None = None,
+        executor: Any = None,
         client: Any = None,
     ) -> CenterDictionary:
         """Run the BLESS levels and return the last level's dictionary."""
         t0 = time.perf_counter()
+        executor = resolve_executor(executor, client)
         X = as_row_chunked(X)
         n, dim = int(X.shape[0]), int(X.shape[1])
         seed = resolve_seed(random_state if random_state is not None else self.random_state)
@@ -138,8 +141,8 @@ class BlessSampler(CenterSampler):
         if not self.q2 > 0:
             raise ValueError(f"q2 must be > 0; got {self.q2!r}")
         q1 = float(self.q2 if self.q1 is None else self.q1)
-        client = active_client(client)
-        kappa2 = kernel_sup(X, kernel, client)
+        passes = executor.passes(X)
+        kappa2 = kernel_sup(passes, kernel)
         gamma_0 = float(self.gamma_0) if self.gamma_0 is not None else kappa2 * n
         gammas = bless_gammas(gamma, gamma_0, float(self.q))
         betas = [candidate_rate(g, kappa2, q1) for g in gammas]
@@ -150,16 +153,12 @@ class BlessSampler(CenterSampler):
         row_bytes = dim * X.dtype.itemsize
         in_memory = [b * n * row_bytes * 1.2 + 8 * row_bytes <= self.max_candidate_bytes for b in betas]
         n_mem = int(np.argmin(in_memory)) if not all(in_memory) else len(betas)
-        offsets = row_offsets(X)
-        blocks = list(X.to_delayed().ravel())
         cand_rows = cand_points = None
-        passes = 0
+        n_passes = 0  # passes over X for the levels (kappa^2 of a non-stationary kernel not counted)
         if n_mem:
-            beta_mem = betas[n_mem - 1]
-            parts = _compute_list(
-                [dask.delayed(candidates_block, pure=True)(blk, int(r0), seed, beta_mem)
-                 for blk, r0 in zip(blocks, offsets[:-1])], client)
-            passes += 1
+            parts = passes.map(candidates_block, seed, betas[n_mem - 1], name="blesscandidates",
+                               with_offsets=True)
+            n_passes += 1
             cand_rows = np.concatenate([p[0] for p in parts])
             cand_points = np.concatenate([p[1] for p in parts])
 
@@ -171,12 +170,10 @@ class BlessSampler(CenterSampler):
             if h < n_mem:
                 sample = bless_level_rows(cand_points, cand_rows, factor, kernel, g, b, self.q2, seed, h)
             else:
-                fac = dask.delayed(factor, traverse=False)
-                sample = LevelSample.concat(_compute_list(
-                    [dask.delayed(bless_level_block, pure=True, traverse=False)(
-                        blk, int(r0), fac, kernel, g, b, self.q2, seed, h)
-                     for blk, r0 in zip(blocks, offsets[:-1])], client))
-                passes += 1
+                sample = LevelSample.concat(passes.map(
+                    bless_level_block, executor.broadcast(factor), kernel, g, b, self.q2, seed, h,
+                    name="blesslevel", with_offsets=True))
+                n_passes += 1
             d = dictionary_from_sample(sample, kernel)
             levels.append({
                 "level": h, "gamma": g, "beta": b, "candidates": sample.n_candidates,
@@ -194,7 +191,7 @@ class BlessSampler(CenterSampler):
         info: dict[str, Any] = {
             "sampler": self.name, "gamma": levels[-1]["gamma"], "gamma_target": gamma,
             "q": float(self.q), "q1": q1, "q2": float(self.q2), "seed": seed, "n_rows": n,
-            "kappa2": kappa2, "levels": levels, "passes": passes, "stopped": stopped,
+            "kappa2": kappa2, "levels": levels, "passes": n_passes, "stopped": stopped,
             "d_eff_estimate": levels[-1]["d_eff_estimate"], "unique": d.size,
         }
         if budget is not None and d.size > budget:

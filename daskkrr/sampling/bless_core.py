@@ -1,4 +1,4 @@
-"""BLESS levels on numpy blocks (Rudi, Calandriello, Carratino & Rosasco, 2018).
+"""BLESS levels on numpy blocks (Rudi, Calandriello, Carratino & Rosasco, 2018); no Dask here.
 
 BLESS ("bottom-up leverage score sampling") walks a decreasing sequence of
 regularisations ``gamma_0 > gamma_1 > ... > gamma_H = gamma`` (``gamma_h = gamma_{h-1} / q``).
@@ -34,8 +34,12 @@ import math
 import numpy as np
 
 from daskkrr.kernels import Kernel
-from daskkrr.sampling.cholesky import forward_solve, lower_cholesky, weighted_gram
-from daskkrr.sampling.dictionary_state import DictionaryState
+from daskkrr.sampling.dictionary import (
+    DictionaryState,
+    forward_solve,
+    lower_cholesky,
+    weighted_gram,
+)
 from daskkrr.sampling.keyed_random import STREAM_BLESS_LEVEL, row_uniforms
 
 
@@ -62,6 +66,11 @@ def bless_gammas(gamma: float, gamma_0: float, q: float) -> list[float]:
         return [float(gamma)]
     H = max(1, math.ceil(math.log(gamma_0 / gamma) / math.log(q)))
     return [float(gamma_0 / q**h) for h in range(1, H)] + [float(gamma)]
+
+
+def diag_max(Xb: np.ndarray, kernel: Kernel) -> float:
+    """``max_i k(x_i, x_i)`` over one row block (``kappa^2`` is the max over the blocks)."""
+    return float(np.max(np.asarray(kernel.diag(Xb), dtype=np.float64)))
 
 
 def candidate_rate(gamma_h: float, kappa2: float, q1: float) -> float:

@@ -10,6 +10,17 @@ FALKON's penalty ``lambda`` corresponds to ``gamma = lambda * n``.
 
 Both need the whole n x n matrix: use them for n up to a few thousand (tests,
 benchmarks, :class:`ExactRLSSampler`); SQUEAK/DISQUEAK/BLESS estimate them at scale.
+
+The same small-n setting checks a dictionary's spectral guarantee (Eq. 3 of
+SQUEAK/DISQUEAK, :func:`spectral_error_bounds`): the regularised Nystrom
+approximation built from it,
+
+    K~ = K S (S^T K S + gamma I)^{-1} S^T K,
+
+satisfies ``0 <= K - K~ <= gamma / (1 - eps) I`` (with high probability). ``S`` has one
+column per unique center j, equal to ``sqrt(s_j) e_{i_j}`` with the *selection weight*
+``s_j = q_j / (qbar p_j)``; in terms of :attr:`CenterDictionary.weights` (normalised
+to the number of centers M), ``s_j = (n / M) w_j``.
 """
 
 from __future__ import annotations
@@ -20,15 +31,28 @@ import dask.array as da
 import numpy as np
 
 from daskkrr.kernels import Kernel
-from daskkrr.sampling.base import CenterDictionary, CenterSampler
+from daskkrr.parallel.executor import Executor
+from daskkrr.sampling.base import (
+    CenterDictionary,
+    CenterSampler,
+    register,
+    resolve_executor,
+    resolve_gamma,
+)
+from daskkrr.sampling.dictionary import (
+    forward_solve,
+    lower_cholesky,
+    weighted_gram,
+)
 from daskkrr.sampling.keyed_random import STREAM_EXACT_RLS, keyed_rng, resolve_seed
-from daskkrr.sampling.regularization import resolve_gamma
 
 #: Largest n for which the exact computations build the n x n kernel matrix.
 EXACT_MAX_ROWS = 20_000
 
 
-def _as_small_numpy(X: Any, max_rows: int, what: str) -> np.ndarray:
+def as_small_numpy(X: Any, max_rows: int, what: str, executor: Any = None) -> np.ndarray:
+    """``X`` (numpy or dask, at most ``max_rows`` rows) as numpy; a dask array is computed
+    on ``executor`` (an :class:`Executor`, a client or None for the current context)."""
     n = int(X.shape[0])
     if n > max_rows:
         raise ValueError(
@@ -36,7 +60,7 @@ def _as_small_numpy(X: Any, max_rows: int, what: str) -> np.ndarray:
             "Use SqueakSampler/BlessSampler for large n, or pass a subsample"
         )
     if isinstance(X, da.Array):
-        X = X.compute()
+        X = Executor.coerce(executor).compute(X)[0]
     X = np.asarray(X)
     if X.ndim != 2:
         raise ValueError(f"X must be 2-D (rows, features); got shape {X.shape}")
@@ -54,7 +78,7 @@ def kernel_spectrum(
     X: Any, kernel: Kernel, *, max_rows: int = EXACT_MAX_ROWS
 ) -> tuple[np.ndarray, np.ndarray]:
     """Eigenvalues (clipped at 0) and eigenvectors of the full kernel matrix ``k(X, X)``."""
-    Xn = _as_small_numpy(X, max_rows, "kernel_spectrum")
+    Xn = as_small_numpy(X, max_rows, "kernel_spectrum")
     K = np.asarray(kernel(Xn, Xn), dtype=np.float64)
     evals, evecs = np.linalg.eigh(0.5 * (K + K.T))
     return np.maximum(evals, 0.0), evecs
@@ -121,6 +145,7 @@ def order_sample(
     return chosen.astype(np.int64), inclusion
 
 
+@register
 class ExactRLSSampler(CenterSampler):
     """Centers drawn with the *exact* ridge leverage scores (RLS-SAMPLING, the oracle).
 
@@ -161,9 +186,10 @@ class ExactRLSSampler(CenterSampler):
         n_centers: int | None,
         penalty: float,
         random_state: int | None,
+        executor: Any = None,
         client: Any = None,
     ) -> CenterDictionary:
-        Xn = _as_small_numpy(X, self.max_rows, "ExactRLSSampler")
+        Xn = as_small_numpy(X, self.max_rows, "ExactRLSSampler", resolve_executor(executor, client))
         n = Xn.shape[0]
         gamma = resolve_gamma(self.gamma, penalty, n)
         seed = resolve_seed(random_state)
@@ -203,3 +229,41 @@ class ExactRLSSampler(CenterSampler):
             centers=Xn[chosen], indices=chosen, weights=weights,
             counts=np.ones(n_centers, dtype=np.int64), probabilities=inclusion, info=info,
         )
+
+
+# ------------------------------------------------ checks of a dictionary (Eq. 3)
+def selection_weights(dictionary: CenterDictionary, n: int) -> np.ndarray:
+    """``s_j = (n / M) w_j`` (equal to ``q_j / (qbar p_j)`` for SQUEAK dictionaries)."""
+    return (n / dictionary.size) * dictionary.weights
+
+
+def regularized_nystrom(
+    K: np.ndarray, indices: np.ndarray, sel_weights: np.ndarray, gamma: float
+) -> np.ndarray:
+    """``K S (S^T K S + gamma I)^{-1} S^T K`` for the full matrix ``K`` (small n)."""
+    sw = np.sqrt(np.asarray(sel_weights, dtype=np.float64))
+    C = K[:, indices] * sw[None, :]
+    L, _ = lower_cholesky(weighted_gram(K[np.ix_(indices, indices)], sw, gamma))
+    G = forward_solve(L, C.T)  # L^{-1} S^T K, shape (m, n)
+    return G.T @ G
+
+
+def spectral_error_bounds(
+    X: Any,
+    kernel: Kernel,
+    dictionary: CenterDictionary,
+    gamma: float,
+    *,
+    max_rows: int = EXACT_MAX_ROWS,
+) -> tuple[float, float]:
+    """Smallest and largest eigenvalue of ``K - K~`` for the dictionary's centers and weights.
+
+    The dictionary is gamma/(1-eps)-accurate when the result lies in
+    ``[-tol, gamma / (1 - eps) + tol]``.
+    """
+    Xn = as_small_numpy(X, max_rows, "spectral_error_bounds")
+    K = np.asarray(kernel(Xn, Xn), dtype=np.float64)
+    Kt = regularized_nystrom(K, dictionary.indices, selection_weights(dictionary, Xn.shape[0]), gamma)
+    E = K - Kt
+    ev = np.linalg.eigvalsh(0.5 * (E + E.T))
+    return float(ev[0]), float(ev[-1])

@@ -1,42 +1,61 @@
-"""SQUEAK on Dask: one pass over the row blocks, in order, as a chain of tasks.
+"""SQUEAK and DISQUEAK samplers: their passes over the row blocks, on the execution layer.
 
-Each task receives the dictionary state and one row block and returns the new state
-(:func:`~daskkrr.sampling.squeak_stream.stream_block`), so every block is read exactly
-once and the state that moves between tasks is O(m^2 + m d), independent of n.
+The numerical work (batches, dictionary updates, merges) is in
+:mod:`daskkrr.sampling.squeak_core`; this module decides how it runs:
 
-The chain is computed in *segments* of consecutive blocks whose total size is at
-most ``max_inflight_bytes``: within a segment, the scheduler may read blocks ahead of
-the chain (free threads take the next ready read), so bounding the segment bounds
-the memory held by blocks read but not yet consumed. Between segments the state
-stays on the cluster (a Future) when a distributed client runs the pass, and the
-early-stopping budget is checked.
+- :class:`SqueakSampler` folds the row blocks in order
+  (:meth:`~daskkrr.parallel.executor.BlockPasses.fold`): each block task receives the
+  dictionary state and one block and returns the new state, so every block is read
+  once and what moves between tasks is O(m^2 + m d). The fold runs in segments of at
+  most ``max_inflight_bytes`` of blocks (bounding blocks read ahead of the chain);
+  between segments the state stays on the cluster and the ``max_dictionary`` budget
+  may stop the pass.
+- :class:`DisqueakSampler` folds contiguous row ranges (leaves) in parallel and merges
+  their dictionaries pairwise along a tree
+  (:meth:`~daskkrr.parallel.executor.BlockPasses.tree_merge`, Alg. 2).
+
+Both may first pick ``gamma`` from a uniform pilot sample so that the dictionary
+fits a center budget (:func:`pilot_gamma`). Randomness is keyed by rows, never by
+workers, so for a fixed seed the dictionary is the same for any number of workers
+and any scheduler (and, for SQUEAK, any chunking).
 """
 
 from __future__ import annotations
 
-import math
+import functools
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import dask
-import dask.array as da
+import numpy as np
 
 from daskkrr.kernels import Kernel
-from daskkrr.sampling.base import CenterDictionary, CenterSampler
-from daskkrr.sampling.dask_inputs import (
-    active_client,
+from daskkrr.parallel.executor import TREES, Executor, gather_rows
+from daskkrr.sampling.base import (
+    CenterDictionary,
+    CenterSampler,
     as_row_chunked,
-    compute_one,
-    fetch,
-    max_block_bytes,
-    row_offsets,
+    register,
+    resolve_executor,
+    resolve_gamma,
 )
-from daskkrr.sampling.dictionary_state import thin_to_size
-from daskkrr.sampling.keyed_random import STREAM_THINNING, keyed_rng, resolve_seed
-from daskkrr.sampling.pilot import pilot_gamma
-from daskkrr.sampling.regularization import resolve_gamma
-from daskkrr.sampling.squeak_core import DEFAULT_BATCH_BYTES, SqueakParams
-from daskkrr.sampling.squeak_stream import StreamState, stream_block, stream_finish
+from daskkrr.sampling.dictionary import thin_to_size
+from daskkrr.sampling.keyed_random import (
+    STREAM_PILOT,
+    STREAM_THINNING,
+    keyed_rng,
+    resolve_seed,
+)
+from daskkrr.sampling.squeak_core import (
+    SqueakParams,
+    StreamState,
+    drop_gram,
+    merge_states,
+    stream_block,
+    stream_finish,
+)
+
+if TYPE_CHECKING:
+    import dask.array as da
 
 #: Default number of copies per new row. In our experiments (n = 300-600, Gaussian
 #: kernel, eps = 0.5), qbar = 16 kept 0 <= K - K~ <= 2 gamma I in at least 95% of the
@@ -53,32 +72,85 @@ DEFAULT_QBAR = 16
 DEFAULT_EPS = 0.5
 
 
-def squeak_params(
-    gamma: float, qbar: int, eps: float, batch_min: int, batch_bytes: int = DEFAULT_BATCH_BYTES
-) -> SqueakParams:
-    return SqueakParams(gamma=float(gamma), qbar=int(qbar), eps=float(eps), batch_min=int(batch_min),
-                        batch_bytes=int(batch_bytes))
+# ------------------------------------------------------------ pilot: gamma for a budget
+def expected_unique_centers(
+    evals: np.ndarray, evecs_sq: np.ndarray, gamma: float, n: int, qbar: int, eps: float
+) -> float:
+    """Expected unique SQUEAK centers at ``gamma`` from the pilot's spectrum.
+
+    With ``Phi Phi^T ~ (n/s) Phi_s Phi_s^T``, the RLS of a row is
+    ``tau_i(gamma) ~ (s/n) tau^s_i(gamma s / n)`` where ``tau^s`` are the exact RLS of the
+    pilot's own kernel matrix. A SQUEAK entry ends with ``p_i ~ (1 - eps) tau_i``, so the
+    expected number of unique centers is ``(n/s) sum_j [1 - (1 - p_j)^qbar]`` over the pilot.
+    """
+    s = evals.shape[0]
+    tau_s = evecs_sq @ (evals / (evals + gamma * s / n))
+    p = np.clip((1.0 - eps) * (s / n) * tau_s, 0.0, 1.0)
+    return float((n / s) * np.sum(1.0 - (1.0 - p) ** qbar))
 
 
-def chain_delayed(
-    state: Any,
-    blocks: list[Any],
-    block_ids: list[int],
-    first_rows: list[int],
+def pilot_gamma(
+    X: da.Array,
     kernel: Kernel,
-    params: SqueakParams,
+    n_centers: int,
+    *,
+    qbar: int,
+    eps: float,
     seed: int,
-    max_dictionary: int | None,
-) -> Any:
-    """Delayed ``stream_block`` calls folding ``blocks`` into ``state`` (a value, Future or Delayed)."""
-    step = dask.delayed(stream_block, pure=True, traverse=False)
-    for blk, k, r0 in zip(blocks, block_ids, first_rows):
-        state = step(state, blk, k, r0, kernel, params, seed, max_dictionary)
-    return state
+    executor: Any = None,
+    pilot_rows: int | None = None,
+    overshoot: float = 1.25,
+) -> tuple[float, dict[str, Any]]:
+    """Smallest gamma whose expected unique dictionary is at most ``overshoot * n_centers``.
+
+    The dictionary grows like ``qbar * d_eff(gamma)``: with FALKON's ``gamma = lambda * n``
+    and a small ``lambda`` it can exceed any center budget (and its O(m^3) updates any
+    time budget). The expected size as a function of gamma is estimated from a uniform
+    pilot sample of ``s`` rows (:func:`expected_unique_centers`), gathered on ``executor``.
+
+    Returns
+    -------
+    gamma : float
+    info : dict
+        Pilot size and the predicted dictionary size.
+    """
+    n = int(X.shape[0])
+    s = int(min(n, pilot_rows or int(np.clip(2 * n_centers, 1000, 4000))))
+    rng = keyed_rng(seed, STREAM_PILOT)
+    idx = np.sort(rng.choice(n, size=s, replace=False))
+    P = gather_rows(X, idx, executor)
+    K = np.asarray(kernel(P, P), dtype=np.float64)
+    evals, evecs = np.linalg.eigh(0.5 * (K + K.T))
+    evals = np.maximum(evals, 0.0)
+    evecs_sq = evecs**2
+    target = overshoot * n_centers
+    trace = float(np.sum(evals)) * n / s
+    lo, hi = trace * 1e-12 + 1e-12, max(trace, 1e-12)  # at hi, d_eff <= 1
+    at_lo = expected_unique_centers(evals, evecs_sq, lo, n, qbar, eps)
+    if at_lo <= target:
+        return lo, {"pilot_rows": s, "predicted_unique": at_lo}
+    for _ in range(60):
+        mid = float(np.sqrt(lo * hi))
+        if expected_unique_centers(evals, evecs_sq, mid, n, qbar, eps) > target:
+            lo = mid
+        else:
+            hi = mid
+        if hi / lo < 1.01:
+            break
+    return hi, {
+        "pilot_rows": s,
+        "predicted_unique": expected_unique_centers(evals, evecs_sq, hi, n, qbar, eps),
+    }
 
 
-def _stopped(state: StreamState) -> str | None:
-    return state.stopped
+# ------------------------------------------------------------ shared set-up and finish
+def squeak_params(gamma: float, qbar: int, eps: float, batch_min: int) -> SqueakParams:
+    return SqueakParams(gamma=float(gamma), qbar=int(qbar), eps=float(eps), batch_min=int(batch_min))
+
+
+def _stopped(state: StreamState) -> bool:
+    """Stop test of the fold, evaluated where the state lives."""
+    return state.stopped is not None
 
 
 class StreamingRLSSampler(CenterSampler):
@@ -89,10 +161,11 @@ class StreamingRLSSampler(CenterSampler):
     gamma: float | None
     random_state: int | None
     max_rows: int | None
+    budget_overshoot: float = 2.0
 
     def _setup(
-        self, X: Any, kernel: Kernel, n_centers: int | None, penalty: float,
-        random_state: int | None, client: Any,
+        self, X: Any, kernel: Kernel, n_centers: int | None, penalty: float | None,
+        random_state: int | None, executor: Executor,
     ) -> tuple[da.Array, int, int, float, dict[str, Any]]:
         X = as_row_chunked(X)
         n_total = int(X.shape[0])
@@ -109,7 +182,7 @@ class StreamingRLSSampler(CenterSampler):
         if self.gamma is None and n_centers is not None and n_centers < X.shape[0]:
             g_budget, pilot_info = pilot_gamma(
                 X, kernel, int(n_centers), qbar=int(self.qbar), eps=float(self.eps), seed=seed,
-                client=client, overshoot=float(getattr(self, "budget_overshoot", 2.0)),
+                executor=executor, overshoot=float(self.budget_overshoot),
             )
             info["pilot"] = pilot_info
             if g_budget > gamma:
@@ -140,6 +213,8 @@ class StreamingRLSSampler(CenterSampler):
         return d.to_center_dictionary(int(self.qbar), max(1, int(state.rows_seen)), info)
 
 
+# ------------------------------------------------------------ SQUEAK
+@register
 class SqueakSampler(StreamingRLSSampler):
     """SQUEAK: ridge-leverage-score centers in a single sequential pass (Calandriello et al.).
 
@@ -156,8 +231,7 @@ class SqueakSampler(StreamingRLSSampler):
         FALKON's penalty lambda times the number of rows (the ridge of FALKON's
         objective in kernel-matrix units). When ``select`` gets a center budget
         ``n_centers``, gamma = None is raised if needed so the dictionary is expected
-        to fit the budget (estimated from a pilot sample, see
-        :func:`~daskkrr.sampling.pilot.pilot_gamma`).
+        to fit the budget (estimated from a pilot sample, see :func:`pilot_gamma`).
     qbar : int
         Copies drawn for each new row (default 16, see ``DEFAULT_QBAR``).
     eps : float
@@ -173,7 +247,7 @@ class SqueakSampler(StreamingRLSSampler):
         Smallest batch of rows per update (the batch is ``max(batch_min, m)`` rows,
         bounded by ``batch_bytes``).
     max_inflight_bytes : int
-        Bytes of row blocks per computed segment of the chain.
+        Bytes of row blocks per computed segment of the pass.
     budget_overshoot : float
         With a budget ``n_centers`` and gamma = None, gamma is chosen so that the expected
         dictionary has ``budget_overshoot * n_centers`` unique rows, then thinned to the
@@ -229,42 +303,155 @@ class SqueakSampler(StreamingRLSSampler):
         n_centers: int | None = None,
         penalty: float | None = None,
         random_state: int | None = None,
+        executor: Any = None,
         client: Any = None,
     ) -> CenterDictionary:
         """Run one SQUEAK pass over ``X`` and return its dictionary (see the class docstring)."""
         t0 = time.perf_counter()
-        X, n_total, seed, gamma, info = self._setup(X, kernel, n_centers, penalty, random_state, client)
+        executor = resolve_executor(executor, client)
+        X, n_total, seed, gamma, info = self._setup(X, kernel, n_centers, penalty, random_state, executor)
         params = squeak_params(gamma, self.qbar, self.eps, self.batch_min)
-        client = active_client(client)
-        offsets = row_offsets(X)
-        blocks = list(X.to_delayed().ravel())
-        per_segment = max(1, int(self.max_inflight_bytes // max(1, max_block_bytes(X))))
-        state: Any = None
-        n_segments = math.ceil(len(blocks) / per_segment)
-        for seg in range(n_segments):
-            ids = list(range(seg * per_segment, min(len(blocks), (seg + 1) * per_segment)))
-            delayed_state = chain_delayed(
-                state, [blocks[k] for k in ids], ids, [int(offsets[k]) for k in ids],
-                kernel, params, seed, self.max_dictionary,
-            )
-            last = seg == n_segments - 1
-            if last:
-                delayed_state = dask.delayed(stream_finish, pure=True, traverse=False)(
-                    delayed_state, kernel, params, seed, self.max_dictionary
-                )
-            state = compute_one(delayed_state, client)
-            if not last and self.max_dictionary is not None:
-                stopped = (fetch(client.submit(_stopped, state), client) if client is not None
-                           else state.stopped)
-                if stopped is not None:
-                    finish = dask.delayed(stream_finish, pure=True, traverse=False)
-                    state = compute_one(
-                        finish(state, kernel, params, seed, self.max_dictionary), client
-                    )
-                    break
-        result: StreamState = fetch(state, client)
+        passes = executor.passes(X)
+        budget = self.max_dictionary
+        state: StreamState = passes.fold(
+            stream_block, None, kernel, params, seed, budget, name="squeak",
+            finish=functools.partial(stream_finish, kernel=kernel, params=params, seed=seed,
+                                     max_dictionary=budget),
+            segment_bytes=int(self.max_inflight_bytes),
+            stop=_stopped if budget is not None else None,
+        )
+        # Segments the fold computed: every block up to the one that stopped the pass
+        # records itself in the history, and the fold stops at the end of that segment.
+        per_segment = max(1, int(self.max_inflight_bytes) // max(1, passes.max_block_bytes))
         info.update(sampler=self.name, qbar=int(self.qbar), eps=float(self.eps), seed=seed,
-                    n_blocks=len(blocks), segments=seg + 1)
-        out = self._finish(result, n_centers, seed, n_total, info)
+                    n_blocks=passes.n_blocks,
+                    segments=int(state.history[-1]["block"]) // per_segment + 1)
+        out = self._finish(state, n_centers, seed, n_total, info)
+        out.info["seconds"] = time.perf_counter() - t0
+        return out
+
+
+# ------------------------------------------------------------ DISQUEAK
+def leaf_boundaries(X: da.Array, n_leaves: int | None) -> np.ndarray:
+    """Row boundaries of the leaves (length n_leaves + 1).
+
+    - ``None``: one leaf per row block;
+    - ``n_leaves <= number of blocks``: groups of whole consecutive blocks, cut at the
+      block boundaries nearest to an equal split of the rows (every block is read once);
+    - more leaves than blocks: near-equal row ranges (a block shared by two leaves is
+      read by both).
+    """
+    n = int(X.shape[0])
+    offsets = np.concatenate([[0], np.cumsum(X.chunks[0])]).astype(np.int64)
+    if n_leaves is None:
+        return offsets
+    n_leaves = int(n_leaves)
+    if not 1 <= n_leaves <= n:
+        raise ValueError(f"n_leaves must be in [1, n={n}]; got {n_leaves}")
+    even = np.round(np.linspace(0, n, n_leaves + 1)).astype(np.int64)
+    if n_leaves > len(offsets) - 1:
+        return even
+    inner = offsets[1:-1]
+    cuts = []
+    for target in even[1:-1]:
+        order = np.argsort(np.abs(inner - target), kind="stable")
+        cuts.append(next(int(inner[i]) for i in order if int(inner[i]) not in cuts))
+    return np.array([0] + sorted(cuts) + [n], dtype=np.int64)
+
+
+@register
+class DisqueakSampler(StreamingRLSSampler):
+    """DISQUEAK: SQUEAK dictionaries built in parallel on leaves, merged along a tree.
+
+    The rows are split into ``n_leaves`` contiguous ranges. Each leaf runs a SQUEAK pass
+    over its rows, the leaves run in parallel on the workers, and the dictionaries are
+    merged along a tree: Dict-Merge (union) then Dict-Update with the Eq. 5 estimator,
+    whose inner regularisation is ``(1 + eps) gamma``
+    (:func:`~daskkrr.sampling.squeak_core.merge_dictionaries`). A leaf's batches are
+    keyed by their first global row exactly as SQUEAK's (one leaf reproduces SQUEAK), a
+    merge node by the row range it covers.
+
+    Parameters
+    ----------
+    gamma : float or None
+        Ridge regularisation in kernel-matrix units; None means ``penalty * n``
+        (raised to fit ``n_centers`` as in :class:`SqueakSampler`).
+    qbar : int
+        Copies drawn for each new row (default 16).
+    eps : float
+        Accuracy parameter in (0, 1) (default 0.5). Merges use the Eq. 5 estimator with
+        ``(1 + eps) gamma``; the RLS estimates are then within
+        ``alpha = (1 + 3 eps) / (1 - eps)`` of the exact ones (Lemma 4).
+    random_state : int or None
+        Seed used when ``select`` gets ``random_state=None``.
+    n_leaves : int or None
+        Number of leaves; None = one per row block of ``X``. Up to the number of
+        blocks, a leaf is a group of consecutive whole blocks (of near-equal total
+        rows); beyond it, leaves are near-equal row ranges.
+    tree : {"balanced", "chain"}
+        ``"balanced"``: adjacent leaves merged pairwise, level by level (depth
+        ``log2(n_leaves)``); ``"chain"``: ((L1 + L2) + L3) + ..., sequential like SQUEAK.
+    max_rows : int or None
+        Use only the first ``max_rows`` rows.
+    batch_min : int
+        Smallest SQUEAK batch inside a leaf.
+
+    Notes
+    -----
+    Weights follow :class:`SqueakSampler`: ``w_j = (M/n) q_j / (qbar p_j)``. For a
+    fixed seed the dictionary depends on the leaves and the tree, not on the workers.
+    """
+
+    name = "disqueak"
+
+    def __init__(
+        self,
+        gamma: float | None = None,
+        qbar: int = DEFAULT_QBAR,
+        eps: float = DEFAULT_EPS,
+        random_state: int | None = None,
+        n_leaves: int | None = None,
+        tree: str = "balanced",
+        max_rows: int | None = None,
+        batch_min: int = 64,
+    ):
+        self.gamma = gamma
+        self.qbar = qbar
+        self.eps = eps
+        self.random_state = random_state
+        self.n_leaves = n_leaves
+        self.tree = tree
+        self.max_rows = max_rows
+        self.batch_min = batch_min
+
+    def select(
+        self,
+        X: da.Array,
+        kernel: Kernel,
+        *,
+        n_centers: int | None = None,
+        penalty: float | None = None,
+        random_state: int | None = None,
+        executor: Any = None,
+        client: Any = None,
+    ) -> CenterDictionary:
+        """Build the leaf dictionaries in parallel, merge them, return the root's centers."""
+        if self.tree not in TREES:
+            raise ValueError(f"tree must be one of {TREES}; got {self.tree!r}")
+        t0 = time.perf_counter()
+        executor = resolve_executor(executor, client)
+        X, n_total, seed, gamma, info = self._setup(X, kernel, n_centers, penalty, random_state, executor)
+        params = squeak_params(gamma, self.qbar, self.eps, self.batch_min)
+        bounds = leaf_boundaries(X, self.n_leaves)
+        state: StreamState = executor.passes(X).tree_merge(
+            stream_block, kernel, params, seed, None, name="disqueak", bounds=bounds,
+            merge=functools.partial(merge_states, kernel=kernel, params=params, seed=seed),
+            leaf_finish=functools.partial(stream_finish, kernel=kernel, params=params, seed=seed,
+                                          max_dictionary=None, keep_gram=True),
+            root_finish=drop_gram, tree=self.tree,
+        )
+        info.update(sampler=self.name, qbar=int(self.qbar), eps=float(self.eps), seed=seed,
+                    n_leaves=len(bounds) - 1, tree=self.tree)
+        out = self._finish(state, n_centers, seed, n_total, info)
         out.info["seconds"] = time.perf_counter() - t0
         return out

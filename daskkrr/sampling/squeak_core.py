@@ -1,4 +1,9 @@
-"""SQUEAK / DISQUEAK dictionary updates on numpy blocks (no Dask here).
+"""SQUEAK and DISQUEAK on numpy blocks: the functions their block tasks run (no Dask here).
+
+The drivers in :mod:`daskkrr.sampling.squeak` hand these to the execution layer:
+:func:`stream_block` is the step of SQUEAK's fold over the row blocks (and of each
+DISQUEAK leaf), :func:`stream_finish` closes a pass, :func:`merge_states` is a
+DISQUEAK merge node.
 
 How one batch of new rows is processed (:func:`squeak_batch`), following Alg. 1 of
 Calandriello, Lazaric & Valko, a batch at a time instead of a point at a time:
@@ -23,23 +28,37 @@ and ``2^{-(b - j)}`` for the j-th of b new rows (whose previous probability is 1
 :func:`merge_dictionaries` is DISQUEAK's Dict-Merge + Dict-Update (Alg. 2): the union
 of two dictionaries resampled with the Eq. 5 estimator, whose inner regularisation
 is ``(1 + eps) gamma`` because both halves are only eps-accurate.
+
+Batches are cut from the *stream* of rows, not from the blocks: rows left over at
+the end of a block wait in :attr:`StreamState.pending` for the next block. Batch
+boundaries and the random stream of each batch (keyed by the seed and the batch's
+global first row) therefore do not depend on how ``X`` is chunked, nor on which
+worker runs a step; a merge node's stream is keyed by the row range it covers. The
+state between blocks holds the dictionary (O(m^2 + m d)), fewer than one batch of
+pending rows, and a short per-block history: never anything of size n.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Any
 
 import numpy as np
 
 from daskkrr.kernels import Kernel
-from daskkrr.sampling.cholesky import (
+from daskkrr.sampling.dictionary import (
+    DictionaryState,
     extend_cholesky,
     forward_solve,
     lower_cholesky,
     weighted_gram,
 )
-from daskkrr.sampling.dictionary_state import DictionaryState
+from daskkrr.sampling.keyed_random import (
+    STREAM_MERGE_NODE,
+    STREAM_SQUEAK_BATCH,
+    keyed_rng,
+)
 
 #: Kernel/solve tiles are bounded by this many bytes (rows of a batch x entries x 8).
 DEFAULT_BATCH_BYTES = 64 * 2**20
@@ -257,3 +276,199 @@ def merge_dictionaries(
     probs, copies = resample(union.probs, union.copies, tau, np.zeros(m1 + right.size), rng)
     union.probs, union.copies, union.rls = probs, copies, tau
     return union.take(copies > 0)
+
+
+# ------------------------------------------------------------ a pass over blocks
+@dataclasses.dataclass
+class StreamState:
+    """Dictionary plus bookkeeping of a SQUEAK pass over a contiguous range of rows.
+
+    Attributes
+    ----------
+    dictionary : DictionaryState
+    pending : ndarray of shape (r, d)
+        Rows received but not yet processed (fewer than one batch).
+    next_row : int
+        Global index of the first pending row (or of the next row expected).
+    first_row : int
+        Global index of the first row of the range this pass summarises.
+    rows_seen : int
+        Rows processed into the dictionary.
+    batches : int
+        Batches processed.
+    history : list of dict
+        One record per block: ``block``, ``rows_seen``, ``dictionary_size`` (copies),
+        ``unique`` (entries), ``rls_sum`` (sum of the entries' estimated RLS) and
+        ``d_eff_estimate`` (the importance-weighted sum ``sum_j s_j tau~_j / (1 - eps)``,
+        an estimate of d_eff(gamma) of the rows seen).
+    stopped : str or None
+        Why the pass stopped early (``"max_dictionary"``), or None.
+    """
+
+    dictionary: DictionaryState
+    pending: np.ndarray
+    next_row: int
+    first_row: int
+    rows_seen: int = 0
+    batches: int = 0
+    history: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    stopped: str | None = None
+
+    @classmethod
+    def start(cls, n_features: int, dtype: Any, first_row: int) -> StreamState:
+        return cls(
+            dictionary=DictionaryState.empty(n_features, dtype),
+            pending=np.zeros((0, n_features), dtype=dtype),
+            next_row=int(first_row),
+            first_row=int(first_row),
+        )
+
+
+def _run_batches(
+    state: StreamState,
+    buffer: np.ndarray,
+    kernel: Kernel,
+    params: SqueakParams,
+    seed: int,
+    max_dictionary: int | None,
+    flush: bool,
+) -> StreamState:
+    pos = 0
+    d = state.dictionary
+    start = state.next_row
+    while pos < buffer.shape[0] and state.stopped is None:
+        b = params.batch_rows(d.size)
+        if buffer.shape[0] - pos < b and not flush:
+            break
+        batch = buffer[pos : pos + b]
+        row0 = start + pos
+        d = squeak_batch(d, batch, row0, kernel, params, keyed_rng(seed, STREAM_SQUEAK_BATCH, row0))
+        pos += batch.shape[0]
+        state.rows_seen += batch.shape[0]
+        state.batches += 1
+        if max_dictionary is not None and d.size >= max_dictionary:
+            state.stopped = "max_dictionary"
+    state.dictionary = d
+    state.pending = buffer[pos:] if state.stopped is None else buffer[:0]
+    state.next_row = start + pos
+    return state
+
+
+def stream_block(
+    state: StreamState | None,
+    block: np.ndarray,
+    block_id: int,
+    block_first_row: int,
+    kernel: Kernel,
+    params: SqueakParams,
+    seed: int,
+    max_dictionary: int | None = None,
+) -> StreamState:
+    """Fold one row block into the pass (the body of one Dask task).
+
+    Parameters
+    ----------
+    state : StreamState or None
+        The state after the previous block (None: this block starts the pass).
+    block : ndarray of shape (b, d)
+    block_id : int
+        Position of the block in the pass (for the history).
+    block_first_row : int
+        Global row index of ``block[0]``; must continue the previous block.
+    """
+    block = np.asarray(block)
+    if block.ndim != 2:
+        raise ValueError(f"SQUEAK blocks must be 2-D (rows, features); got shape {block.shape}")
+    if state is None:
+        state = StreamState.start(block.shape[1], block.dtype, block_first_row)
+    if state.stopped is not None:
+        return state
+    state = _copy(state)
+    expected = state.next_row + state.pending.shape[0]
+    if block_first_row != expected:
+        raise ValueError(
+            f"SQUEAK received block {block_id} starting at row {block_first_row}, but the pass "
+            f"expected row {expected}: blocks must arrive in order and without gaps"
+        )
+    buffer = block if state.pending.shape[0] == 0 else np.concatenate([state.pending, block])
+    state = _run_batches(state, buffer, kernel, params, seed, max_dictionary, flush=False)
+    _record(state, block_id, params)
+    return state
+
+
+def stream_finish(
+    state: StreamState,
+    kernel: Kernel,
+    params: SqueakParams,
+    seed: int,
+    max_dictionary: int | None = None,
+    keep_gram: bool = False,
+) -> StreamState:
+    """Process the pending rows as a last (shorter) batch; drop the Gram unless asked."""
+    state = _copy(state)
+    if state.pending.shape[0] and state.stopped is None:
+        state = _run_batches(state, state.pending, kernel, params, seed, max_dictionary, flush=True)
+        if state.history:
+            state.history[-1].update(_summary(state, params))
+    if not keep_gram:
+        state.dictionary = state.dictionary.without_gram()
+    return state
+
+
+def _copy(state: StreamState) -> StreamState:
+    """Tasks never modify their input (a retried task must see the same state)."""
+    return dataclasses.replace(state, history=[dict(h) for h in state.history])
+
+
+def _summary(state: StreamState, params: SqueakParams) -> dict[str, Any]:
+    d = state.dictionary
+    return {
+        "rows_seen": int(state.rows_seen),
+        "dictionary_size": d.n_copies,
+        "unique": d.size,
+        "rls_sum": float(d.rls.sum()),
+        "d_eff_estimate": d.d_eff_estimate(params.qbar, params.eps),
+    }
+
+
+def _record(state: StreamState, block_id: int, params: SqueakParams) -> None:
+    state.history.append({"block": int(block_id), **_summary(state, params)})
+
+
+# ------------------------------------------------------------ DISQUEAK merge nodes
+def merge_states(
+    left: StreamState, right: StreamState, kernel: Kernel, params: SqueakParams, seed: int
+) -> StreamState:
+    """Merge two adjacent row ranges' dictionaries (the body of one merge task)."""
+    if left.next_row != right.first_row:
+        raise ValueError(
+            f"merge of non-adjacent row ranges [{left.first_row}, {left.next_row}) and "
+            f"[{right.first_row}, {right.next_row})"
+        )
+    rng = keyed_rng(seed, STREAM_MERGE_NODE, left.first_row, right.next_row)
+    merged = merge_dictionaries(left.dictionary, right.dictionary, kernel, params, rng)
+    history = left.history + right.history
+    history.append({
+        "node": [int(left.first_row), int(right.next_row)],
+        "rows_seen": int(left.rows_seen + right.rows_seen),
+        "dictionary_size": merged.n_copies,
+        "unique": merged.size,
+        "rls_sum": float(merged.rls.sum()),
+        "d_eff_estimate": merged.d_eff_estimate(params.qbar, params.eps),
+    })
+    return StreamState(
+        dictionary=merged,
+        pending=left.pending[:0],
+        next_row=right.next_row,
+        first_row=left.first_row,
+        rows_seen=left.rows_seen + right.rows_seen,
+        batches=left.batches + right.batches,
+        history=history,
+    )
+
+
+def drop_gram(state: StreamState) -> StreamState:
+    """A copy of ``state`` whose dictionary has no Gram (what comes back to the client)."""
+    state = StreamState(**vars(state))
+    state.dictionary = state.dictionary.without_gram()
+    return state

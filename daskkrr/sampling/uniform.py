@@ -2,15 +2,24 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import dask.array as da
 import numpy as np
 
 from daskkrr.kernels import Kernel
-from daskkrr.sampling.base import CenterDictionary, CenterSampler
+from daskkrr.parallel.executor import gather_rows
+from daskkrr.sampling.base import (
+    CenterDictionary,
+    CenterSampler,
+    register,
+    resolve_executor,
+)
+
+if TYPE_CHECKING:
+    import dask.array as da
 
 
+@register
 class UniformSampler(CenterSampler):
     """Pick ``n_centers`` distinct rows uniformly at random.
 
@@ -29,6 +38,7 @@ class UniformSampler(CenterSampler):
         n_centers: int | None,
         penalty: float,
         random_state: int | None,
+        executor: Any = None,
         client: Any = None,
     ) -> CenterDictionary:
         n = int(X.shape[0])
@@ -41,17 +51,7 @@ class UniformSampler(CenterSampler):
             )
         rng = np.random.default_rng(random_state)
         idx = np.sort(rng.choice(n, size=n_centers, replace=False)).astype(np.int64)
-        centers = gather_rows(X, idx, client=client)
+        centers = gather_rows(X, idx, resolve_executor(executor, client))
         return CenterDictionary(
             centers=centers, indices=idx, weights=np.ones(n_centers), info={"sampler": self.name}
         )
-
-
-def gather_rows(X: da.Array, idx: np.ndarray, client: Any = None) -> np.ndarray:
-    """Bring the rows ``X[idx]`` (a small set) to the client as a numpy array."""
-    if isinstance(X, np.ndarray):
-        return np.ascontiguousarray(X[idx])
-    sub = X[np.asarray(idx)]
-    if client is not None:
-        return np.ascontiguousarray(client.compute(sub, sync=True))
-    return np.ascontiguousarray(sub.compute())

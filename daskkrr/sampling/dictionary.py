@@ -1,6 +1,6 @@
-"""The working state of a SQUEAK/DISQUEAK dictionary: numpy arrays only, O(m^2 + m d).
+"""Leverage-score dictionaries (SQUEAK, DISQUEAK, BLESS) and the Cholesky factors of their Grams.
 
-A dictionary is a set of unique rows ("entries") ``j`` with
+A dictionary (numpy arrays only, O(m^2 + m d)) is a set of unique rows ("entries") ``j`` with
 
 - ``copies`` q_j >= 1 (the multiplicity of the paper),
 - ``probs`` p~_j (the probability the entry was last resampled with),
@@ -12,6 +12,16 @@ Its *selection weight* is ``s_j = q_j / (qbar p_j)``: the diagonal of ``S S^T`` 
 Eq. 3, i.e. ``sum_j s_j k(z_j, .) k(z_j, .)^T`` estimates ``sum_i k(x_i, .) k(x_i, .)^T``.
 :meth:`to_center_dictionary` converts it to the package-wide convention
 ``w_j = (M / n) s_j`` (all ones for uniform sampling).
+
+All leverage-score estimators of this package need solves with
+
+    A = D K_DD D + reg * I,     D = diag(sqrt(w)),
+
+for the dictionary Gram matrix ``K_DD``. We never form an inverse: we factor
+``A = L L^T`` (adding jitter only if round-off makes the factorisation fail) and
+apply ``L^{-1}`` by triangular solves. When a dictionary grows by a block of new
+entries whose old part keeps its weights, the factor is extended by a Schur
+complement instead of being recomputed.
 """
 
 from __future__ import annotations
@@ -20,8 +30,10 @@ import dataclasses
 from typing import Any
 
 import numpy as np
+from scipy.linalg import solve_triangular
 
 from daskkrr.sampling.base import CenterDictionary
+from daskkrr.utils.linalg import cholesky_jitter
 
 
 @dataclasses.dataclass
@@ -140,3 +152,77 @@ def thin_to_size(state: DictionaryState, size: int, rng: np.random.Generator) ->
     out.copies = 1 + extra
     out.probs = c * out.probs
     return out
+
+#: What to change when a dictionary's regularised Gram matrix is singular.
+_GAMMA_ADVICE = (
+    "The regularisation gamma is probably too small for the data scale: increase gamma "
+    "(or the model penalty) or standardise the features."
+)
+
+
+def lower_cholesky(
+    A: np.ndarray, *, what: str = "regularised dictionary Gram matrix D K D + gamma I"
+) -> tuple[np.ndarray, float]:
+    """Lower Cholesky factor ``L`` with ``L L^T = A + jitter I``.
+
+    The package's one jitter policy (:func:`daskkrr.utils.linalg.cholesky_jitter`:
+    round-off-level jitter, escalated with a ``JitterWarning``, refused above 1% of
+    the mean diagonal), returned lower-triangular for the forward solves below.
+
+    Returns
+    -------
+    L : ndarray of shape (m, m)
+        Lower-triangular factor.
+    jitter : float
+        The jitter that was added.
+    """
+    T, jitter = cholesky_jitter(A, what=what, advice=_GAMMA_ADVICE)
+    return T.T, jitter
+
+
+def weighted_gram(gram: np.ndarray, sqrt_w: np.ndarray, reg: float) -> np.ndarray:
+    """``D K D + reg I`` with ``D = diag(sqrt_w)``."""
+    A = gram * sqrt_w[:, None]
+    A *= sqrt_w[None, :]
+    A[np.diag_indices_from(A)] += reg
+    return A
+
+
+def forward_solve(L: np.ndarray, B: np.ndarray) -> np.ndarray:
+    """``L^{-1} B`` for lower-triangular ``L`` (an empty ``L`` returns an empty array)."""
+    if L.shape[0] == 0:
+        return np.zeros((0,) + B.shape[1:])
+    return solve_triangular(L, B, lower=True, check_finite=False)
+
+
+def extend_cholesky(
+    L: np.ndarray, cross: np.ndarray, corner: np.ndarray
+) -> tuple[np.ndarray, float]:
+    """Factor of ``[[A, B], [B^T, C]]`` from the factor ``L`` of ``A``.
+
+    Parameters
+    ----------
+    L : ndarray of shape (m, m)
+        Lower Cholesky factor of ``A``.
+    cross : ndarray of shape (m, k)
+        ``L^{-1} B`` (already solved; the caller usually has it from an estimate).
+    corner : ndarray of shape (k, k)
+        ``C``.
+
+    Returns
+    -------
+    L_new : ndarray of shape (m + k, m + k)
+    jitter : float
+        Jitter added to the Schur complement ``C - cross^T cross``.
+    """
+    m, k = L.shape[0], corner.shape[0]
+    if cross.shape != (m, k):
+        raise ValueError(f"extend_cholesky: cross has shape {cross.shape}, expected ({m}, {k})")
+    schur = corner - cross.T @ cross
+    schur = 0.5 * (schur + schur.T)
+    L22, jitter = lower_cholesky(schur, what="Schur complement of the extended dictionary")
+    out = np.zeros((m + k, m + k))
+    out[:m, :m] = L
+    out[m:, :m] = cross.T
+    out[m:, m:] = L22
+    return out, jitter

@@ -1,10 +1,13 @@
-"""SQUEAK, point by point, exactly as Alg. 1 of Calandriello, Lazaric & Valko (2016).
+"""Oracles for tests and benchmarks: slow or in-memory versions of the samplers (not public API).
 
-This is the slow reference (O(n Q^3) time for a dictionary of Q copies, and the
-full n x n kernel matrix is formed for convenience): the oracle the batched,
-out-of-core :class:`~daskkrr.sampling.squeak.SqueakSampler` is tested against.
+- :func:`squeak_reference`: SQUEAK point by point, exactly as Alg. 1 of Calandriello,
+  Lazaric & Valko (2016). The slow reference (O(n Q^3) time for a dictionary of Q
+  copies, and the full n x n kernel matrix is formed for convenience) that the
+  batched, out-of-core :class:`~daskkrr.sampling.SqueakSampler` is tested against.
+- :func:`squeak_numpy`: the batched SQUEAK pass of the sampler on an in-memory array,
+  block by block, without Dask (the same functions its block tasks run).
 
-One step, for the new point t (0-based; all indices are rows of ``X``):
+One step of :func:`squeak_reference`, for the new point t (0-based; all indices are rows of ``X``):
 
 1. ``S_bar`` = the current selection matrix (one column ``(qbar p_j)^{-1/2} e_j`` per
    *copy* of entry j) with ``qbar`` copies of ``qbar^{-1/2} e_t`` appended.
@@ -27,7 +30,15 @@ from scipy.linalg import cholesky, solve_triangular
 
 from daskkrr.kernels import Kernel
 from daskkrr.sampling.base import CenterDictionary
-from daskkrr.sampling.exact import EXACT_MAX_ROWS, _as_small_numpy
+from daskkrr.sampling.exact import EXACT_MAX_ROWS, as_small_numpy
+from daskkrr.sampling.squeak_core import (
+    SqueakParams,
+    StreamState,
+    stream_block,
+    stream_finish,
+)
+
+__all__ = ["squeak_numpy", "squeak_reference"]
 
 
 def _eq5_estimates(
@@ -85,7 +96,7 @@ def squeak_reference(
         last Eq. 5 estimate of each center and ``info["sizes"]`` the number of copies
         after every step.
     """
-    Xn = _as_small_numpy(X, max_rows, "squeak_reference")
+    Xn = as_small_numpy(X, max_rows, "squeak_reference")
     n = Xn.shape[0]
     if not 0.0 < eps < 1.0:
         raise ValueError(f"eps must be in (0, 1); got {eps!r}")
@@ -142,3 +153,25 @@ def squeak_reference(
             "sizes": sizes,
         },
     )
+
+
+def squeak_numpy(
+    X: np.ndarray,
+    kernel: Kernel,
+    params: SqueakParams,
+    seed: int,
+    *,
+    block_rows: int | None = None,
+    first_row: int = 0,
+    max_dictionary: int | None = None,
+    keep_gram: bool = False,
+) -> StreamState:
+    """The SQUEAK pass of :class:`~daskkrr.sampling.SqueakSampler` on an in-memory array
+    (blocks of ``block_rows``), without Dask."""
+    X = np.asarray(X)
+    step = X.shape[0] if block_rows is None else max(1, int(block_rows))
+    state = StreamState.start(X.shape[1], X.dtype, first_row)
+    for k, start in enumerate(range(0, X.shape[0], step)):
+        state = stream_block(state, X[start : start + step], k, first_row + start, kernel,
+                             params, seed, max_dictionary)
+    return stream_finish(state, kernel, params, seed, max_dictionary, keep_gram)
