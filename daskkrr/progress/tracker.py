@@ -242,9 +242,9 @@ class FitTracker:
 
 
 #: Phase shown for a pipeline stage (stages not listed keep the phase their passes set).
-STAGE_PHASES = {"statistics": "statistics", "centers": "sampling", "preconditioner": "preconditioner"}
+STAGE_PHASES = {"centers": "sampling", "preconditioner": "preconditioner"}
 #: Phase shown while a pass of this name runs (other passes keep the current phase).
-PASS_PHASES = {"rhs": "rhs", "matvec": "cg", "gram": "gram", "cache": "cache"}
+PASS_PHASES = {"statistics": "statistics", "rhs": "rhs", "matvec": "cg", "gram": "gram", "cache": "cache"}
 
 
 
