@@ -42,9 +42,9 @@ class ModelFormatError(ValueError):
 
 
 def _estimator_classes() -> dict[str, type]:
-    from daskkrr.models import ExactKernelRidge, FalkonClassifier, FalkonRegressor, NystromRegressor
+    from daskkrr.models.registry import classes_by_class_name
 
-    return {c.__name__: c for c in (FalkonRegressor, NystromRegressor, ExactKernelRidge, FalkonClassifier)}
+    return classes_by_class_name()
 
 
 def _jsonable_params(model: Any) -> dict[str, Any]:
