@@ -9,7 +9,11 @@ names (and a flag for every parameter of its classes), and
 from __future__ import annotations
 
 from daskkrr.models.classifier import FalkonClassifier
-from daskkrr.models.regressors import ExactKernelRidge, FalkonRegressor, NystromRegressor
+from daskkrr.models.regressors import (
+    ExactKernelRidge,
+    FalkonRegressor,
+    NystromRegressor,
+)
 
 #: name -> estimator class.
 ESTIMATORS: dict[str, type] = {
