@@ -26,6 +26,103 @@ def _add_scheduler(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workers", type=int, default=None, help="workers of the local cluster (default: one per core)")
 
 
+#: Short flags kept from before every parameter had its own (README and scripts use them).
+_FLAG_ALIASES = {"n_centers": ("--centers",), "random_state": ("--seed",)}
+
+
+def _add_model_flags(p: argparse.ArgumentParser) -> None:
+    """``--estimator`` and one flag per estimator parameter, all from the registry and its schema.
+
+    Flags not given stay out of the namespace (default SUPPRESS), so the config
+    file's or the estimator's value holds; see :func:`_model_overrides`.
+    """
+    from daskkrr.models.registry import ESTIMATORS
+    from daskkrr.models.schema import union_specs
+
+    group = p.add_argument_group("model", "estimator parameters; a flag given here overrides --config")
+    group.add_argument("--estimator", choices=sorted(ESTIMATORS), default=None,
+                       help="estimator (default: the config's, else falkon)")
+    for name, (spec, defaults) in union_specs(ESTIMATORS).items():
+        flags = (spec.flag, *_FLAG_ALIASES.get(name, ()))
+        shown = {repr(v) for v in defaults.values()}
+        default = (f"default: {defaults[next(iter(defaults))]!r}" if len(shown) == 1 else
+                   "default: " + ", ".join(f"{k} {v!r}" for k, v in defaults.items()))
+        only = "" if len(defaults) == len(ESTIMATORS) else f"; {', '.join(defaults)} only"
+        help_text = f"{spec.help} ({default}{only})".replace("%", "%%")
+        kwargs: dict[str, Any] = {"dest": name, "default": argparse.SUPPRESS, "help": help_text}
+        if spec.types == (bool,) and not spec.nullable:
+            group.add_argument(*flags, action=argparse.BooleanOptionalAction, **kwargs)
+        elif spec.types == (dict,):
+            group.add_argument(*flags, action=_KeyValueAction, metavar="KEY=VALUE[,KEY=VALUE]", nullable=spec.nullable,
+                               **kwargs)
+        else:
+            group.add_argument(*flags, type=_flag_parser(spec), metavar=_metavar(spec), **kwargs)
+
+
+def _metavar(spec: Any) -> str:
+    parts = [t.__name__.upper() for t in spec.types if t is not dict and not (t is str and spec.options)]
+    if spec.options:
+        parts.append("{" + ",".join(spec.options) + "}")
+    return "|".join(parts + (["none"] if spec.nullable else []))
+
+
+def _flag_parser(spec: Any) -> Any:
+    """argparse ``type=``: the text as the parameter takes it; a bad value names the flag (exit 2)."""
+    def parse(text: str) -> Any:
+        try:
+            return spec.parse_text(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    parse.__name__ = spec.name  # argparse's "invalid <name> value" message
+    return parse
+
+
+def _scalar(text: str) -> Any:
+    """A KEY=VALUE value: int, float, true/false, else the string."""
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+class _KeyValueAction(argparse.Action):
+    """``--kernel-params nu=1.5,degree=2`` (repeatable) -> ``{"nu": 1.5, "degree": 2}``; ``none`` -> None."""
+
+    def __init__(self, *args: Any, nullable: bool = False, **kwargs: Any):
+        self.nullable = nullable
+        super().__init__(*args, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        if self.nullable and values.strip().lower() == "none":
+            setattr(namespace, self.dest, None)
+            return
+        current = dict(getattr(namespace, self.dest, None) or {})
+        for item in filter(None, (part.strip() for part in values.split(","))):
+            key, sep, value = item.partition("=")
+            if not sep or not key.strip():
+                parser.error(f"argument {option_string}: expected KEY=VALUE, e.g. nu=1.5; got {item!r}")
+            current[key.strip()] = _scalar(value.strip())
+        setattr(namespace, self.dest, current)
+
+
+def _model_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """Estimator parameters given as flags (those not given are absent)."""
+    from daskkrr.models.registry import ESTIMATORS
+    from daskkrr.models.schema import union_specs
+
+    return {name: getattr(args, name) for name in union_specs(ESTIMATORS) if hasattr(args, name)}
+
+
+def _flag_of(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
 def _parser() -> argparse.ArgumentParser:
     from daskkrr import __version__
 
@@ -56,16 +153,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--data", required=True, help="Zarr store with arrays X and y")
     p.add_argument("--out", required=True, help="model directory to write")
     p.add_argument("--config", default=None, help="TOML file with a [model] table")
-    p.add_argument("--estimator", choices=["falkon", "nystrom", "exact", "classifier"], default=None)
-    p.add_argument("--kernel", default=None)
-    p.add_argument("--sigma", type=float, default=None)
-    p.add_argument("--penalty", type=float, default=None)
-    p.add_argument("--centers", dest="n_centers", type=int, default=None)
-    p.add_argument("--sampler", default=None)
-    p.add_argument("--max-iter", dest="max_iter", type=int, default=None)
-    p.add_argument("--tol", type=float, default=None)
-    p.add_argument("--dtype", choices=["float32", "float64"], default=None)
-    p.add_argument("--seed", dest="random_state", type=int, default=None)
+    _add_model_flags(p)
     p.add_argument("--overwrite", action="store_true")
     p.add_argument("--checkpoint", metavar="DIR", default=None,
                    help="save the fit's state to DIR as it goes (falkon and classifier estimators)")
@@ -112,8 +200,8 @@ def _cmd_convert(args: argparse.Namespace) -> None:
 
 def _cmd_generate(args: argparse.Namespace) -> None:
     from daskkrr.data import write_classification_zarr, write_regression_zarr
-    from daskkrr.utils.atomic import check_destination
     from daskkrr.parallel import cluster_client
+    from daskkrr.utils.atomic import check_destination
 
     check_destination(args.output, args.overwrite)  # fail before starting a cluster
     with cluster_client(args.scheduler, n_workers=args.workers):  # blocks are generated on the workers
@@ -127,17 +215,15 @@ def _cmd_generate(args: argparse.Namespace) -> None:
 
 
 def _cmd_fit(args: argparse.Namespace) -> None:
-    from daskkrr.config import build_estimator, read_config
-    from daskkrr.utils.atomic import check_destination
+    from daskkrr.config import read_config
     from daskkrr.parallel import cluster_client
+    from daskkrr.utils.atomic import check_destination
 
     check_destination(args.out, args.overwrite)  # fail before the work, not after
     config = read_config(args.config) if args.config else {}
     if args.estimator:
         config["estimator"] = args.estimator
-    overrides = {k: getattr(args, k) for k in
-                 ("kernel", "sigma", "penalty", "n_centers", "sampler", "max_iter", "tol", "dtype", "random_state")}
-    model = build_estimator(config, **overrides, verbose=True if args.verbose else None)
+    model = _build_from_flags(config, _model_overrides(args), verbose=bool(args.verbose))
     fit_kwargs = _checkpoint_kwargs(args, model)
     _check_before_start(model, args.data)
     with cluster_client(args.scheduler, n_workers=args.workers) as client:
@@ -149,6 +235,27 @@ def _cmd_fit(args: argparse.Namespace) -> None:
         model.save(args.out, overwrite=args.overwrite)
     print(f"fitted {type(model).__name__} with {model.centers_.shape[0]} centers in "
           f"{time.perf_counter() - t0:.1f}s ({model.n_iter_} CG iterations); wrote {args.out}")
+
+
+def _build_from_flags(config: dict[str, Any], flags: dict[str, Any], verbose: bool) -> Any:
+    """The estimator of ``config`` with the flags' values on top; errors name the flag."""
+    from daskkrr.config import ConfigError, build_estimator
+    from daskkrr.models.registry import DEFAULT_ESTIMATOR, ESTIMATORS
+    from daskkrr.models.schema import config_specs
+
+    name = config.get("estimator", DEFAULT_ESTIMATOR)
+    accepted = config_specs(ESTIMATORS[name])
+    for key in flags:
+        if key not in accepted:
+            raise ConfigError(f"{_flag_of(key)} does not apply to estimator {name!r}; its parameters: "
+                              f"{', '.join(_flag_of(k) for k in accepted)}")
+    try:
+        return build_estimator(config, **flags, **({"verbose": True} if verbose else {}))
+    except ConfigError as exc:
+        bad = getattr(exc.__cause__, "parameter", None)
+        if bad in flags:
+            raise ConfigError(f"{_flag_of(bad)} {flags[bad]!r}: {exc.__cause__}") from exc
+        raise
 
 
 def _fit_progress(args: argparse.Namespace, client: Any) -> Any:
@@ -211,9 +318,9 @@ def _checkpoint_kwargs(args: argparse.Namespace, model: Any) -> dict[str, Any]:
 
 def _cmd_predict(args: argparse.Namespace) -> None:
     from daskkrr.data import write_array_zarr
-    from daskkrr.utils.atomic import check_destination
     from daskkrr.models.persistence import load_model
     from daskkrr.parallel import cluster_client
+    from daskkrr.utils.atomic import check_destination
 
     check_destination(args.out, args.overwrite)
     model = load_model(args.model)

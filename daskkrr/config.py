@@ -11,7 +11,10 @@ A config file holds one ``[model]`` table whose keys are estimator parameters::
     max_iter = 20
     random_state = 0
 
-Unknown tables or keys, and values of the wrong type, are errors naming the key.
+The accepted keys are the parameters of the chosen estimator (its
+``_parameter_constraints``, see :mod:`daskkrr.models.schema`), ``client`` excepted. Unknown tables or keys, and values of the wrong type, are
+errors naming the key. TOML has no null: ``"none"`` stands for None wherever a
+parameter accepts None (e.g. ``sigma = "none"``, ``preconditioner_rows = "none"``).
 """
 
 from __future__ import annotations
@@ -20,35 +23,8 @@ import os
 import tomllib
 from typing import Any
 
-from daskkrr.models import ExactKernelRidge, FalkonClassifier, FalkonRegressor, NystromRegressor
-
-ESTIMATORS: dict[str, type] = {
-    "falkon": FalkonRegressor,
-    "nystrom": NystromRegressor,
-    "exact": ExactKernelRidge,
-    "classifier": FalkonClassifier,
-}
-
-# Expected types of each parameter (None allowed where the estimator accepts None).
-_TYPES: dict[str, tuple[type, ...]] = {
-    "kernel": (str,),
-    "sigma": (int, float),
-    "penalty": (int, float),
-    "n_centers": (int,),
-    "sampler": (str,),
-    "max_iter": (int,),
-    "tol": (int, float),
-    "kernel_params": (dict,),
-    "dtype": (str,),
-    "standardize": (bool,),
-    "chunks": (int,),
-    "random_state": (int,),
-    "verbose": (bool,),
-    "max_samples": (int,),
-    "strategy": (str,),
-    "fit_intercept": (bool,),
-    "preconditioner_rows": (int, str, type(None)),  # None once "none" is read
-}
+from daskkrr.models.registry import DEFAULT_ESTIMATOR, ESTIMATORS
+from daskkrr.models.schema import config_specs
 
 
 class ConfigError(ValueError):
@@ -78,32 +54,39 @@ def read_config(path: str | os.PathLike) -> dict[str, Any]:
 
 
 def check_model_config(model: dict[str, Any], where: str = "config") -> dict[str, Any]:
-    """Check keys and types of a model config dict against the chosen estimator."""
+    """Check keys, types and values of a model config dict against the chosen estimator.
+
+    The keys and types come from the estimator's parameter declarations (see
+    :mod:`daskkrr.models.schema`); ``"none"`` stands for None wherever None is
+    accepted. Values are then checked by the estimator's own parameter checks.
+    Returns ``{"estimator": name, **params}`` with the values converted.
+    """
     model = dict(model)
-    name = model.pop("estimator", "falkon")
-    if name not in ESTIMATORS:
+    name = model.pop("estimator", DEFAULT_ESTIMATOR)
+    if not isinstance(name, str) or name not in ESTIMATORS:
         raise ConfigError(f"{where}: unknown estimator {name!r}; choose one of {sorted(ESTIMATORS)}")
-    accepted = set(ESTIMATORS[name]().get_params()) - {"client"}
+    specs = config_specs(ESTIMATORS[name], exclude={"client"})
+    params = {}
     for key, value in model.items():
-        if key not in accepted:
-            raise ConfigError(f"{where}: unknown key {key!r} for estimator {name!r}; accepted: {sorted(accepted)}")
-        types = _TYPES.get(key)
-        if types and not (isinstance(value, types) and not (bool not in types and isinstance(value, bool))):
-            names = " or ".join(t.__name__ for t in types)
-            raise ConfigError(f"{where}: {key} must be {names}; got {value!r} ({type(value).__name__})")
-    if isinstance(model.get("preconditioner_rows"), str):
-        rows = model["preconditioner_rows"].lower()
-        if rows not in ("auto", "none"):
-            raise ConfigError(f"{where}: preconditioner_rows must be an integer, \"auto\" or \"none\" "
-                              f"(FALKON's own preconditioner); got {model['preconditioner_rows']!r}")
-        model["preconditioner_rows"] = None if rows == "none" else "auto"  # TOML has no null
-    return {"estimator": name, **model}
+        if key not in specs:
+            raise ConfigError(f"{where}: unknown key {key!r} for estimator {name!r}; accepted: {sorted(specs)}")
+        try:
+            params[key] = specs[key].convert(value)
+        except ValueError as exc:
+            raise ConfigError(f"{where}: {exc}") from None
+    try:  # values (n_centers >= 1, kernel names, ...) by the estimator's checks, before any work
+        ESTIMATORS[name](**params)._validate_params()
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{where}: {exc}") from exc
+    return {"estimator": name, **params}
 
 
 def build_estimator(config: dict[str, Any], **overrides: Any) -> Any:
-    """Instantiate the configured estimator; ``overrides`` that are not None win."""
+    """Instantiate the configured estimator; ``overrides`` (e.g. command-line flags) win."""
     config = dict(config)
-    name = config.pop("estimator", "falkon")
-    params = {**config, **{k: v for k, v in overrides.items() if v is not None}}
-    check_model_config({"estimator": name, **params}, where="parameters")
-    return ESTIMATORS[name](**params)
+    name = config.pop("estimator", DEFAULT_ESTIMATOR)
+    params = {**config, **overrides}
+    runtime = {"client": params.pop("client")} if "client" in params else {}
+    checked = check_model_config({"estimator": name, **params}, where="parameters")
+    checked.pop("estimator")
+    return ESTIMATORS[name](**checked, **runtime)

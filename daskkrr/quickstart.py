@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 
 import dask.array as da
-import numpy as np
 
 
 def run_quickstart(

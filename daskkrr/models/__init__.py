@@ -2,15 +2,24 @@
 
 from daskkrr.models.base import NystromModelBase
 from daskkrr.models.classifier import FalkonClassifier
+from daskkrr.models.kernel_model import KernelModelBase
 from daskkrr.models.persistence import load_model, save_model
-from daskkrr.models.regressors import ExactKernelRidge, FalkonRegressor, NystromRegressor
+from daskkrr.models.registry import ESTIMATORS, estimator_class
+from daskkrr.models.regressors import (
+    ExactKernelRidge,
+    FalkonRegressor,
+    NystromRegressor,
+)
 
 __all__ = [
+    "ESTIMATORS",
     "ExactKernelRidge",
     "FalkonClassifier",
     "FalkonRegressor",
+    "KernelModelBase",
     "NystromModelBase",
     "NystromRegressor",
+    "estimator_class",
     "load_model",
     "save_model",
 ]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import dask.array as da
 import numpy as np
@@ -10,7 +10,7 @@ from sklearn.base import ClassifierMixin
 
 from daskkrr.data.inputs import is_in_memory
 from daskkrr.models.base import NystromModelBase
-from daskkrr.models.regressors import FalkonRegressor
+from daskkrr.models.regressors import FALKON_PARAMS, FalkonRegressor, params_doc
 
 
 def _one_vs_all(yb: np.ndarray, classes: np.ndarray) -> np.ndarray:
@@ -27,15 +27,14 @@ def _labels(scores: np.ndarray, classes: np.ndarray) -> np.ndarray:
 
 
 class FalkonClassifier(ClassifierMixin, NystromModelBase):
-    """Kernel classifier: FALKON regression on +-1 one-vs-all targets.
+    __doc__ = f"""Kernel classifier: FALKON regression on +-1 one-vs-all targets.
 
     The least-squares ("regularised least squares") classifier of the FALKON papers:
     each class gets a column of targets, +1 for its rows and -1 for the others (a
     single column for two classes), all columns are solved in one CG run, and the
     predicted class is the one with the largest decision value.
 
-    Parameters are those of :class:`FalkonRegressor`.
-
+    {params_doc(*FALKON_PARAMS)}
     Attributes
     ----------
     classes_ : ndarray of shape (n_classes,)
@@ -49,6 +48,7 @@ class FalkonClassifier(ClassifierMixin, NystromModelBase):
 
     # Same parameters as FalkonRegressor (scikit-learn reads them from __init__'s signature).
     __init__ = FalkonRegressor.__init__
+    _parameter_constraints: ClassVar[dict[str, Any]] = FalkonRegressor._parameter_constraints
 
     def fit(
         self,

@@ -43,9 +43,9 @@ class ModelFormatError(ValueError):
 
 
 def _estimator_classes() -> dict[str, type]:
-    from daskkrr.models import ExactKernelRidge, FalkonClassifier, FalkonRegressor, NystromRegressor
+    from daskkrr.models.registry import classes_by_class_name
 
-    return {c.__name__: c for c in (FalkonRegressor, NystromRegressor, ExactKernelRidge, FalkonClassifier)}
+    return classes_by_class_name()
 
 
 def save_model(model: Any, path: str | os.PathLike, *, overwrite: bool = False) -> Path:

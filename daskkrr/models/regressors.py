@@ -2,57 +2,105 @@
 
 from __future__ import annotations
 
-from typing import Any
+import textwrap
+from numbers import Integral, Real
+from typing import Any, ClassVar
 
-import dask.array as da
 import numpy as np
 from sklearn.base import RegressorMixin
+from sklearn.utils._param_validation import StrOptions
 
 from daskkrr.data.inputs import is_in_memory, load_training_data
-from daskkrr.models.base import NystromModelBase, _check_positive
+from daskkrr.models.base import NystromModelBase
+from daskkrr.models.kernel_model import KernelModelBase, positive
 from daskkrr.parallel import Executor
 from daskkrr.pipeline import Stage, exact_solve, run_fit, statistics
 
-_SHARED_PARAMS_DOC = """
-    kernel : str or Kernel, default="gaussian"
-        "gaussian", "laplacian", "matern", "polynomial", "linear", or a
-        :class:`daskkrr.kernels.Kernel`.
-    sigma : float or None, default=None
-        Length scale of the Gaussian/Laplacian/Matern kernels. None uses
-        ``sqrt(n_features)``, a median-distance heuristic for standardised features.
-    penalty : float, default=1e-6
-        Ridge penalty lambda of the normalised objective
-        ``(1/n) sum (f(x_i) - y_i)^2 + lambda ||f||^2``; the same as scikit-learn's
-        ``KernelRidge(alpha=penalty * n)``.
-    n_centers : int, default=1000
-        Number of Nystrom centers M (cost per pass is O(n M d)).
-    sampler : str or CenterSampler, default="uniform"
-        How centers are chosen (see :mod:`daskkrr.sampling`).
-    kernel_params : dict or None
-        Extra kernel parameters, e.g. ``{"nu": 2.5}`` for Matern or
-        ``{"degree": 2, "coef0": 1.0}`` for polynomial.
-    dtype : {"float64", "float32"}, default="float64"
-        Precision of the kernel blocks (accumulation is always float64).
-    standardize : bool, default=True
-        Standardise features (mean 0, variance 1) and centre the targets, with
-        statistics from one pass over the data; they are stored in the model.
-    chunks : int or None
-        Rows per block when the input is re-chunked (None keeps the input's chunks;
-        numpy input gets blocks of about 64 MiB).
-    random_state : int, numpy Generator or None
-        Seed for center selection. The fit does not depend on the number of workers.
-    client : distributed.Client or None
-        Where to run. None uses the current distributed client if there is one,
-        otherwise Dask's threaded scheduler.
-    verbose : bool, default=False
-        Show a progress bar (passes, blocks, CG residuals) and log progress at INFO.
-    fit_intercept : bool, default=True
-        Fit an unpenalised constant term, ``f(x) = k(x, Z) coef + b``, as
-        scikit-learn's ``Ridge`` does on Nystroem features (see
-        :mod:`daskkrr.solvers.intercept`). With False the targets are only centred
-        (with ``standardize=True``) and the penalty also shrinks the mean level,
-        as in ``KernelRidge`` and the FALKON papers. It costs nothing extra.
+#: numpydoc entry of every estimator parameter; each class lists those it takes (and
+#: :mod:`daskkrr.models.schema` reads them back as the help of TOML keys and CLI flags).
+PARAM_DOCS = {
+    "kernel": """kernel : str, dict or Kernel, default="gaussian"
+    "gaussian", "laplacian", "matern", "polynomial", "linear", a
+    ``Kernel.to_dict()`` dict, or a :class:`daskkrr.kernels.Kernel`.""",
+    "sigma": """sigma : float or None, default=None
+    Length scale of the Gaussian/Laplacian/Matern kernels. None uses
+    ``sqrt(n_features)``, a median-distance heuristic for standardised features.""",
+    "penalty": """penalty : float, default=1e-6
+    Ridge penalty lambda of the normalised objective
+    ``(1/n) sum (f(x_i) - y_i)^2 + lambda ||f||^2``; the same as scikit-learn's
+    ``KernelRidge(alpha=penalty * n)``.""",
+    "n_centers": """n_centers : int, default=1000
+    Number of Nystrom centers M (cost per pass is O(n M d)).""",
+    "sampler": """sampler : str or CenterSampler, default="uniform"
+    How centers are chosen (see :mod:`daskkrr.sampling`).""",
+    "max_iter": """max_iter : int, default=20
+    Maximum CG iterations (each is one pass over the data).""",
+    "tol": """tol : float, default=1e-7
+    Stop when the preconditioned relative residual falls below ``tol``.""",
+    "kernel_params": """kernel_params : dict or None, default=None
+    Extra kernel parameters, e.g. ``{"nu": 2.5}`` for Matern or
+    ``{"degree": 2, "coef0": 1.0}`` for polynomial.""",
+    "dtype": """dtype : {"float64", "float32"}, default="float64"
+    Precision of the kernel blocks (accumulation is always float64).""",
+    "standardize": """standardize : bool, default=True
+    Standardise features (mean 0, variance 1) and centre the targets, with
+    statistics from one pass over the data; they are stored in the model.""",
+    "chunks": """chunks : int or None, default=None
+    Rows per block when the input is re-chunked (None keeps the input's chunks;
+    numpy input gets blocks of about 64 MiB).""",
+    "random_state": """random_state : int, numpy Generator or None, default=None
+    Seed for center selection. The fit does not depend on the number of workers.""",
+    "client": """client : distributed.Client or None, default=None
+    Where to run. None uses the current distributed client if there is one,
+    otherwise Dask's threaded scheduler.""",
+    "verbose": """verbose : bool, default=False
+    Show a progress bar (passes, blocks, CG residuals) and log progress at INFO.""",
+    "strategy": """strategy : {"auto", "recompute", "cache", "gram"}, default="auto"
+    How each iteration's ``K_nM^T K_nM u`` is computed: "recompute" builds the
+    kernel blocks anew on every pass (any n and M, memory of a tile per task);
+    "cache" keeps every block's ``k(X_b, Z)`` in worker memory after one pass,
+    so iterations cost two matrix-vector products per block; "gram"
+    accumulates ``K_nM^T K_nM`` in one pass and iterates on the client
+    (moderate M; two passes with SQUEAK, whatever the iterations). "auto"
+    takes the cheapest that fits in memory by the cost model of
+    :mod:`daskkrr.parallel.cost`. All give the same solution to round-off.""",
+    "direct_strategy": """strategy : {"auto", "gram"}, default="auto"
+    Accepted for symmetry with :class:`FalkonRegressor`: the direct solve
+    always uses the one-pass "gram" strategy.""",
+    "fit_intercept": """fit_intercept : bool, default=True
+    Fit an unpenalised constant term, ``f(x) = k(x, Z) coef + b``, as
+    scikit-learn's ``Ridge`` does on Nystroem features (see
+    :mod:`daskkrr.solvers.intercept`). With False the targets are only centred
+    (with ``standardize=True``) and the penalty also shrinks the mean level,
+    as in ``KernelRidge`` and the FALKON papers. It costs nothing extra.""",
+    "preconditioner_rows": """preconditioner_rows : int, "auto" or None, default="auto"
+    Training rows sampled (uniformly) to build the preconditioner from
+    ``K_sM^T K_sM`` instead of FALKON's ``K_MM^2`` (see
+    :mod:`daskkrr.solvers.sketch`); "auto" takes ``4 * n_centers`` (at most
+    n), None keeps FALKON's own preconditioner. More rows cost ``2 s M^2``
+    flops once on the client and save CG iterations, i.e. passes over the data.""",
+    "max_samples": """max_samples : int, default=20000
+    Largest n accepted (the kernel matrix takes 8 n^2 bytes).""",
+}
+
+
+def params_doc(*names: str) -> str:
+    """The numpydoc "Parameters" section listing ``names`` (keys of :data:`PARAM_DOCS`)."""
+    entries = "\n".join(textwrap.indent(PARAM_DOCS[name], "    ") for name in names)
+    return f"""Parameters
+    ----------
+{entries}
 """
+
+
+#: FalkonRegressor's (and FalkonClassifier's) parameters, in ``__init__`` order.
+FALKON_PARAMS = ("kernel", "sigma", "penalty", "n_centers", "sampler", "max_iter", "tol", "kernel_params",
+                 "dtype", "standardize", "chunks", "random_state", "client", "verbose", "strategy",
+                 "fit_intercept", "preconditioner_rows")
+NYSTROM_PARAMS = ("kernel", "sigma", "penalty", "n_centers", "sampler", "kernel_params", "dtype", "standardize",
+                  "chunks", "random_state", "client", "verbose", "direct_strategy", "fit_intercept")
+EXACT_PARAMS = ("kernel", "sigma", "penalty", "kernel_params", "standardize", "chunks", "max_samples", "client",
+                "verbose")
 
 _FITTED_DOC = """
     Attributes
@@ -122,28 +170,7 @@ class FalkonRegressor(_RegressorMixin, NystromModelBase):
     Dask workers; only ``M``-sized vectors reach the client, so ``n`` is bounded by
     disk, not memory.
 
-    Parameters
-    ----------{_SHARED_PARAMS_DOC}
-    max_iter : int, default=20
-        Maximum CG iterations (each is one pass over the data).
-    tol : float, default=1e-7
-        Stop when the preconditioned relative residual falls below ``tol``.
-    strategy : {{"auto", "recompute", "cache", "gram"}}, default="auto"
-        How each iteration's ``K_nM^T K_nM u`` is computed: "recompute" builds the
-        kernel blocks anew on every pass (any n and M, memory of a tile per task);
-        "cache" keeps every block's ``k(X_b, Z)`` in worker memory after one pass,
-        so iterations cost two matrix-vector products per block; "gram"
-        accumulates ``K_nM^T K_nM`` in one pass and iterates on the client
-        (moderate M; two passes with SQUEAK, whatever the iterations). "auto"
-        takes the cheapest that fits in memory by the cost model of
-        :mod:`daskkrr.parallel.cost`. All give the same solution to round-off.
-    preconditioner_rows : int, "auto" or None, default="auto"
-        Training rows sampled (uniformly) to build the preconditioner from
-        ``K_sM^T K_sM`` instead of FALKON's ``K_MM^2`` (see
-        :mod:`daskkrr.solvers.sketch`); "auto" takes ``4 * n_centers`` (at most
-        n), None keeps FALKON's own preconditioner. More rows cost ``2 s M^2``
-        flops once on the client and save CG iterations, i.e. passes over the data.
-    {_FITTED_DOC}
+    {params_doc(*FALKON_PARAMS)}{_FITTED_DOC}
     Examples
     --------
     >>> import numpy as np
@@ -156,6 +183,12 @@ class FalkonRegressor(_RegressorMixin, NystromModelBase):
     """
 
     _solver = "falkon"
+    _parameter_constraints: ClassVar[dict[str, Any]] = {
+        **NystromModelBase._parameter_constraints,
+        "max_iter": [positive(Integral)],
+        "tol": [positive(Real)],
+        "preconditioner_rows": [positive(Integral), StrOptions({"auto"}), None],
+    }
 
     def __init__(
         self,
@@ -233,12 +266,7 @@ class NystromRegressor(_RegressorMixin, NystromModelBase):
     same preconditioned formulation FALKON iterates on. Memory on the client is
     O(M^2), so this suits moderate M; it is also the reference FALKON converges to.
 
-    Parameters
-    ----------{_SHARED_PARAMS_DOC}
-    strategy : {{"auto", "gram"}}, default="auto"
-        Accepted for symmetry with :class:`FalkonRegressor`: the direct solve
-        always uses the one-pass "gram" strategy.
-    {_FITTED_DOC}"""
+    {params_doc(*NYSTROM_PARAMS)}{_FITTED_DOC}"""
 
     _solver = "direct"
 
@@ -279,23 +307,21 @@ class NystromRegressor(_RegressorMixin, NystromModelBase):
         return self._fit_nystrom(X, y)
 
 
-class ExactKernelRidge(_RegressorMixin, NystromModelBase):
-    """Exact kernel ridge regression, ``(K + penalty * n I) c = y``, for small n.
+class ExactKernelRidge(_RegressorMixin, KernelModelBase):
+    __doc__ = f"""Exact kernel ridge regression, ``(K + penalty * n I) c = y``, for small n.
 
     It gathers the training data on the client and factors the ``n x n`` kernel
     matrix, so it refuses ``n > max_samples``; use :class:`FalkonRegressor` beyond.
     Equal to scikit-learn's ``KernelRidge(alpha=penalty * n)`` with the same kernel.
     The fitted model has every training point as a center (``centers_``, ``coef_``).
 
-    Parameters
-    ----------
-    kernel, sigma, penalty, kernel_params, standardize, chunks, client, verbose
-        As for :class:`FalkonRegressor`.
-    max_samples : int, default=20000
-        Largest n accepted (the kernel matrix takes 8 n^2 bytes).
-    """
+    {params_doc(*EXACT_PARAMS)}"""
 
     _solver = "exact"
+    _parameter_constraints: ClassVar[dict[str, Any]] = {
+        **KernelModelBase._parameter_constraints,
+        "max_samples": [positive(Integral)],
+    }
 
     def __init__(
         self,
@@ -319,15 +345,8 @@ class ExactKernelRidge(_RegressorMixin, NystromModelBase):
         self.client = client
         self.verbose = verbose
 
-    # The shared checks read these; exact KRR has no centers to choose.
-    n_centers = 1
-    sampler = "uniform"
-    dtype = "float64"
-    random_state = None
-
-    def fit(self, X: Any, y: Any = None) -> "ExactKernelRidge":
+    def fit(self, X: Any, y: Any = None) -> ExactKernelRidge:
         """Fit on anything :func:`daskkrr.open_dataset` takes (gathered to the client)."""
-        _check_positive("max_samples", self.max_samples, integer=True)
         self._validate_params()
         ctx = run_fit(self, X, y, (Stage("statistics", statistics), Stage("solve", exact_solve)))
         for name, value in ctx.fitted.items():

@@ -129,7 +129,7 @@ class Problem:
 
 @dataclasses.dataclass(frozen=True)
 class Budget:
-    """Memory and cores available (see :func:`daskkrr.parallel.threads.cluster_resources`)."""
+    """Memory and cores available (see :func:`daskkrr.parallel.resources.cluster_resources`)."""
 
     cores: int
     memory_bytes: int

@@ -75,7 +75,7 @@ def statistics(ctx: FitContext) -> None:
     ctx.y_mean = (np.asarray(scaler.y_mean_, dtype=np.float64).reshape(-1) if centre_y
                   else np.zeros(Y.shape[1]))
     Xs = scaler.transform(Xd) if p.standardize else Xd
-    ctx.X = Xs.astype(getattr(p, "dtype", "float64"))
+    ctx.X = Xs.astype(p._feature_dtype())
     ctx.Y = Y - ctx.y_mean if centre_y else Y
     ctx.one_d = yd.ndim == 1 and getattr(p, "_squeeze_single_target", True)
     ctx.kernel = p._make_kernel(d)

@@ -18,9 +18,9 @@
     standardize = true                # -> model parameter
     dtype = "float64"                 # -> model parameter
 
-    [model]                           # the [model] table of daskkrr.config
-    estimator = "falkon"
-    n_centers = 1000
+    [model]                           # the [model] table of daskkrr.config: any estimator
+    estimator = "falkon"              #   parameter (daskkrr.models.registry names the estimators)
+    n_centers = 1000                  #   "none" stands for None
 
     [sweep]                           # optional: one fit per combination of these model values
     n_centers = [500, 1000]
@@ -58,7 +58,10 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+from sklearn.base import ClassifierMixin
+
 from daskkrr.config import ConfigError, check_model_config
+from daskkrr.models.registry import ESTIMATORS
 
 REGRESSION_METRICS = ("rmse", "mae", "r2")
 CLASSIFICATION_METRICS = ("accuracy",)
@@ -311,7 +314,7 @@ def _check_evaluation(ev: dict[str, Any], estimator: str, where: str) -> None:
         raise WorkflowError(f"{where}: [evaluation] split must be \"tail\" or \"random\"; got {ev['split']!r}")
     if ev["folds"] < 2:
         raise WorkflowError(f"{where}: [evaluation] folds must be >= 2; got {ev['folds']}")
-    allowed = CLASSIFICATION_METRICS if estimator == "classifier" else REGRESSION_METRICS
+    allowed = CLASSIFICATION_METRICS if issubclass(ESTIMATORS[estimator], ClassifierMixin) else REGRESSION_METRICS
     metrics = ev["metrics"] if ev["metrics"] is not None else list(allowed)
     bad = [m for m in metrics if m not in allowed]
     if bad or not metrics:

@@ -1,0 +1,226 @@
+"""What every daskkrr estimator shares: parameter checks, the kernel, standardisation, predict, save.
+
+A fitted model is ``f(x) = k(scale(x), centers_) @ coef_ + intercept_`` whatever
+solved for ``coef_`` (FALKON's CG, the direct Nystrom solve or exact kernel ridge).
+Each estimator declares its parameters once, in scikit-learn's
+``_parameter_constraints``; :meth:`KernelModelBase._validate_params` checks them
+(with a hint of what each parameter means) and then runs :meth:`_check_params`
+for what a constraint cannot say. :mod:`daskkrr.models.schema` derives the TOML
+keys and command-line flags from the same declarations.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+from numbers import Integral, Real
+from typing import Any, ClassVar
+
+import dask.array as da
+import numpy as np
+from sklearn.base import BaseEstimator
+from sklearn.utils._param_validation import (
+    Interval,
+    InvalidParameterError,
+    Options,
+    make_constraint,
+)
+
+from daskkrr.data.inputs import is_in_memory, load_features
+from daskkrr.kernels import Kernel, make_kernel
+from daskkrr.kernels.engine import engine_for
+
+logger = logging.getLogger("daskkrr")
+
+#: What a parameter means, appended to the message when its value is refused.
+HINTS = {
+    "sigma": "the kernel length scale, e.g. sigma=1.0, or sigma=None for sqrt(n_features)",
+    "penalty": "the ridge penalty lambda, e.g. penalty=1e-6",
+    "n_centers": "the number of Nystrom centers, e.g. n_centers=1000",
+    "max_iter": "the number of CG iterations, e.g. max_iter=20",
+    "tol": "the relative residual at which CG stops, e.g. tol=1e-7",
+    "chunks": "rows per block, or chunks=None to keep the input's",
+    "preconditioner_rows": "rows sampled for the preconditioner, 'auto' (4 per center) or None (FALKON's own)",
+    "random_state": "a seed, e.g. random_state=0",
+    "max_samples": "the largest n for the n x n kernel matrix, e.g. max_samples=20000",
+}
+
+
+class ParameterError(InvalidParameterError):
+    """An estimator parameter has a value its constraints refuse; ``parameter`` names it."""
+
+    def __init__(self, message: str, parameter: str | None = None):
+        super().__init__(message)
+        self.parameter = parameter
+
+
+def positive(kind: type) -> Interval:
+    """``kind`` (Integral or Real) > 0; also refuses inf and NaN."""
+    if kind is Integral:
+        return Interval(Integral, 1, None, closed="left")
+    return Interval(Real, 0, None, closed="neither")
+
+
+def describe_constraints(constraints: list[Any]) -> str:
+    """Constraints in words, as scikit-learn's messages write them (options sorted)."""
+    words = []
+    for constraint in (make_constraint(c) for c in constraints):
+        if constraint.hidden:
+            continue
+        if isinstance(constraint, Options):
+            words.append("one of " + ", ".join(repr(o) for o in sorted(constraint.options, key=str)))
+        else:
+            words.append(str(constraint))
+    return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} or {words[-1]}"
+
+
+def accepts_bool(constraints: Any) -> bool:
+    """Whether True/False is a meaningful value (scikit-learn counts bools as integers)."""
+    if constraints == "no_validation":
+        return True
+    return any(c in ("boolean", "verbose", bool, np.bool_, object) for c in constraints)
+
+
+class KernelModelBase(BaseEstimator):
+    """Parameter checks, kernel, standardisation, predict and save shared by all estimators.
+
+    Not used directly; subclasses set ``__init__`` and ``_parameter_constraints``.
+    """
+
+    _parameter_constraints: ClassVar[dict[str, Any]] = {
+        "kernel": [str, dict, Kernel],
+        "sigma": [positive(Real), None],
+        "penalty": [positive(Real)],
+        "kernel_params": [dict, None],
+        "standardize": ["boolean"],
+        "chunks": [positive(Integral), None],
+        "client": "no_validation",  # the execution layer checks it where the fit runs
+        "verbose": ["boolean"],
+    }
+    #: Return 1-D coefficients/predictions for a 1-D target (regressors).
+    _squeeze_single_target = True
+
+    # ----------------------------------------------------------------- checks
+    def _validate_params(self) -> None:
+        """Check every parameter against ``_parameter_constraints``, then :meth:`_check_params`."""
+        params = self.get_params(deep=False)
+        for name, constraints in self._parameter_constraints.items():
+            value = params.get(name)
+            if isinstance(value, (bool, np.bool_)) and not accepts_bool(constraints):
+                raise self._parameter_error(name, value)
+        try:
+            super()._validate_params()
+        except InvalidParameterError as exc:
+            found = re.match(r"The '(\w+)' parameter of", str(exc))
+            if found is None or found.group(1) not in params:
+                raise
+            raise self._parameter_error(found.group(1), params[found.group(1)]) from None
+        self._check_params()
+
+    def _parameter_error(self, name: str, value: Any) -> ParameterError:
+        hint = HINTS.get(name, "")
+        return ParameterError(
+            f"{name} must be {describe_constraints(self._parameter_constraints[name])}; got {value!r} "
+            f"({type(value).__name__})" + (f"; {hint}" if hint else ""),
+            parameter=name,
+        )
+
+    def _check_params(self) -> None:
+        """Checks a constraint cannot express; subclasses extend it."""
+        # Kernel name and parameters (e.g. polynomial gamma > 0), before any pass over the data.
+        self._make_kernel(1)
+
+    def _make_kernel(self, n_features: int) -> Kernel:
+        params = dict(self.kernel_params or {})
+        name = self.kernel if isinstance(self.kernel, str) else None
+        if isinstance(self.kernel, Kernel):
+            return self.kernel
+        if name is not None and name.lower() in ("gaussian", "rbf", "laplacian", "laplace", "matern"):
+            # Median-distance heuristic for standardised features: squared distances ~ 2 d.
+            params.setdefault("sigma", float(self.sigma) if self.sigma is not None else math.sqrt(n_features))
+        elif self.sigma is not None and name is not None:
+            raise ValueError(f"kernel {self.kernel!r} takes no sigma; pass sigma=None")
+        return make_kernel(self.kernel, **params)
+
+    def _fits_intercept(self) -> bool:
+        return bool(getattr(self, "fit_intercept", False))
+
+    def _feature_dtype(self) -> str:
+        """Precision of the kernel blocks; estimators with a ``dtype`` parameter override it."""
+        return "float64"
+
+    # --------------------------------------------------------------- targets
+    def _encode_targets(self, y: da.Array) -> da.Array:
+        """Regression: targets as float64 of shape (n, t)."""
+        Y = y.astype(np.float64)
+        return Y[:, None] if Y.ndim == 1 else Y.rechunk({1: -1}, method="tasks")
+
+    # --------------------------------------------------------------- predict
+    def _check_fitted(self) -> None:
+        if not hasattr(self, "coef_"):
+            raise RuntimeError(f"this {type(self).__name__} is not fitted yet; call fit(X, y) first")
+
+    def _raw_decision(self, X: Any) -> Any:
+        """``k(scale(X), Z) coef + intercept``: numpy in, numpy out; anything else, a lazy dask array."""
+        self._check_fitted()
+        coef2 = self.coef_.reshape(self.coef_.shape[0], -1)
+        dtype = self._feature_dtype()
+        if is_in_memory(X):
+            Xn = np.asarray(X)
+            if Xn.ndim == 1:
+                Xn = Xn[None, :] if Xn.shape[0] == self.n_features_in_ else Xn[:, None]
+            self._check_n_features(Xn.shape)
+            if not np.issubdtype(Xn.dtype, np.number):
+                raise TypeError(f"X must be numeric; got dtype {Xn.dtype}")
+            _check_finite_rows(Xn, 0)
+            Xs = self.scaler_.transform(Xn) if self.scaler_ is not None else Xn
+            out = engine_for(self.kernel_).matvec(self.kernel_, np.asarray(Xs, dtype=dtype), self.centers_, coef2)
+            return out + self.intercept_
+        Xd = load_features(X, self.chunks)
+        self._check_n_features(Xd.shape)
+        Xs = self.scaler_.transform(Xd) if self.scaler_ is not None else Xd
+        Xs = Xs.astype(dtype)
+        t = coef2.shape[1]
+        out = Xs.map_blocks(
+            _predict_block, self.kernel_, self.centers_, coef2, self.intercept_,
+            dtype=np.float64, chunks=(Xs.chunks[0], (t,)),
+        )
+        return out
+
+    def _check_n_features(self, shape: tuple[int, ...]) -> None:
+        if len(shape) != 2 or shape[1] != self.n_features_in_:
+            raise ValueError(
+                f"X has shape {tuple(shape)} but this model was fitted on {self.n_features_in_} features; "
+                f"pass the same {self.n_features_in_} columns, in the same order, as in fit"
+            )
+
+    # ------------------------------------------------------------ persistence
+    def save(self, path: Any, *, overwrite: bool = False) -> Any:
+        """Save the fitted model (arrays + JSON metadata, no pickle); see :func:`daskkrr.load`."""
+        from daskkrr.models.persistence import save_model
+
+        return save_model(self, path, overwrite=overwrite)
+
+
+def _predict_block(
+    Xb: np.ndarray, kernel: Kernel, Z: np.ndarray, coef: np.ndarray, y_mean: np.ndarray,
+    block_info: dict | None = None,
+) -> np.ndarray:
+    start = block_info[0]["array-location"][0][0] if block_info and 0 in block_info else 0
+    _check_finite_rows(Xb, start)
+    return engine_for(kernel).matvec(kernel, Xb, Z, coef) + y_mean
+
+
+def _check_finite_rows(Xb: np.ndarray, start: int) -> None:
+    """Refuse NaN/inf features (their predictions would be NaN), naming the first bad row."""
+    if Xb.dtype.kind not in "fc" or np.isfinite(Xb).all():
+        return
+    bad = np.flatnonzero(~np.isfinite(Xb).reshape(len(Xb), -1).all(axis=1))
+    raise ValueError(
+        f"X has NaN or inf in {bad.size} row(s) of rows {start}-{start + len(Xb) - 1}, the first at "
+        f"row {start + int(bad[0])}; their predictions would be NaN: clean or impute them before predicting"
+    )
+
+
+__all__ = ["HINTS", "KernelModelBase", "ParameterError", "accepts_bool", "describe_constraints", "positive"]
