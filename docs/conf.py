@@ -53,8 +53,11 @@ html_static_path: list[str] = []
 
 
 def _skip_member(app, what, name, obj, skip, options):
-    """Leave out scikit-learn's generated metadata-routing setters (``set_fit_request`` ...)."""
+    """Leave out members inherited from scikit-learn (``get_params``, ``set_output``,
+    the generated ``set_fit_request`` ...): their docstrings point into sklearn's own docs."""
     if name.startswith("set_") and name.endswith("_request"):
+        return True
+    if what == "class" and (getattr(obj, "__module__", None) or "").startswith("sklearn."):
         return True
     return None
 
