@@ -124,7 +124,7 @@ _FITTED_DOC = """
         Target means subtracted before fitting (zeros without standardisation).
     n_iter_ : int
         CG iterations run (0 for the direct solve).
-    residuals_ : ndarray of shape (n_iter_ + 1, n_targets)
+    residuals_ : ndarray of shape (``n_iter_ + 1``, n_targets)
         Relative residual of the preconditioned system after each iteration.
     converged_ : bool
         Whether CG reached ``tol``.
