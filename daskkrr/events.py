@@ -18,6 +18,27 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+__all__ = [
+    "BLOCK_PREFIX",
+    "BlockDone",
+    "CentersChosen",
+    "DataOpened",
+    "Event",
+    "EventBus",
+    "FitDone",
+    "FitFailed",
+    "FitStarted",
+    "PassDone",
+    "PassStarted",
+    "RhsComputed",
+    "SolverState",
+    "SolverStep",
+    "StageDone",
+    "StageStarted",
+    "block_task_prefix",
+    "subscribe",
+]
+
 logger = logging.getLogger("daskkrr")
 
 #: Key prefix of every per-block task; the pass name follows (``daskkrr-block-rhs``).

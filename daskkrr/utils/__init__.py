@@ -4,3 +4,22 @@ This package depends on numpy, scipy, threadpoolctl and the standard library onl
 it imports neither dask/distributed nor any other daskkrr subpackage, so the data,
 kernel, sampling, solver and model layers can all use it without import cycles.
 """
+
+from daskkrr.utils.atomic import atomic_directory, atomic_write, atomic_write_bytes, check_destination
+from daskkrr.utils.jsonable import dumps_strict, jsonable, jsonable_params
+from daskkrr.utils.linalg import JitterWarning, cholesky_jitter
+from daskkrr.utils.threads import available_cores, blas_threads
+
+__all__ = [
+    "JitterWarning",
+    "atomic_directory",
+    "atomic_write",
+    "atomic_write_bytes",
+    "available_cores",
+    "blas_threads",
+    "check_destination",
+    "cholesky_jitter",
+    "dumps_strict",
+    "jsonable",
+    "jsonable_params",
+]
