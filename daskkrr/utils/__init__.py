@@ -7,11 +7,10 @@ kernel, sampling, solver and model layers can all use it without import cycles.
 
 from daskkrr.utils.atomic import atomic_directory, atomic_write, atomic_write_bytes, check_destination
 from daskkrr.utils.jsonable import dumps_strict, jsonable, jsonable_params
-from daskkrr.utils.linalg import JitterWarning, cholesky_jitter
+from daskkrr.utils.linalg import cholesky_jitter
 from daskkrr.utils.threads import available_cores, blas_threads
 
 __all__ = [
-    "JitterWarning",
     "atomic_directory",
     "atomic_write",
     "atomic_write_bytes",
