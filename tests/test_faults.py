@@ -46,7 +46,8 @@ def test_fit_survives_a_killed_worker(store, cluster2, tmp_path, monkeypatch):
     reference = FalkonRegressor(client=client, **CONVERGED).fit(store)
     assert reference.converged_ and reference.n_iter_ > 6
 
-    victim = {}
+    victim: dict = {}
+    killed = threading.Event()
     pids_before = client.run(os.getpid)
     save_cg = FitCheckpoint.save_cg
 
@@ -55,17 +56,22 @@ def test_fit_survives_a_killed_worker(store, cluster2, tmp_path, monkeypatch):
         address, pid = sorted(pids_before.items())[0]
         victim.update(address=address, pid=pid, at=time.perf_counter())
         os.kill(pid, signal.SIGKILL)
+        killed.set()
 
     def save_and_kill(self, state):
         save_cg(self, state)
         if state.iteration == 4 and not victim:
             threading.Thread(target=kill_a_worker, daemon=True).start()
+        elif state.iteration > 4:
+            # Wait for the kill, whatever the thread's scheduling: without this a starved
+            # thread (a loaded machine) could kill only after the fit had ended.
+            assert killed.wait(timeout=60), "the killer thread did not run"
 
     monkeypatch.setattr(FitCheckpoint, "save_cg", save_and_kill)
     model = FalkonRegressor(client=client, **CONVERGED).fit(store, checkpoint=tmp_path / "ck", checkpoint_every=2)
     finished = time.perf_counter()
 
-    assert victim, "the worker was not killed"
+    assert killed.is_set() and victim, "the worker was not killed"
     assert victim["at"] < finished, "the kill came after the fit"
     assert _dead(victim["pid"]), "the killed worker process is still running"
     # The nanny restarts it; the scheduler may not have noticed the death yet when a fast fit ends.

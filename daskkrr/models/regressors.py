@@ -14,7 +14,8 @@ from daskkrr.data.inputs import is_in_memory, load_training_data
 from daskkrr.models.base import NystromModelBase
 from daskkrr.models.kernel_model import KernelModelBase, positive
 from daskkrr.parallel import Executor
-from daskkrr.pipeline import Stage, exact_solve, run_fit, statistics
+from daskkrr.pipeline import run_fit
+from daskkrr.pipeline.stages import exact_stages
 
 #: numpydoc entry of every estimator parameter; each class lists those it takes (and
 #: :mod:`daskkrr.models.schema` reads them back as the help of TOML keys and CLI flags).
@@ -311,7 +312,10 @@ class ExactKernelRidge(_RegressorMixin, KernelModelBase):
     __doc__ = f"""Exact kernel ridge regression, ``(K + penalty * n I) c = y``, for small n.
 
     It gathers the training data on the client and factors the ``n x n`` kernel
-    matrix, so it refuses ``n > max_samples``; use :class:`FalkonRegressor` beyond.
+    matrix, so it refuses ``n > max_samples``, and, before any pass over the data,
+    an ``n`` whose three ``n x n`` matrices would not fit in this machine's or the
+    workers' memory (the message gives the estimate; ``DASKKRR_FORCE_EXACT=1``
+    runs it anyway, see :mod:`daskkrr.guards`); use :class:`FalkonRegressor` beyond.
     Equal to scikit-learn's ``KernelRidge(alpha=penalty * n)`` with the same kernel.
     The fitted model has every training point as a center (``centers_``, ``coef_``).
 
@@ -348,7 +352,7 @@ class ExactKernelRidge(_RegressorMixin, KernelModelBase):
     def fit(self, X: Any, y: Any = None) -> ExactKernelRidge:
         """Fit on anything :func:`daskkrr.open_dataset` takes (gathered to the client)."""
         self._validate_params()
-        ctx = run_fit(self, X, y, (Stage("statistics", statistics), Stage("solve", exact_solve)))
+        ctx = run_fit(self, X, y, exact_stages())
         for name, value in ctx.fitted.items():
             setattr(self, name, value)
         return self

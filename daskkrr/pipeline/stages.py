@@ -24,7 +24,8 @@ import numpy as np
 
 from daskkrr import events as ev
 from daskkrr.data import Standardizer
-from daskkrr.data.inputs import load_training_data
+from daskkrr.data.inputs import is_in_memory, load_training_data
+from daskkrr.guards import check_quadratic, quadratic_cost
 from daskkrr.parallel.strategies import make_operator, plan_strategy, prepare_passes
 from daskkrr.pipeline.context import FitContext
 from daskkrr.pipeline.fingerprint import fit_fingerprint
@@ -218,11 +219,7 @@ def exact_solve(ctx: FitContext) -> None:
     """Exact KRR: the training data on the client, ``(K + penalty n I) c = y`` factored there."""
     p = ctx.params
     n = ctx.n
-    if n > p.max_samples:
-        raise ValueError(
-            f"ExactKernelRidge needs an n x n kernel matrix; n={n} exceeds max_samples={p.max_samples}. "
-            "Use FalkonRegressor, or raise max_samples if memory allows"
-        )
+    check_exact_resources(p, n, ctx.n_features, ctx.executor)
     Xn, Yn = (np.asarray(a) for a in ctx.executor.compute(ctx.X, ctx.Y))
     coef = exact_krr_coefficients(ctx.kernel(Xn, Xn), Yn, float(p.penalty))
     ctx.fitted.update(
@@ -231,6 +228,52 @@ def exact_solve(ctx: FitContext) -> None:
         coef_=coef[:, 0] if ctx.one_d else coef, n_iter_=0, residuals_=np.zeros((1, Yn.shape[1])),
         converged_=True, jitter_=0.0, n_data_passes_=2,
     )
+
+
+#: float64 n x n matrices exact KRR holds at once (K, K + lambda n I, its Cholesky factor)
+#: and its flops / n^3 (the Cholesky factorisation).
+EXACT_KRR_MATRICES = 3
+EXACT_KRR_CUBIC_FLOPS = 1 / 3
+
+
+def check_exact_resources(params: Any, n: int, d: int, executor: Any = None) -> None:
+    """Refuse exact KRR above ``max_samples`` or beyond the memory (see :mod:`daskkrr.guards`)."""
+    cost = quadratic_cost(type(params).__name__, n, d, matrices=EXACT_KRR_MATRICES, cubic=EXACT_KRR_CUBIC_FLOPS)
+    check_quadratic(cost, alternative="use FalkonRegressor (Nystrom centers: memory O(n M), not O(n^2))",
+                    executor=executor, max_rows=int(params.max_samples), max_rows_name="max_samples")
+
+
+def check_resources(ctx: FitContext) -> None:
+    """Refuse, from the data's shape alone and before any pass over it, a fit whose n^2 steps
+    (the exact leverage-score sampler, exact KRR) would not fit in memory."""
+    p = ctx.params
+    n, d = training_shape(ctx.X_in, ctx.y_in, getattr(p, "chunks", None))
+    if getattr(p, "sampler", None) is not None:
+        check = getattr(make_sampler(p.sampler), "check_resources", None)
+        if check is not None:
+            check(n, d, ctx.executor)
+    if getattr(p, "_solver", None) == "exact":
+        check_exact_resources(p, n, d, ctx.executor)
+
+
+def training_shape(X: Any, y: Any, chunks: int | None) -> tuple[int, int]:
+    """``(n, d)`` of the training features, from their metadata (a store is opened lazily)."""
+    if hasattr(X, "shape") and (isinstance(X, da.Array) or is_in_memory(X)):
+        shape = tuple(X.shape)
+    else:
+        shape = tuple(load_training_data(X, y, chunks)[0].shape)
+    return int(shape[0]), int(shape[1]) if len(shape) > 1 else 1
+
+
+def checked_statistics(ctx: FitContext) -> None:
+    """:func:`check_resources`, then :func:`statistics` (the first pass)."""
+    check_resources(ctx)
+    statistics(ctx)
+
+
+def exact_stages() -> tuple[Stage, ...]:
+    """The stages of exact KRR: statistics (after the resource check), then the n x n solve."""
+    return (Stage("statistics", checked_statistics), Stage("solve", exact_solve))
 
 
 # --------------------------------------------------------------------------- helpers
@@ -259,7 +302,7 @@ def nystrom_stages(solver: str) -> tuple[Stage, ...]:
     or ``"direct"`` (one Gram pass, ``M x M`` solve)."""
     if solver == "falkon":
         return (
-            Stage("statistics", statistics),
+            Stage("statistics", checked_statistics),
             Stage("centers", choose_centers),
             Stage("preconditioner", falkon_preconditioner),
             Stage("operator", kernel_operator),
@@ -267,7 +310,7 @@ def nystrom_stages(solver: str) -> tuple[Stage, ...]:
         )
     if solver == "direct":
         return (
-            Stage("statistics", statistics),
+            Stage("statistics", checked_statistics),
             Stage("centers", choose_centers),
             Stage("preconditioner", lambda ctx: falkon_preconditioner(ctx, sketch=False)),
             Stage("operator", lambda ctx: kernel_operator(ctx, strategy="gram", preconditioned=False)),

@@ -30,6 +30,7 @@ from typing import Any
 import dask.array as da
 import numpy as np
 
+from daskkrr.guards import QuadraticCost, check_quadratic, quadratic_cost
 from daskkrr.kernels import Kernel
 from daskkrr.parallel.executor import Executor
 from daskkrr.sampling.base import (
@@ -169,14 +170,41 @@ class ExactRLSSampler(CenterSampler):
         Copies per unit of leverage in the ``n_centers=None`` mode.
     max_rows : int
         The n x n kernel matrix is formed: larger n is refused.
+    force : bool
+        Run even when the memory estimate exceeds what this machine or the workers
+        have (also ``$DASKKRR_FORCE_EXACT=1``; see :mod:`daskkrr.guards`).
+
+    Notes
+    -----
+    Before touching the data, :meth:`check_resources` estimates the memory (five
+    float64 ``n x n`` matrices: the kernel matrix, its symmetrised copy, the
+    eigenvectors, their squares and LAPACK's workspace) and time (about ``6 n^3``
+    flops) and refuses what the machine cannot hold, naming the estimate.
     """
 
     name = "rls"
+    #: float64 n x n matrices held at once, and flops / n^3 (see :mod:`daskkrr.guards`).
+    MATRICES = 5
+    CUBIC_FLOPS = 6.0
 
-    def __init__(self, gamma: float | None = None, qbar: int = 16, max_rows: int = EXACT_MAX_ROWS):
+    def __init__(self, gamma: float | None = None, qbar: int = 16, max_rows: int = EXACT_MAX_ROWS,
+                 force: bool = False):
         self.gamma = gamma
         self.qbar = qbar
         self.max_rows = max_rows
+        self.force = force
+
+    def check_resources(self, n: int, d: int, executor: Any = None) -> QuadraticCost:
+        """Refuse ``n`` rows of ``d`` features before any work if the exact scores would not fit.
+
+        Raises ValueError above ``max_rows`` and :class:`~daskkrr.guards.ResourceGuardError`
+        when the memory estimate exceeds this machine's or the workers' (unless ``force``).
+        """
+        cost = quadratic_cost(type(self).__name__, n, d, matrices=self.MATRICES, cubic=self.CUBIC_FLOPS)
+        check_quadratic(cost, alternative="use sampler='squeak' or 'bless' (leverage scores estimated at scale)",
+                        executor=executor, force=self.force, max_rows=self.max_rows,
+                        raise_hint="pass sampler=ExactRLSSampler(max_rows=N)")
+        return cost
 
     def select(
         self,
@@ -189,7 +217,9 @@ class ExactRLSSampler(CenterSampler):
         executor: Any = None,
         client: Any = None,
     ) -> CenterDictionary:
-        Xn = as_small_numpy(X, self.max_rows, "ExactRLSSampler", resolve_executor(executor, client))
+        executor = resolve_executor(executor, client)
+        self.check_resources(int(X.shape[0]), int(X.shape[1]) if len(X.shape) > 1 else 1, executor)
+        Xn = as_small_numpy(X, self.max_rows, "ExactRLSSampler", executor)
         n = Xn.shape[0]
         gamma = resolve_gamma(self.gamma, penalty, n)
         seed = resolve_seed(random_state)
