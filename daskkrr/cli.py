@@ -1,30 +1,101 @@
 """The ``daskkrr`` command line.
 
-Every command exits 0 on success and 1 with a one-line ``daskkrr: error: ...`` on
-any error (2 for bad usage, 130 on Ctrl-C, 128 + the signal number on SIGTERM or
-SIGHUP; outputs are then not written). Commands that compute connect
-to ``--scheduler`` (or ``$DASK_SCHEDULER_ADDRESS``) or start a local cluster
-sized to the machine and close it afterwards.
+Exit codes and error lines, for every command:
+
+- 0 on success;
+- 2 for a usage error: anything wrong on the command line itself (an unknown or
+  abbreviated option, a missing argument, a bad flag value, flags that do not go
+  together). argparse's errors and the commands' own checks of their flags
+  print the same single line, ``daskkrr: error: <what>; see 'daskkrr <command> --help'``;
+- 1 for any other error (missing or damaged data, an existing output without
+  ``--overwrite``, a failed fit), with one line ``daskkrr: error: <what>`` and no
+  traceback (``-v`` logs it); messages name the command-line flags
+  (``--overwrite``, ``--n-centers``), not the Python arguments;
+- 130 on Ctrl-C, 128 + the signal number on SIGTERM or SIGHUP; outputs are then not written.
+
+Options are never abbreviated (``--cent`` is an error, not ``--centers``), every
+option's help shows its default, and ``-v``/``--verbose`` (log progress) and
+``-q``/``--quiet`` (only errors on stderr: no progress bar, log or warnings) go
+before or after the command. Commands that compute connect to ``--scheduler``
+(or ``$DASK_SCHEDULER_ADDRESS``) or start a local cluster sized to the machine and
+close it afterwards.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
+import re
 import sys
 import time
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
 logger = logging.getLogger("daskkrr")
 
 
+class UsageError(ValueError):
+    """A command line whose flags do not go together (exit 2, like argparse's own errors)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with the module's convention: no abbreviations, one-line usage errors, exit 2."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        kwargs.setdefault("formatter_class", _HelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> Any:  # type: ignore[override]
+        self.exit(2, f"daskkrr: error: {_one_line(message)}; see '{self.prog} --help'\n")
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows every option's default, unless its help already says it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "default" in text or action.default is argparse.SUPPRESS or action.required:
+            return text
+        return super()._get_help_string(action) or ""
+
+
+def _one_line(text: object) -> str:
+    return " ".join(str(text).split())
+
+
+def _add_verbosity(p: argparse.ArgumentParser, default: Any) -> None:
+    """-v/-q on the main parser (``default`` False) and on every command (SUPPRESS, so that a
+    flag given before the command is not reset by the command's parser)."""
+    p.add_argument("-v", "--verbose", action="store_true", default=default,
+                   help="log progress (INFO) and show tracebacks of errors (default: off)")
+    p.add_argument("-q", "--quiet", action="store_true", default=default,
+                   help="only errors on stderr: no progress bar, log or warnings (default: off)")
+
+
 def _add_scheduler(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scheduler", metavar="ADDRESS", default=None,
                    help="Dask scheduler address (default: $DASK_SCHEDULER_ADDRESS, else a local cluster)")
-    p.add_argument("--workers", type=int, default=None, help="workers of the local cluster (default: one per core)")
+    p.add_argument("--workers", type=_positive_int, default=None,
+                   help="workers of the local cluster (default: one per core)")
 
+
+def _positive_int(text: str) -> int:
+    """argparse ``type=``: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1; got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1; got {text!r}")
+    return value
+
+
+#: What ``daskkrr predict --output`` writes for a classifier ("proba" waits for predict_proba).
+PREDICT_OUTPUTS = ("label", "decision", "proba")
 
 #: Short flags kept from before every parameter had its own (README and scripts use them).
 _FLAG_ALIASES = {"n_centers": ("--centers",), "random_state": ("--seed",)}
@@ -126,66 +197,82 @@ def _flag_of(name: str) -> str:
 def _parser() -> argparse.ArgumentParser:
     from daskkrr import __version__
 
-    parser = argparse.ArgumentParser(prog="daskkrr", description="Out-of-core kernel ridge regression on Dask.")
+    parser = _Parser(prog="daskkrr", description="Out-of-core kernel ridge regression on Dask.")
     parser.add_argument("--version", action="version", version=f"daskkrr {__version__}")
-    parser.add_argument("-v", "--verbose", action="store_true", help="log progress")
-    sub = parser.add_subparsers(dest="command", required=True)
+    _add_verbosity(parser, default=False)
+    verbosity = _Parser(add_help=False)
+    _add_verbosity(verbosity, default=argparse.SUPPRESS)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("convert", help="stream a CSV/TSV (optionally .gz) into a Zarr store")
-    p.add_argument("input")
-    p.add_argument("output")
+    def command(name: str, help_text: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=help_text, description=help_text, parents=[verbosity])
+
+    p = command("convert", "stream a CSV/TSV (optionally .gz) into a Zarr store")
+    p.add_argument("input", help="CSV/TSV file (.gz allowed) with a header row")
+    p.add_argument("output", help="Zarr store to write")
     p.add_argument("--target", required=True, help="name of the target column")
-    p.add_argument("--chunk-rows", type=int, default=100_000)
+    p.add_argument("--chunk-rows", type=_positive_int, default=100_000, help="rows per chunk of the store")
     p.add_argument("--sep", default=None, help="field separator (default: from the file name)")
-    p.add_argument("--overwrite", action="store_true")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing output")
 
-    p = sub.add_parser("generate", help="write a synthetic regression/classification Zarr store")
-    p.add_argument("output")
-    p.add_argument("--n", type=int, default=100_000)
-    p.add_argument("--d", type=int, default=8)
+    p = command("generate", "write a synthetic regression/classification Zarr store")
+    p.add_argument("output", help="Zarr store to write")
+    p.add_argument("--n", type=_positive_int, default=100_000, help="rows")
+    p.add_argument("--d", type=_positive_int, default=8, help="features")
     p.add_argument("--classes", type=int, default=0, help="0 for regression, k >= 2 for classification")
-    p.add_argument("--chunk-rows", type=int, default=50_000)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--overwrite", action="store_true")
+    p.add_argument("--chunk-rows", type=_positive_int, default=50_000, help="rows per chunk of the store")
+    p.add_argument("--seed", type=int, default=0, help="random seed")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing output")
     _add_scheduler(p)
 
-    p = sub.add_parser("fit", help="fit a model on a Zarr store and save it")
+    p = command("fit", "fit a model on a Zarr store and save it")
     p.add_argument("--data", required=True, help="Zarr store with arrays X and y")
     p.add_argument("--out", required=True, help="model directory to write")
-    p.add_argument("--config", default=None, help="TOML file with a [model] table")
+    p.add_argument("--config", default=None, help="TOML file with a [model] table (default: none)")
     _add_model_flags(p)
-    p.add_argument("--overwrite", action="store_true")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing model directory")
     p.add_argument("--checkpoint", metavar="DIR", default=None,
-                   help="save the fit's state to DIR as it goes (falkon and classifier estimators)")
-    p.add_argument("--checkpoint-every", dest="checkpoint_every", type=int, default=5, metavar="K",
-                   help="CG iterations between checkpoints (default: 5)")
+                   help="save the fit's state to DIR as it goes (falkon and classifier estimators; "
+                        "default: no checkpoint)")
+    p.add_argument("--checkpoint-every", dest="checkpoint_every", type=_positive_int, default=5, metavar="K",
+                   help="CG iterations between checkpoints")
     p.add_argument("--resume", action="store_true",
                    help="continue the interrupted fit saved in --checkpoint DIR (starts afresh if DIR has none)")
     p.add_argument("--no-progress", dest="progress", action="store_false",
-                   help="no progress bar on stderr (with -v the log shows progress instead)")
+                   help="no progress bar on stderr (with -v the log shows progress instead; default: a bar)")
     _add_scheduler(p)
 
-    p = sub.add_parser("predict", help="predict with a saved model into a Zarr store")
-    p.add_argument("--model", required=True)
+    p = command("predict", "predict with a saved model into a Zarr store")
+    p.add_argument("--model", required=True, help="model directory written by 'daskkrr fit'")
     p.add_argument("--data", required=True, help="Zarr store with array X")
-    p.add_argument("--out", required=True, help="Zarr store to write (array 'y_pred')")
-    p.add_argument("--overwrite", action="store_true")
+    p.add_argument("--out", required=True, help="Zarr store to write (array 'y_pred', or 'decision')")
+    p.add_argument("--output", choices=PREDICT_OUTPUTS, default="label",
+                   help="classifiers: 'label' (the predicted classes, array 'y_pred') or 'decision' (the "
+                        "decision values, array 'decision'); 'proba' is not available yet. Regressors "
+                        "always write their predictions (array 'y_pred')")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing output")
     _add_scheduler(p)
 
-    p = sub.add_parser("quickstart", help="generate data, fit on a local cluster, print the test error")
-    p.add_argument("--n", type=int, default=100_000)
-    p.add_argument("--d", type=int, default=8)
-    p.add_argument("--centers", type=int, default=1000)
-    p.add_argument("--max-iter", type=int, default=15)
-    p.add_argument("--seed", type=int, default=0)
+    p = command("score", "score a saved model on a Zarr store with X and y; print the metrics as JSON")
+    p.add_argument("--model", required=True, help="model directory written by 'daskkrr fit'")
+    p.add_argument("--data", required=True, help="Zarr store with arrays X and y")
     _add_scheduler(p)
 
-    p = sub.add_parser("run", help="run a workflow file (data, model, evaluation, outputs) into a new run directory")
+    p = command("quickstart", "generate data, fit on a local cluster, print the test error")
+    p.add_argument("--n", type=_positive_int, default=100_000, help="rows of synthetic data")
+    p.add_argument("--d", type=_positive_int, default=8, help="features")
+    p.add_argument("--centers", type=_positive_int, default=1000, help="Nystrom centers")
+    p.add_argument("--max-iter", type=_positive_int, default=15, help="CG iterations at most")
+    p.add_argument("--seed", type=int, default=0, help="random seed")
+    _add_scheduler(p)
+
+    p = command("run", "run a workflow file (data, model, evaluation, outputs) into a new run directory")
     p.add_argument("workflow", help="workflow TOML file")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="TABLE.KEY=VALUE",
-                   help="override a value of the file, e.g. --set data.store=today.zarr (repeatable)")
+                   help="override a value of the file, e.g. --set data.store=today.zarr (repeatable; default: none)")
     p.add_argument("--runs-dir", default=None, help="where run directories go (default: the file's runs_dir)")
-    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars on stderr")
+    p.add_argument("--no-progress", dest="progress", action="store_false",
+                   help="no progress bars on stderr (default: bars)")
     _add_scheduler(p)
     return parser
 
@@ -247,14 +334,14 @@ def _build_from_flags(config: dict[str, Any], flags: dict[str, Any], verbose: bo
     accepted = config_specs(ESTIMATORS[name])
     for key in flags:
         if key not in accepted:
-            raise ConfigError(f"{_flag_of(key)} does not apply to estimator {name!r}; its parameters: "
+            raise UsageError(f"{_flag_of(key)} does not apply to estimator {name!r}; its parameters: "
                               f"{', '.join(_flag_of(k) for k in accepted)}")
     try:
         return build_estimator(config, **flags, **({"verbose": True} if verbose else {}))
     except ConfigError as exc:
         bad = getattr(exc.__cause__, "parameter", None)
         if bad in flags:
-            raise ConfigError(f"{_flag_of(bad)} {flags[bad]!r}: {exc.__cause__}") from exc
+            raise UsageError(f"{_flag_of(bad)} {flags[bad]!r}: {exc.__cause__}") from exc
         raise
 
 
@@ -264,12 +351,17 @@ def _fit_progress(args: argparse.Namespace, client: Any) -> Any:
     from daskkrr.progress import ProgressBar, report
 
     def announce(progress: Any, event: str) -> None:
-        if event == "begin" and args.progress:
+        if event == "begin" and args.progress and not args.quiet:
             url = dashboard_url(client)
             if url:
                 print(f"daskkrr: progress on the dashboard: {url}", file=sys.stderr, flush=True)
 
-    return report(bar=ProgressBar() if args.progress and not args.verbose else False, callback=announce)
+    return report(bar=ProgressBar() if _progress_bar(args) else False, callback=announce)
+
+
+def _progress_bar(args: argparse.Namespace) -> bool:
+    """A bar on stderr: not with --no-progress, -v (the log shows progress) or -q."""
+    return bool(getattr(args, "progress", True)) and not args.verbose and not args.quiet
 
 
 def _cmd_run(args: argparse.Namespace) -> None:
@@ -277,7 +369,7 @@ def _cmd_run(args: argparse.Namespace) -> None:
 
     result = run_workflow(args.workflow, overrides=args.overrides, runs_dir=args.runs_dir,
                           scheduler=args.scheduler, n_workers=args.workers,
-                          progress=args.progress and not args.verbose)
+                          progress=_progress_bar(args))
     m = result.metrics
     figures = ", ".join(f"{k} {v:.4g}" for k, v in m.get("metrics", {}).items()
                         if k in ("rmse", "mae", "r2", "accuracy") and isinstance(v, float))
@@ -300,12 +392,12 @@ def _checkpoint_kwargs(args: argparse.Namespace, model: Any) -> dict[str, Any]:
     """``fit`` keywords for --checkpoint/--resume, checked before any work starts."""
     if args.checkpoint is None:
         if args.resume:
-            raise ValueError("--resume needs --checkpoint DIR (the directory of the interrupted fit)")
+            raise UsageError("--resume needs --checkpoint DIR (the directory of the interrupted fit)")
         return {}
     import inspect
 
     if "checkpoint" not in inspect.signature(model.fit).parameters:
-        raise ValueError(
+        raise UsageError(
             f"--checkpoint is supported by the falkon and classifier estimators, not by "
             f"{type(model).__name__}; drop --checkpoint or use --estimator falkon"
         )
@@ -324,18 +416,60 @@ def _cmd_predict(args: argparse.Namespace) -> None:
 
     check_destination(args.out, args.overwrite)
     model = load_model(args.model)
+    name = _predict_output(model, args.output)
     _check_before_start(model, args.data, features_only=True)
     with cluster_client(args.scheduler, n_workers=args.workers):
-        pred = model.predict(args.data)
-        write_array_zarr(pred, args.out, name="y_pred", overwrite=args.overwrite)
-    print(f"wrote {args.out}: {pred.shape[0]} predictions")
+        pred = model.decision_function(args.data) if name == "decision" else model.predict(args.data)
+        write_array_zarr(pred, args.out, name=name, overwrite=args.overwrite)
+    what = "decision values" if name == "decision" else "predictions"
+    print(f"wrote {args.out}: {pred.shape[0]} {what} (array {name!r})")
+
+
+def _predict_output(model: Any, output: str) -> str:
+    """The array ``daskkrr predict --output`` writes: "y_pred" or "decision"; refuses "proba"."""
+    classifier = hasattr(model, "classes_")
+    if output == "proba":
+        if classifier and hasattr(model, "predict_proba"):
+            raise UsageError("--output proba is not written yet; use --output label or --output decision")
+        raise UsageError(f"--output proba: {type(model).__name__} has no class probabilities; "
+                         + ("use --output label or --output decision" if classifier else
+                            "a regressor writes its predictions, drop --output"))
+    if output == "decision" and not classifier:
+        raise UsageError(f"--output decision is for classifiers; {type(model).__name__} writes its predictions "
+                         "(drop --output)")
+    return "decision" if output == "decision" else "y_pred"
+
+
+def _cmd_score(args: argparse.Namespace) -> None:
+    from daskkrr.data import open_dataset
+    from daskkrr.models.persistence import load_model
+    from daskkrr.parallel import cluster_client
+
+    model = load_model(args.model)
+    _check_before_start(model, args.data, features_only=True)
+    X, y = open_dataset(args.data, y="y")  # metadata only; refuses a store without y
+    with cluster_client(args.scheduler, n_workers=args.workers):
+        metrics = score_metrics(model, X, y)
+    print(json.dumps(metrics, sort_keys=True))
+
+
+def score_metrics(model: Any, X: Any, y: Any) -> dict[str, Any]:
+    """Metrics of ``model`` on ``(X, y)``: ``r2``, ``rmse``, ``mae`` for a regressor, ``accuracy``
+    for a classifier, with ``n`` (rows) and ``model`` (the class name); computed blockwise."""
+    from daskkrr.workflow.evaluate import compute_metrics
+
+    names = ["accuracy"] if hasattr(model, "classes_") else ["r2", "rmse", "mae"]
+    metrics = compute_metrics(y, model.predict(X), names)
+    out: dict[str, Any] = {"model": type(model).__name__, "n": int(metrics["n"])}
+    out.update({name: float(metrics[name]) for name in names})
+    return out
 
 
 def _cmd_quickstart(args: argparse.Namespace) -> None:
     from daskkrr.progress import ProgressBar, report
     from daskkrr.quickstart import run_quickstart
 
-    with report(bar=False if args.verbose else ProgressBar()):  # the fit's progress on stderr
+    with report(bar=ProgressBar() if _progress_bar(args) else False):  # the fit's progress on stderr
         run_quickstart(n=args.n, d=args.d, n_centers=args.centers, max_iter=args.max_iter, seed=args.seed,
                        scheduler=args.scheduler, n_workers=args.workers)
 
@@ -345,16 +479,25 @@ _COMMANDS = {
     "generate": _cmd_generate,
     "fit": _cmd_fit,
     "predict": _cmd_predict,
+    "score": _cmd_score,
     "quickstart": _cmd_quickstart,
     "run": _cmd_run,
 }
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``daskkrr`` console script; returns the exit code."""
-    args = _parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        format="%(asctime)s %(name)s %(levelname)s: %(message)s")
+    """Entry point of the ``daskkrr`` console script; returns the exit code (see the module docstring)."""
+    parser = _parser()
+    try:
+        args = parser.parse_args(argv)
+        if args.verbose and args.quiet:
+            parser.error("-v/--verbose and -q/--quiet exclude each other")
+    except SystemExit as exc:  # a usage error (2), or --help/--version (0): already printed
+        return exc.code if isinstance(exc.code, int) else 2
+    level = logging.INFO if args.verbose else logging.ERROR if args.quiet else logging.WARNING
+    logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
+    if args.quiet:
+        warnings.simplefilter("ignore")
     if not args.verbose:
         # Quiet the scheduler/worker chatter, here and in worker processes (they inherit the env).
         os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "error")
@@ -372,13 +515,34 @@ def main(argv: Sequence[str] | None = None) -> int:
         why = f" ({exc})" if isinstance(exc, Interrupted) else ""
         print(f"daskkrr: interrupted{why}; no partial output was left", file=sys.stderr)
         return 128 + exc.signum if isinstance(exc, Interrupted) else 130
+    except UsageError as exc:
+        print(f"daskkrr: error: {_one_line(exc)}; see 'daskkrr {args.command} --help'", file=sys.stderr)
+        return 2
     except Exception as exc:  # one line, no traceback, for any failure
         if args.verbose:
             logger.exception("command failed")
-        message = " ".join(str(exc).split()) or type(exc).__name__
+        message = cli_message(_one_line(exc) or type(exc).__name__)
         print(f"daskkrr: error: {message}", file=sys.stderr)
         return 1
     return 0
+
+
+def cli_message(message: str) -> str:
+    """An error message of the library in the command line's words: ``pass overwrite=True`` ->
+    ``pass --overwrite``, ``n_centers=5000`` -> ``--n-centers=5000``, ``force=True`` -> the variable."""
+    from daskkrr.guards import FORCE_ENV
+    from daskkrr.models.registry import ESTIMATORS
+    from daskkrr.models.schema import union_specs
+
+    message = message.replace(f"pass force=True (or set {FORCE_ENV}=1)", f"set {FORCE_ENV}=1")
+    # "pass resume=True (daskkrr fit --resume)" -> "pass --resume"
+    message = re.sub(r"\bpass (overwrite|resume)=True(?: \(daskkrr [a-z]+ --\1\))?",
+                     lambda m: f"pass --{m.group(1)}", message)
+    flags = {name: spec.flag for name, (spec, _) in union_specs(ESTIMATORS).items()}
+    names = "|".join(map(re.escape, sorted(flags, key=len, reverse=True)))
+    # "n_centers=5000" (not "sampler=ExactRLSSampler(...)", Python only), "raise max_samples", "use n_centers <= 10"
+    message = re.sub(r"(?<![\w.-])(" + names + r")=(?![A-Z]\w*\()", lambda m: f"{flags[m.group(1)]}=", message)
+    return re.sub(r"\b(raise|use) (" + names + r")\b", lambda m: f"{m.group(1)} {flags[m.group(2)]}", message)
 
 
 def _entry() -> Any:  # pragma: no cover - console-script shim

@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import subprocess
 import sys
 
 import numpy as np
+import pytest
 import zarr
 
-from daskkrr.cli import main
+from daskkrr.cli import _HelpFormatter, _parser, cli_message, main
 
 
-def test_generate_fit_predict_with_running_cluster(tmp_path, cluster2):
+def test_generate_fit_predict_with_running_cluster(tmp_path, cluster2, capsys):
     store = tmp_path / "train.zarr"
     assert main(["generate", str(store), "--n", "3000", "--d", "4", "--chunk-rows", "500"]) == 0
     model = tmp_path / "m"
@@ -25,6 +28,89 @@ def test_generate_fit_predict_with_running_cluster(tmp_path, cluster2):
     pred = zarr.open_group(str(out), mode="r")["y_pred"][:]
     y = zarr.open_group(str(store), mode="r")["y"][:]
     assert pred.shape == (3000,) and 1 - np.mean((pred - y) ** 2) / np.var(y) > 0.8
+    capsys.readouterr()
+    assert main(["score", "--model", str(model), "--data", str(store), "--scheduler", address]) == 0
+    metrics = json.loads(capsys.readouterr().out)
+    assert metrics["model"] == "FalkonRegressor" and metrics["n"] == 3000
+    np.testing.assert_allclose(metrics["r2"], 1 - np.mean((pred - y) ** 2) / np.var(y), rtol=1e-9)
+    np.testing.assert_allclose(metrics["rmse"], np.sqrt(np.mean((pred - y) ** 2)), rtol=1e-9)
+    np.testing.assert_allclose(metrics["mae"], np.mean(np.abs(pred - y)), rtol=1e-9)
+    assert main(["predict", "--model", str(model), "--data", str(store), "--out", str(tmp_path / "d.zarr"),
+                 "--output", "decision"]) == 2
+    assert "--output decision is for classifiers" in capsys.readouterr().err
+
+
+def test_classifier_predict_outputs_and_score(tmp_path, cluster2, capsys):
+    store, model = tmp_path / "c.zarr", tmp_path / "m"
+    address = cluster2.scheduler.address
+    assert main(["generate", str(store), "--n", "2000", "--d", "3", "--classes", "3", "--chunk-rows", "500",
+                 "--scheduler", address, "-q"]) == 0
+    assert main(["fit", "--data", str(store), "--out", str(model), "--estimator", "classifier",
+                 "--n-centers", "60", "--random-state", "0", "--scheduler", address, "-q"]) == 0
+    labels_out, decision_out = tmp_path / "labels.zarr", tmp_path / "decision.zarr"
+    assert main(["predict", "--model", str(model), "--data", str(store), "--out", str(labels_out),
+                 "--scheduler", address]) == 0  # --output label is the default
+    assert main(["predict", "--model", str(model), "--data", str(store), "--out", str(decision_out),
+                 "--output", "decision", "--scheduler", address]) == 0
+    labels = zarr.open_group(str(labels_out), mode="r")["y_pred"][:]
+    decision = zarr.open_group(str(decision_out), mode="r")["decision"][:]
+    assert decision.shape == (2000, 3) and decision.dtype.kind == "f"
+    np.testing.assert_array_equal(np.argmax(decision, axis=1), labels)  # classes are 0, 1, 2
+    capsys.readouterr()
+    assert main(["score", "--model", str(model), "--data", str(store), "--scheduler", address]) == 0
+    metrics = json.loads(capsys.readouterr().out)
+    y = zarr.open_group(str(store), mode="r")["y"][:]
+    assert metrics == {"model": "FalkonClassifier", "n": 2000, "accuracy": float(np.mean(labels == y))}
+    assert main(["predict", "--model", str(model), "--data", str(store), "--out", str(tmp_path / "p.zarr"),
+                 "--output", "proba"]) == 2
+    err = capsys.readouterr().err
+    assert "--output proba: FalkonClassifier has no class probabilities; use --output label or --output decision" in err
+    assert not (tmp_path / "p.zarr").exists()
+
+
+def _parsers() -> list[argparse.ArgumentParser]:
+    parser = _parser()
+    subs = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return [parser, *subs.choices.values()]
+
+
+def test_no_abbreviations_and_every_option_shows_help_and_default():
+    for parser in _parsers():
+        assert parser.allow_abbrev is False, parser.prog
+        formatter = _HelpFormatter(parser.prog)
+        for action in parser._actions:
+            if isinstance(action, (argparse._HelpAction, argparse._VersionAction, argparse._SubParsersAction)):
+                continue
+            assert action.help, f"{parser.prog} {action.option_strings or action.dest} has no help"
+            if action.option_strings and not action.required:
+                assert "default" in formatter._get_help_string(action), f"{parser.prog} {action.option_strings}"
+
+
+@pytest.mark.parametrize("flag, dest", [("-v", "verbose"), ("--verbose", "verbose"), ("-q", "quiet"),
+                                        ("--quiet", "quiet")])
+def test_verbosity_flags_work_before_and_after_the_command(flag, dest):
+    fit = ["fit", "--data", "s.zarr", "--out", "m"]
+    for argv in ([flag, *fit], [*fit, flag], [flag, "score", "--model", "m", "--data", "s"],
+                 ["run", "w.toml", flag]):
+        args = _parser().parse_args(argv)
+        assert getattr(args, dest) is True, argv
+        other = "quiet" if dest == "verbose" else "verbose"
+        assert getattr(args, other) is False, argv
+    args = _parser().parse_args(fit)
+    assert args.verbose is False and args.quiet is False
+
+
+def test_messages_name_flags():
+    assert cli_message("m already exists; pass overwrite=True to replace it") == \
+        "m already exists; pass --overwrite to replace it"
+    assert cli_message("ck holds a checkpoint; pass resume=True (daskkrr fit --resume) to continue it") == \
+        "ck holds a checkpoint; pass --resume to continue it"
+    assert cli_message("n_centers=5000 is larger than 2000; use n_centers <= 2000") == \
+        "--n-centers=5000 is larger than 2000; use --n-centers <= 2000"
+    assert cli_message("n=9 is above max_samples=5. Use FalkonRegressor (or raise max_samples if memory allows)") == \
+        "n=9 is above --max-samples=5. Use FalkonRegressor (or raise --max-samples if memory allows)"
+    assert cli_message("Use X, or pass force=True (or set DASKKRR_FORCE_EXACT=1) to run it anyway") == \
+        "Use X, or set DASKKRR_FORCE_EXACT=1 to run it anyway"
 
 
 def test_errors_are_one_line_and_nothing_is_written(tmp_path, capsys):

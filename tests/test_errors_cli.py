@@ -1,5 +1,5 @@
-"""The command line at the boundary: one-line errors (exit 1), nothing written, and no
-existing output replaced without --overwrite."""
+"""The command line at the boundary: one-line errors (exit 2 for usage, 1 otherwise), nothing
+written, no existing output replaced without --overwrite, and messages in the CLI's words."""
 
 from __future__ import annotations
 
@@ -54,35 +54,65 @@ def test_nan_through_the_cli(tmp_path, table, cluster2, capsys):
     [
         (["fit", "--data", "{tmp}/missing.zarr", "--out", "{tmp}/m"], "no Zarr store at"),
         (["fit", "--data", "{tmp}/t.csv", "--out", "{tmp}/m"], "tables must be converted first"),
-        (["fit", "--data", "{store}", "--out", "{tmp}/m", "--penalty", "0"], "--penalty 0.0: penalty must be a float in the range (0.0, inf)"),
-        (["fit", "--data", "{store}", "--out", "{tmp}/m", "--sigma", "-1"], "--sigma -1.0: sigma must be a float in the range (0.0, inf) or None"),
         (["fit", "--data", "{store}", "--out", "{tmp}/m", "--kernel", "rbff"], "unknown kernel 'rbff'"),
-        (["fit", "--data", "{store}", "--out", "{tmp}/m", "--centers", "0"], "--n-centers 0: n_centers must be an int in the range [1, inf)"),
-        (["fit", "--data", "{store}", "--out", "{tmp}/m", "--resume"], "--resume needs --checkpoint DIR"),
-        (["fit", "--data", "{store}", "--out", "{tmp}/m", "--estimator", "exact", "--checkpoint", "{tmp}/ck"],
-         "--checkpoint is supported by the falkon and classifier estimators, not by ExactKernelRidge"),
-        (["fit", "--data", "{store}", "--out", "{tmp}/m", "--checkpoint", "{tmp}/ck", "--checkpoint-every", "0"],
-         "checkpoint_every must be a positive integer"),
         (["fit", "--data", "{store}", "--out", "{tmp}/m", "--config", "{tmp}/bad.toml"], "unknown key 'sigmaa'"),
         (["fit", "--data", "{store}", "--out", "{tmp}/m", "--checkpoint", "{tmp}/old"],
-         "already holds a checkpoint of an earlier fit; pass resume=True (daskkrr fit --resume)"),
+         "already holds a checkpoint of an earlier fit; pass --resume to continue it"),
+        (["fit", "--data", "{store}", "--out", "{tmp}/m", "--estimator", "exact", "--max-samples", "10"],
+         "n=20 is above --max-samples=10. Use FalkonRegressor"),
         (["predict", "--model", "{tmp}/nomodel", "--data", "{store}", "--out", "{tmp}/p.zarr"],
          "is not a daskkrr model directory"),
         (["convert", "{tmp}/missing.csv", "{tmp}/c.zarr", "--target", "y"], "no table at"),
         (["convert", "{tmp}/t.csv", "{tmp}/c.zarr", "--target", "nope"], "target column 'nope' not found"),
-        (["convert", "{tmp}/t.csv", "{tmp}/c.zarr", "--target", "target", "--chunk-rows", "0"],
-         "chunk_rows must be >= 1"),
     ],
 )
 def test_cli_errors_write_nothing(tmp_path, table, capsys, argv, match):
+    _check_error(tmp_path, capsys, argv, match, code=1)
+
+
+USAGE_ERRORS = [
+    (["fit", "--data", "{store}", "--out", "{tmp}/m", "--penalty", "0"],
+     "--penalty 0.0: penalty must be a float in the range (0.0, inf)"),
+    (["fit", "--data", "{store}", "--out", "{tmp}/m", "--sigma", "-1"],
+     "--sigma -1.0: sigma must be a float in the range (0.0, inf) or None"),
+    (["fit", "--data", "{store}", "--out", "{tmp}/m", "--centers", "0"],
+     "--n-centers 0: n_centers must be an int in the range [1, inf)"),
+    (["fit", "--data", "{store}", "--out", "{tmp}/m", "--resume"], "--resume needs --checkpoint DIR"),
+    (["fit", "--data", "{store}", "--out", "{tmp}/m", "--estimator", "exact", "--checkpoint", "{tmp}/ck"],
+     "--checkpoint is supported by the falkon and classifier estimators, not by ExactKernelRidge"),
+    (["fit", "--data", "{store}", "--out", "{tmp}/m", "--checkpoint", "{tmp}/ck", "--checkpoint-every", "0"],
+     "argument --checkpoint-every: expected an integer >= 1; got '0'"),
+    (["fit", "--data", "{store}", "--out", "{tmp}/m", "--cent", "300"], "unrecognized arguments: --cent 300"),
+    (["fit", "--data", "{store}", "--out", "{tmp}/m", "--estimator", "exact", "--n-centers", "5"],
+     "--n-centers does not apply to estimator 'exact'"),
+    (["fit", "--data", "{store}"], "the following arguments are required: --out"),
+    (["-v", "fit", "--data", "{store}", "--out", "{tmp}/m", "-q"], "-v/--verbose and -q/--quiet exclude each other"),
+    (["predict", "--model", "{tmp}/m", "--data", "{store}", "--out", "{tmp}/p.zarr", "--output", "probs"],
+     "argument --output: invalid choice: 'probs'"),
+    (["frobnicate"], "argument COMMAND: invalid choice: 'frobnicate'"),
+    (["convert", "{tmp}/t.csv", "{tmp}/c.zarr", "--target", "target", "--chunk-rows", "0"],
+     "argument --chunk-rows: expected an integer >= 1; got '0'"),
+]
+
+
+@pytest.mark.parametrize("argv, match", USAGE_ERRORS)
+def test_usage_errors_exit_2_with_one_line(tmp_path, capsys, argv, match):
+    """argparse's errors and the commands' checks of their flags follow one convention."""
+    _check_error(tmp_path, capsys, argv, match, code=2)
+
+
+def _check_error(tmp_path, capsys, argv, match, code):
     store = write_zarr(np.ones((20, 2)), np.ones(20), tmp_path / "s.zarr")
     (tmp_path / "bad.toml").write_text("[model]\nsigmaa = 1.0\n")
     (tmp_path / "old").mkdir()
     (tmp_path / "old" / "checkpoint.npz").write_bytes(b"an earlier fit's state")
     before = sorted(p.name for p in tmp_path.iterdir())
     argv = [a.format(tmp=tmp_path, store=store) for a in argv]
-    assert main(argv) == 1
-    assert match in _error(capsys)
+    assert main(argv) == code
+    line = _error(capsys)
+    assert match in line
+    if code == 2:
+        assert line.endswith("--help'"), line  # names where to look
     # checked before any cluster is started or any data are read: nothing new on disk
     assert sorted(p.name for p in tmp_path.iterdir()) == before
 
@@ -104,7 +134,7 @@ def test_existing_outputs_need_overwrite(tmp_path, table, cluster2, capsys):
         ["predict", "--model", str(model), "--data", str(store), "--out", str(pred), "--scheduler", address],
     ):
         assert main(argv) == 1
-        assert "already exists; pass overwrite=True to replace it" in _error(capsys)
+        assert "already exists; pass --overwrite to replace it" in _error(capsys)
     for path, stamp in stamps.items():  # untouched
         assert sorted((q.relative_to(path), q.stat().st_mtime_ns) for q in path.rglob("*")) == stamp
     assert main(["generate", str(store), "--n", "300", "--d", "2", "--overwrite", "--scheduler", address]) == 0
