@@ -12,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from daskkrr.sampling.cholesky import extend_cholesky, lower_cholesky
+
 from daskkrr.solvers import JitterWarning as PublicJitterWarning
 from daskkrr.utils.atomic import atomic_symlink, atomic_write, atomic_write_bytes
 from daskkrr.utils.jsonable import dumps_strict, jsonable, jsonable_params

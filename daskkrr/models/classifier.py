@@ -58,7 +58,7 @@ class FalkonClassifier(ClassifierMixin, NystromModelBase):
         checkpoint: Any = None,
         checkpoint_every: int = 5,
         resume: bool = False,
-    ) -> "FalkonClassifier":
+    ) -> FalkonClassifier:
         """Fit on anything :func:`daskkrr.open_dataset` takes; y holds class labels.
 
         Labels may be any sortable values (strings too) when ``y`` is in memory;

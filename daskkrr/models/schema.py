@@ -155,7 +155,8 @@ def _merge(constraints: list[Any]) -> tuple[tuple[type, ...], tuple[str, ...] | 
         options.update(opts or ())
     if int in types and float in types:
         types.discard(int)  # float takes ints
-    return tuple(t for t in _ORDER if t in types), (None if free_str or not options else tuple(sorted(options))), nullable
+    choices = None if free_str or not options else tuple(sorted(options))
+    return tuple(t for t in _ORDER if t in types), choices, nullable
 
 
 def parameter_docs(cls: type) -> dict[str, str]:

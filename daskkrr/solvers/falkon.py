@@ -57,7 +57,7 @@ class FalkonPreconditioner:
         weights: np.ndarray | None = None,
         sketch: Iterable[np.ndarray] | None = None,
         center_sketch: bool = False,
-    ) -> "FalkonPreconditioner":
+    ) -> FalkonPreconditioner:
         """Factor the preconditioner from ``K_MM`` (and optionally a row sketch of ``K_nM``).
 
         Parameters
