@@ -83,7 +83,8 @@ def _history(source: Any) -> list[tuple[int, int]]:
     out = []
     for h in history:
         if isinstance(h, dict):
-            out.append((int(h["rows_seen"]), int(h.get("dictionary_size", h.get("unique", 0)))))
+            size = h["dictionary_size"] if "dictionary_size" in h else h.get("unique", 0)
+            out.append((int(h["rows_seen"]), int(size)))
         else:
             out.append((int(h[0]), int(h[1])))
     return out

@@ -62,7 +62,8 @@ def save_model(model: Any, path: str | os.PathLike, *, overwrite: bool = False) 
         "fitted": {k: getattr(model, k) for k in _SCALARS if hasattr(model, k)},
         "sampler_info": getattr(model, "sampler_info_", {}),
     }
-    arrays = {k.rstrip("_"): np.asarray(getattr(model, k)) for k in (*_ARRAYS, *_OPTIONAL_ARRAYS)
+    # Any: numpy's savez stub lets a str-keyed dict collide with its allow_pickle flag.
+    arrays: dict[str, Any] = {k.rstrip("_"): np.asarray(getattr(model, k)) for k in (*_ARRAYS, *_OPTIONAL_ARRAYS)
               if hasattr(model, k)}
     if hasattr(model, "classes_"):
         classes = np.asarray(model.classes_)

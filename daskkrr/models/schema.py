@@ -196,7 +196,7 @@ def _plain_text(text: str) -> str:
     return text.replace("``", "")
 
 
-def param_specs(cls: type) -> list[ParamSpec]:
+def param_specs(cls: type[Any]) -> list[ParamSpec]:
     """Every ``__init__`` parameter of ``cls``, in order, as a :class:`ParamSpec`."""
     constraints = getattr(cls, "_parameter_constraints", {})
     docs = parameter_docs(cls)

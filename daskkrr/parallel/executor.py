@@ -237,7 +237,7 @@ class BlockPasses:
         self.executor.events.emit(PassDone(name, n_blocks))
 
     # ------------------------------------------------------------ the patterns
-    def map_reduce(self, fn: Callable[..., np.ndarray], *args: Any, name: str, with_y: bool = False,
+    def map_reduce(self, fn: Callable[..., np.ndarray | float], *args: Any, name: str, with_y: bool = False,
                    combine: str = "sum") -> np.ndarray:
         """``combine_b fn(X_b, [Y_b,] *args)`` (sum or elementwise max) as a numpy array here."""
         with self._pass(name, self.n_blocks):

@@ -150,7 +150,7 @@ def kernel_operator(ctx: FitContext, *, strategy: str | None = None, preconditio
         # "tasks": a column merge needs no shuffle (and Dask's choice would import distributed).
         Y = da.concatenate([Y, ones], axis=1).rechunk({1: -1}, method="tasks")
     ctx.plan = plan_strategy(
-        strategy or getattr(p, "strategy", "auto"), ctx.X, n_centers=Z.shape[0], n_targets=Y.shape[1],
+        strategy if strategy else getattr(p, "strategy", "auto"), ctx.X, n_centers=Z.shape[0], n_targets=Y.shape[1],
         iterations=int(getattr(p, "max_iter", 1)), tol=float(getattr(p, "tol", 1e-7)),
         executor=ctx.executor, in_memory=ctx.in_memory, sketched=ctx.sketch_rows > 0,
     )
