@@ -318,7 +318,7 @@ def _checkpoint_kwargs(args: argparse.Namespace, model: Any) -> dict[str, Any]:
 
 def _cmd_predict(args: argparse.Namespace) -> None:
     from daskkrr.data import write_array_zarr
-    from daskkrr.models.persistence import load_model
+    from daskkrr.models.loading import load_model
     from daskkrr.parallel import cluster_client
     from daskkrr.utils.atomic import check_destination
 

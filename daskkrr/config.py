@@ -12,9 +12,10 @@ A config file holds one ``[model]`` table whose keys are estimator parameters::
     random_state = 0
 
 The accepted keys are the parameters of the chosen estimator (its
-``_parameter_constraints``, see :mod:`daskkrr.models.schema`), ``client`` excepted. Unknown tables or keys, and values of the wrong type, are
-errors naming the key. TOML has no null: ``"none"`` stands for None wherever a
-parameter accepts None (e.g. ``sigma = "none"``, ``preconditioner_rows = "none"``).
+``_parameter_constraints``, see :mod:`daskkrr.models.schema`), ``client`` excepted.
+Unknown tables or keys, and values of the wrong type, are errors naming the key.
+TOML has no null: ``"none"`` stands for None wherever a parameter accepts None
+(e.g. ``sigma = "none"``, ``preconditioner_rows = "none"``).
 """
 
 from __future__ import annotations
@@ -41,7 +42,9 @@ def read_config(path: str | os.PathLike) -> dict[str, Any]:
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path} is not valid TOML: {exc}") from exc
     except UnicodeDecodeError as exc:
-        raise ConfigError(f"{path} is not a TOML file: it is not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
+        raise ConfigError(
+            f"{path} is not a TOML file: it is not UTF-8 text ({exc.reason} at byte {exc.start})"
+        ) from exc
     except IsADirectoryError:
         raise ConfigError(f"config {path} is a directory; pass the path of a .toml file") from None
     unknown = sorted(set(raw) - {"model"})

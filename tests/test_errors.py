@@ -113,12 +113,15 @@ def test_column_split_chunks_are_rechunked(Xy):
 @pytest.mark.parametrize(
     "params, error, match",
     [
-        ({"sigma": 0}, ValueError, r"sigma must be a float in the range \(0.0, inf\) or None; got 0 \(int\); the kernel length scale, e.g. sigma=1.0, or sigma=None for sqrt\(n_features\)"),
+        ({"sigma": 0}, ValueError, r"sigma must be a float in the range \(0.0, inf\) or None; got 0 \(int\); the "
+                                   r"kernel length scale, e.g. sigma=1.0, or sigma=None for sqrt\(n_features\)"),
         ({"sigma": -1.0}, ValueError, r"sigma must be a float in the range \(0.0, inf\) or None; got -1.0"),
         ({"sigma": float("inf")}, ValueError, r"sigma must be a float in the range \(0.0, inf\) or None; got inf"),
-        ({"penalty": 0}, ValueError, r"penalty must be a float in the range \(0.0, inf\); got 0 \(int\); the ridge penalty"),
+        ({"penalty": 0}, ValueError, r"penalty must be a float in the range \(0.0, inf\); got 0 \(int\); the ridge "
+                                     r"penalty"),
         ({"penalty": -1e-6}, ValueError, r"penalty must be a float in the range \(0.0, inf\)"),
-        ({"tol": 0.0}, ValueError, r"tol must be a float in the range \(0.0, inf\); got 0.0 \(float\); the relative residual"),
+        ({"tol": 0.0}, ValueError, r"tol must be a float in the range \(0.0, inf\); got 0.0 \(float\); the relative "
+                                   r"residual"),
         ({"max_iter": 0}, ValueError, r"max_iter must be an int in the range \[1, inf\); got 0"),
         ({"n_centers": 0}, ValueError, r"n_centers must be an int in the range \[1, inf\); got 0"),
         ({"kernel": "polynomial", "kernel_params": {"gamma": 0}}, ValueError,
@@ -129,16 +132,22 @@ def test_column_split_chunks_are_rechunked(Xy):
         ({"kernel": "gaussian", "kernel_params": {"degree": 2}}, ValueError,
          r"kernel 'gaussian' does not take parameter\(s\) \['degree'\]"),
         ({"kernel": "linear", "sigma": 1.0}, ValueError, r"kernel 'linear' takes no sigma; pass sigma=None"),
-        ({"kernel": 3}, TypeError, r"kernel must be an instance of 'str', an instance of 'dict' or an instance of 'daskkrr.kernels.base.Kernel'; got 3"),
-        ({"sampler": "nope"}, ValueError, r"sampler must be one of 'bless', .*'uniform' or an instance of .*CenterSampler'; got 'nope'"),
+        ({"kernel": 3}, TypeError, r"kernel must be an instance of 'str', an instance of 'dict' or an instance of "
+                                   r"'daskkrr.kernels.base.Kernel'; got 3"),
+        ({"sampler": "nope"}, ValueError, r"sampler must be one of 'bless', .*'uniform' or an instance of "
+                                          r".*CenterSampler'; got 'nope'"),
         ({"sampler": 3}, TypeError, r"sampler must be one of .* or an instance of .*CenterSampler'; got 3 \(int\)"),
         ({"sigma": "1.0"}, TypeError, r"sigma must be a float in the range \(0.0, inf\) or None; got '1.0' \(str\)"),
         ({"penalty": None}, TypeError, r"penalty must be a float in the range \(0.0, inf\); got None"),
         ({"n_centers": 10.5}, TypeError, r"n_centers must be an int in the range \[1, inf\); got 10.5 \(float\)"),
         ({"n_centers": True}, TypeError, r"n_centers must be an int in the range \[1, inf\); got True \(bool\)"),
-        ({"standardize": "yes"}, TypeError, r"standardize must be an instance of 'bool' or an instance of 'numpy.bool'; got 'yes'"),
-        ({"random_state": "a"}, TypeError, r"random_state must be an int in the range \[0, inf\), an instance of 'numpy.random._generator.Generator', an instance of 'numpy.random.mtrand.RandomState' or None; got 'a'"),
-        ({"random_state": -1}, ValueError, r"random_state must be an int in the range \[0, inf\), .* or None; got -1 \(int\); a seed"),
+        ({"standardize": "yes"}, TypeError, r"standardize must be an instance of 'bool' or an instance of "
+                                            r"'numpy.bool'; got 'yes'"),
+        ({"random_state": "a"}, TypeError, r"random_state must be an int in the range \[0, inf\), an instance of "
+                                           r"'numpy.random._generator.Generator', an instance of "
+                                           r"'numpy.random.mtrand.RandomState' or None; got 'a'"),
+        ({"random_state": -1}, ValueError, r"random_state must be an int in the range \[0, inf\), .* or None; got -1 "
+                                           r"\(int\); a seed"),
         ({"dtype": "float16"}, ValueError, r"dtype must be one of 'float32', 'float64'; got 'float16'"),
         ({"kernel_params": [1]}, TypeError, r"kernel_params must be an instance of 'dict' or None; got \[1\]"),
         ({"chunks": 0}, ValueError, r"chunks must be an int in the range \[1, inf\) or None; got 0"),

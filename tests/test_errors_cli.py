@@ -54,10 +54,13 @@ def test_nan_through_the_cli(tmp_path, table, cluster2, capsys):
     [
         (["fit", "--data", "{tmp}/missing.zarr", "--out", "{tmp}/m"], "no Zarr store at"),
         (["fit", "--data", "{tmp}/t.csv", "--out", "{tmp}/m"], "tables must be converted first"),
-        (["fit", "--data", "{store}", "--out", "{tmp}/m", "--penalty", "0"], "--penalty 0.0: penalty must be a float in the range (0.0, inf)"),
-        (["fit", "--data", "{store}", "--out", "{tmp}/m", "--sigma", "-1"], "--sigma -1.0: sigma must be a float in the range (0.0, inf) or None"),
+        (["fit", "--data", "{store}", "--out", "{tmp}/m", "--penalty", "0"], "--penalty 0.0: penalty must be a float "
+                                                                             "in the range (0.0, inf)"),
+        (["fit", "--data", "{store}", "--out", "{tmp}/m", "--sigma", "-1"], "--sigma -1.0: sigma must be a float in "
+                                                                            "the range (0.0, inf) or None"),
         (["fit", "--data", "{store}", "--out", "{tmp}/m", "--kernel", "rbff"], "unknown kernel 'rbff'"),
-        (["fit", "--data", "{store}", "--out", "{tmp}/m", "--centers", "0"], "--n-centers 0: n_centers must be an int in the range [1, inf)"),
+        (["fit", "--data", "{store}", "--out", "{tmp}/m", "--centers", "0"], "--n-centers 0: n_centers must be an int "
+                                                                             "in the range [1, inf)"),
         (["fit", "--data", "{store}", "--out", "{tmp}/m", "--resume"], "--resume needs --checkpoint DIR"),
         (["fit", "--data", "{store}", "--out", "{tmp}/m", "--estimator", "exact", "--checkpoint", "{tmp}/ck"],
          "--checkpoint is supported by the falkon and classifier estimators, not by ExactKernelRidge"),

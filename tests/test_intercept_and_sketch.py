@@ -21,7 +21,8 @@ from scipy.linalg import solve_triangular
 
 from daskkrr import FalkonClassifier, FalkonRegressor, NystromRegressor
 from daskkrr.kernels import GaussianKernel
-from daskkrr.models.persistence import load_model, save_model
+from daskkrr.models.loading import load_model
+from daskkrr.models.persistence import save_model
 from daskkrr.solvers import FalkonPreconditioner
 from daskkrr.solvers.intercept import centered_gram_matvec
 from daskkrr.solvers.sketch import KernelRowSketch, auto_sketch_rows, sketch_indices

@@ -87,7 +87,8 @@ def render_fragment(fits: dict[str, dict[str, Any]], counts: dict[str, dict[str,
             element_id="daskkrr-dictionary-chart", empty_text=note,
         )
     others = "".join(
-        f'<li><a href="?fit={quote(fid)}">{html.escape(fid)}</a> {html.escape(str((fits[fid] or {}).get("estimator", "")))}'
+        f'<li><a href="?fit={quote(fid)}">{html.escape(fid)}</a> '
+        f'{html.escape(str((fits[fid] or {}).get("estimator", "")))}'
         f' - {html.escape(str((fits[fid] or {}).get("status", "")))}</li>'
         for fid in sorted(fits, key=lambda k: (fits[k] or {}).get("updated", 0), reverse=True)[:10]
     )

@@ -333,7 +333,7 @@ class _Prepared:
     def n_centers(self) -> int:
         return self.ZT.shape[1]
 
-    def args(self) -> tuple:
+    def args(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, float, float, int]:
         s = self.spec
         return (self.center, self.ZT, self.zn, s.kind, s.p0, s.p1, s.degree)
 

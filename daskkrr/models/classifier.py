@@ -49,6 +49,7 @@ class FalkonClassifier(ClassifierMixin, NystromModelBase):
     # Same parameters as FalkonRegressor (scikit-learn reads them from __init__'s signature).
     __init__ = FalkonRegressor.__init__
     _parameter_constraints: ClassVar[dict[str, Any]] = FalkonRegressor._parameter_constraints
+    classes_: np.ndarray  # fitted: the sorted class labels (set by _encode_targets and fit)
 
     def fit(
         self,
@@ -58,7 +59,7 @@ class FalkonClassifier(ClassifierMixin, NystromModelBase):
         checkpoint: Any = None,
         checkpoint_every: int = 5,
         resume: bool = False,
-    ) -> "FalkonClassifier":
+    ) -> FalkonClassifier:
         """Fit on anything :func:`daskkrr.open_dataset` takes; y holds class labels.
 
         Labels may be any sortable values (strings too) when ``y`` is in memory;
@@ -85,7 +86,7 @@ class FalkonClassifier(ClassifierMixin, NystromModelBase):
             raise ValueError(f"y has a single class ({classes.tolist()}); a classifier needs at least two")
         self.classes_ = classes
         t = 1 if len(classes) == 2 else len(classes)
-        return y.map_blocks(_one_vs_all, classes, dtype=np.float64, chunks=(y.chunks[0], (t,)), new_axis=1)
+        return da.map_blocks(_one_vs_all, y, classes, dtype=np.float64, chunks=(y.chunks[0], (t,)), new_axis=1)
 
     def decision_function(self, X: Any) -> Any:
         """Decision values: shape (n,) for two classes (positive means ``classes_[1]``), else (n, n_classes)."""

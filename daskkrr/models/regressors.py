@@ -236,7 +236,7 @@ class FalkonRegressor(_RegressorMixin, NystromModelBase):
         checkpoint: Any = None,
         checkpoint_every: int = 5,
         resume: bool = False,
-    ) -> "FalkonRegressor":
+    ) -> FalkonRegressor:
         """Fit on anything :func:`daskkrr.open_dataset` takes (arrays, dask, xarray, Zarr).
 
         Parameters
@@ -302,7 +302,7 @@ class NystromRegressor(_RegressorMixin, NystromModelBase):
         self.strategy = strategy
         self.fit_intercept = fit_intercept
 
-    def fit(self, X: Any, y: Any = None) -> "NystromRegressor":
+    def fit(self, X: Any, y: Any = None) -> NystromRegressor:
         """Fit on anything :func:`daskkrr.open_dataset` takes."""
         return self._fit_nystrom(X, y)
 

@@ -25,8 +25,8 @@ from typing import Any
 import dask
 from dask.delayed import Delayed, delayed
 
-from daskkrr.utils.threads import blas_threads
 from daskkrr.parallel.resources import Resources, cluster_resources
+from daskkrr.utils.threads import blas_threads
 
 
 def threaded_get() -> Any:

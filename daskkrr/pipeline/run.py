@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from daskkrr import events as ev
@@ -57,7 +57,7 @@ def run_fit(
         sampler=sampler_name(getattr(estimator, "sampler", "")),
         max_iter=getattr(estimator, "max_iter", None) if iterative else None,
     )
-    install = None
+    install: Callable[[Any], str | None] | None = None
     if executor.client is not None:
         from daskkrr.dashboard import install
     with fit_progress(started, client=executor.client, verbose=bool(getattr(estimator, "verbose", False)),

@@ -64,7 +64,8 @@ def statistics(ctx: FitContext) -> None:
     ctx.events.emit(ev.DataOpened(n, Xd.numblocks[0], d))
     scaler = Standardizer(with_mean=p.standardize, with_std=p.standardize)
     ctx.events.emit(ev.PassStarted("statistics", Xd.numblocks[0]))
-    assert ctx.encode_targets is not None
+    if ctx.encode_targets is None:
+        raise RuntimeError("the fit context has no target encoder; the estimator must set encode_targets")
     Y = ctx.encode_targets(yd)
     scaler.fit(Xd, Y)  # one pass: statistics and finiteness of X and Y
     ctx.events.emit(ev.PassDone("statistics", Xd.numblocks[0]))
@@ -114,7 +115,8 @@ def falkon_preconditioner(ctx: FitContext, *, sketch: bool = True) -> None:
     optionally with ``A`` from a sketch of sampled rows (:mod:`daskkrr.solvers.sketch`)."""
     p = ctx.params
     Z = ctx.centers
-    assert Z is not None
+    if Z is None:
+        raise RuntimeError("the centers are not chosen yet; run choose_centers first")
     n = ctx.n
     rows = p._sketch_rows(n, Z.shape[0]) if sketch else 0
     row_sketch = None
@@ -140,14 +142,15 @@ def kernel_operator(ctx: FitContext, *, strategy: str | None = None, preconditio
     """
     p = ctx.params
     Z = ctx.centers
-    assert Z is not None
+    if Z is None:
+        raise RuntimeError("the centers are not chosen yet; run choose_centers first")
     Y = ctx.Y
     if getattr(p, "fit_intercept", False):
         ones = da.ones((ctx.n, 1), chunks=(Y.chunks[0], (1,)))
         # "tasks": a column merge needs no shuffle (and Dask's choice would import distributed).
         Y = da.concatenate([Y, ones], axis=1).rechunk({1: -1}, method="tasks")
     ctx.plan = plan_strategy(
-        strategy or getattr(p, "strategy", "auto"), ctx.X, n_centers=Z.shape[0], n_targets=Y.shape[1],
+        strategy if strategy else getattr(p, "strategy", "auto"), ctx.X, n_centers=Z.shape[0], n_targets=Y.shape[1],
         iterations=int(getattr(p, "max_iter", 1)), tol=float(getattr(p, "tol", 1e-7)),
         executor=ctx.executor, in_memory=ctx.in_memory, sketched=ctx.sketch_rows > 0,
     )

@@ -17,7 +17,7 @@ import daskkrr
 from daskkrr.workflow import rundir as rd
 from daskkrr.workflow.data import load_data
 from daskkrr.workflow.evaluate import better, compute_metrics, holdout_split, kfold, summarize_folds
-from daskkrr.workflow.spec import model_variants, read_workflow, resolve
+from daskkrr.workflow.spec import WorkflowError, model_variants, read_workflow, resolve
 
 logger = logging.getLogger("daskkrr.workflow")
 
@@ -120,7 +120,8 @@ def _execute(config: dict[str, Any], run: rd.RunDirectory, client: Any) -> dict[
         score = scores.get(primary, float("nan"))
         if best is None or better(primary, score, best[1].get(primary, float("nan"))):
             best = (params, scores, model, X_test)
-    assert best is not None
+    if best is None:
+        raise WorkflowError("the workflow has no model variant to evaluate (is a [sweep] list empty?)")
     params, scores, model, X_test = best
 
     held_out_model = model

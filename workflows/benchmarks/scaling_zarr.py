@@ -40,7 +40,6 @@ D = 20
 
 def store_for(data_dir: Path, n: int, chunk_rows: int) -> Path:
     from daskkrr.data.synthetic import write_regression_zarr
-
     from daskkrr.data.writing import DEFAULT_COMPRESSORS
 
     codec = "-".join(type(c).__name__.replace("Codec", "").lower() for c in DEFAULT_COMPRESSORS) or "raw"
@@ -152,8 +151,8 @@ def main(argv=None) -> list[dict]:
     info = machine()
     title = (f"FALKON from Zarr, d = {D}, float32, M = {args.centers}, max_iter = {args.max_iter}, tol = {args.tol}, "
              f"{args.scheduler}; {info['cores']} cores ({info['cpu']}), {info['memory_gib']} GiB")
-    print_table(rows, ["n", "fit_s", "strategy", "n_iter", "sketch_rows", "passes", "peak_mb", "max_process_mb", "n_processes",
-                       "read_mb", "store_reads", "read_share", "time_per_row_vs_1e6", "memory_vs_1e6",
+    print_table(rows, ["n", "fit_s", "strategy", "n_iter", "sketch_rows", "passes", "peak_mb", "max_process_mb",
+                       "n_processes", "read_mb", "store_reads", "read_share", "time_per_row_vs_1e6", "memory_vs_1e6",
                        "train_rmse"], title)
     write_results(rows, args.out, "scaling_zarr", {"machine": info, "args": vars(args), "pid": os.getpid()})
     return rows
