@@ -29,7 +29,7 @@ cancellation for the Matern kernels -- are recomputed from exact differences.
 Threads: these functions take ``n_threads`` and split the rows into that many
 contiguous ranges, run concurrently on a shared thread pool (the compiled loops
 release the GIL); the caller decides the number (see
-:mod:`daskkrr.kernels.threads`). No numba threading layer is used, so the engine
+:mod:`daskkrr.kernels.thread_rule`). No numba threading layer is used, so the engine
 is safe to call from any number of threads at once (Dask's threaded scheduler).
 """
 

@@ -38,7 +38,7 @@ from dask.base import tokenize
 from dask.delayed import Delayed, delayed
 
 from daskkrr.events import NULL_BUS, EventBus, PassDone, PassStarted, block_task_prefix
-from daskkrr.kernels.threads import engine_threads
+from daskkrr.kernels.thread_rule import engine_threads
 from daskkrr.parallel.backends import Backend, backend_for
 from daskkrr.parallel.resources import Resources
 from daskkrr.utils.threads import available_cores, blas_threads
