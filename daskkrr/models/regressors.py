@@ -8,6 +8,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 from sklearn.base import RegressorMixin
+from sklearn.utils import Tags
 from sklearn.utils._param_validation import StrOptions
 
 from daskkrr.data.inputs import is_in_memory, load_training_data
@@ -107,6 +108,9 @@ _FITTED_DOC = """
     ----------
     centers_ : ndarray of shape (M, n_features)
         Centers, in standardised feature space.
+    n_centers_ : int
+        M, the number of centers: ``n_centers``, clamped (with a warning) to
+        the number of training rows when it is larger.
     center_indices_ : ndarray of shape (M,)
         Rows of the training data the centers came from.
     center_weights_ : ndarray of shape (M,)
@@ -140,6 +144,11 @@ _FITTED_DOC = """
 
 
 class _RegressorMixin(RegressorMixin):
+    def __sklearn_tags__(self) -> Tags:
+        tags = super().__sklearn_tags__()
+        tags.target_tags.multi_output = True  # a 2-D y fits one model per column, in one solve
+        return tags
+
     def predict(self, X: Any) -> Any:
         """Predict: numpy in, numpy out; a dask array, xarray or Zarr store in, a lazy dask array out."""
         out = self._raw_decision(X)
@@ -348,6 +357,7 @@ class ExactKernelRidge(_RegressorMixin, KernelModelBase):
     def fit(self, X: Any, y: Any = None) -> ExactKernelRidge:
         """Fit on anything :func:`daskkrr.open_dataset` takes (gathered to the client)."""
         self._validate_params()
+        X, y = self._check_fit_input(X, y)
         ctx = run_fit(self, X, y, (Stage("statistics", statistics), Stage("solve", exact_solve)))
         for name, value in ctx.fitted.items():
             setattr(self, name, value)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -58,9 +59,13 @@ def statistics(ctx: FitContext) -> None:
     n, d = (int(s) for s in Xd.shape)
     n_centers = getattr(p, "n_centers", None)
     if n_centers is not None and n_centers > n:
-        raise ValueError(
-            f"n_centers={n_centers} is larger than the number of training rows ({n}); use n_centers <= {n}"
+        # As scikit-learn's Nystroem: the defaults still fit tiny data, with at most one center per row.
+        warnings.warn(
+            f"n_centers={n_centers} is larger than the number of training rows ({n}); using n_centers={n}",
+            UserWarning, stacklevel=2,
         )
+        n_centers = n
+    ctx.n_centers = n_centers
     ctx.events.emit(ev.DataOpened(n, Xd.numblocks[0], d))
     scaler = Standardizer(with_mean=p.standardize, with_std=p.standardize)
     ctx.events.emit(ev.PassStarted("statistics", Xd.numblocks[0]))
@@ -99,7 +104,7 @@ def choose_centers(ctx: FitContext) -> None:
         t0 = time.perf_counter()
         sampler = make_sampler(p.sampler)
         dictionary = sampler.select(
-            ctx.X, ctx.kernel, n_centers=p.n_centers, penalty=float(p.penalty),
+            ctx.X, ctx.kernel, n_centers=ctx.n_centers, penalty=float(p.penalty),
             random_state=seed_of(p.random_state), executor=ctx.executor,
         )
         logger.info("selected %d centers with %s in %.2fs", dictionary.size, type(sampler).__name__,
