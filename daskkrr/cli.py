@@ -226,12 +226,10 @@ def _cmd_fit(args: argparse.Namespace) -> None:
     model = _build_from_flags(config, _model_overrides(args), verbose=bool(args.verbose))
     fit_kwargs = _checkpoint_kwargs(args, model)
     _check_before_start(model, args.data)
-    with cluster_client(args.scheduler, n_workers=args.workers) as client:
-        model.set_params(client=client)
+    with cluster_client(args.scheduler, n_workers=args.workers) as client:  # the fit's current client
         t0 = time.perf_counter()
         with _fit_progress(args, client):
             model.fit(args.data, **fit_kwargs)
-        model.set_params(client=None)
         model.save(args.out, overwrite=args.overwrite)
     print(f"fitted {type(model).__name__} with {model.centers_.shape[0]} centers in "
           f"{time.perf_counter() - t0:.1f}s ({model.n_iter_} CG iterations); wrote {args.out}")

@@ -12,10 +12,9 @@ A config file holds one ``[model]`` table whose keys are estimator parameters::
     random_state = 0
 
 The accepted keys are the parameters of the chosen estimator (its
-``_parameter_constraints``, see :mod:`daskkrr.models.schema`), ``client`` excepted.
-Unknown tables or keys, and values of the wrong type, are errors naming the key.
-TOML has no null: ``"none"`` stands for None wherever a parameter accepts None
-(e.g. ``sigma = "none"``, ``preconditioner_rows = "none"``).
+``_parameter_constraints``, see :mod:`daskkrr.models.schema`). Unknown tables or keys, and values of the wrong type, are
+errors naming the key. TOML has no null: ``"none"`` stands for None wherever a
+parameter accepts None (e.g. ``sigma = "none"``, ``preconditioner_rows = "none"``).
 """
 
 from __future__ import annotations
@@ -68,7 +67,7 @@ def check_model_config(model: dict[str, Any], where: str = "config") -> dict[str
     name = model.pop("estimator", DEFAULT_ESTIMATOR)
     if not isinstance(name, str) or name not in ESTIMATORS:
         raise ConfigError(f"{where}: unknown estimator {name!r}; choose one of {sorted(ESTIMATORS)}")
-    specs = config_specs(ESTIMATORS[name], exclude={"client"})
+    specs = config_specs(ESTIMATORS[name], exclude=frozenset())
     params = {}
     for key, value in model.items():
         if key not in specs:
@@ -89,7 +88,6 @@ def build_estimator(config: dict[str, Any], **overrides: Any) -> Any:
     config = dict(config)
     name = config.pop("estimator", DEFAULT_ESTIMATOR)
     params = {**config, **overrides}
-    runtime = {"client": params.pop("client")} if "client" in params else {}
     checked = check_model_config({"estimator": name, **params}, where="parameters")
     checked.pop("estimator")
-    return ESTIMATORS[name](**checked, **runtime)
+    return ESTIMATORS[name](**checked)

@@ -194,9 +194,11 @@ def test_bad_parameters_are_refused_before_any_work(tmp_path, Xy, params, error,
     _refused(tmp_path, FalkonRegressor(**{"n_centers": 10, **params}), *Xy, error, match)
 
 
-def test_bad_client_is_refused(Xy):
+def test_bad_client_is_refused():
+    from daskkrr.parallel import Executor
+
     with pytest.raises(TypeError, match="client must be a distributed.Client or None; got str"):
-        FalkonRegressor(n_centers=10, client="tcp://127.0.0.1:8786").fit(*Xy)
+        Executor("tcp://127.0.0.1:8786")
 
 
 @pytest.mark.parametrize(

@@ -47,7 +47,7 @@ def render_fragment(fits: dict[str, dict[str, Any]], counts: dict[str, dict[str,
             '<div id="daskkrr-fit" data-status="none"><p id="daskkrr-empty">No daskkrr fit has run on this '
             "cluster yet. Fit a model with a client connected to this scheduler, e.g. "
             "<code>daskkrr fit --scheduler ADDRESS ...</code> or "
-            "<code>FalkonRegressor(client=client).fit(...)</code>.</p></div>"
+            "<code>FalkonRegressor().fit(...)</code> with <code>Client(ADDRESS)</code> active.</p></div>"
         )
     p = FitProgress.from_dict(fits[fit_id])
     p.apply_counts(counts.get(fit_id, {}))

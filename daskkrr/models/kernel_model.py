@@ -97,7 +97,6 @@ class KernelModelBase(BaseEstimator):
         "kernel_params": [dict, None],
         "standardize": ["boolean"],
         "chunks": [positive(Integral), None],
-        "client": "no_validation",  # the execution layer checks it where the fit runs
         "verbose": ["boolean"],
     }
     #: Return 1-D coefficients/predictions for a 1-D target (regressors).

@@ -91,6 +91,9 @@ def _build(cls: type, meta: dict[str, Any], arrays: dict[str, np.ndarray], path:
     if not isinstance(params, dict):
         raise ModelFormatError(f"{path / METADATA_FILE}: 'params' must be a JSON object")
     accepted = set(cls().get_params())
+    # Models saved while ``client`` was a parameter may carry it (null): where a fit runs
+    # is Dask's context now, not the model's.
+    params = {k: v for k, v in params.items() if k != "client"}
     unknown = sorted(set(params) - accepted)
     if unknown:
         raise ModelFormatError(

@@ -51,9 +51,6 @@ PARAM_DOCS = {
     numpy input gets blocks of about 64 MiB).""",
     "random_state": """random_state : int, numpy Generator or None, default=None
     Seed for center selection. The fit does not depend on the number of workers.""",
-    "client": """client : distributed.Client or None, default=None
-    Where to run. None uses the current distributed client if there is one,
-    otherwise Dask's threaded scheduler.""",
     "verbose": """verbose : bool, default=False
     Show a progress bar (passes, blocks, CG residuals) and log progress at INFO.""",
     "strategy": """strategy : {"auto", "recompute", "cache", "gram"}, default="auto"
@@ -96,12 +93,11 @@ def params_doc(*names: str) -> str:
 
 #: FalkonRegressor's (and FalkonClassifier's) parameters, in ``__init__`` order.
 FALKON_PARAMS = ("kernel", "sigma", "penalty", "n_centers", "sampler", "max_iter", "tol", "kernel_params",
-                 "dtype", "standardize", "chunks", "random_state", "client", "verbose", "strategy",
+                 "dtype", "standardize", "chunks", "random_state", "verbose", "strategy",
                  "fit_intercept", "preconditioner_rows")
 NYSTROM_PARAMS = ("kernel", "sigma", "penalty", "n_centers", "sampler", "kernel_params", "dtype", "standardize",
-                  "chunks", "random_state", "client", "verbose", "direct_strategy", "fit_intercept")
-EXACT_PARAMS = ("kernel", "sigma", "penalty", "kernel_params", "standardize", "chunks", "max_samples", "client",
-                "verbose")
+                  "chunks", "random_state", "verbose", "direct_strategy", "fit_intercept")
+EXACT_PARAMS = ("kernel", "sigma", "penalty", "kernel_params", "standardize", "chunks", "max_samples", "verbose")
 
 _FITTED_DOC = """
     Attributes
@@ -167,7 +163,7 @@ class _RegressorMixin(RegressorMixin):
         Y = yd.astype(np.float64)
         ss_res = ((Y - pred) ** 2).sum(axis=0)
         ss_tot = ((Y - Y.mean(axis=0)) ** 2).sum(axis=0)
-        res, tot = Executor(self.client).compute(ss_res, ss_tot)
+        res, tot = Executor().compute(ss_res, ss_tot)
         r2 = 1 - np.asarray(res) / np.where(np.asarray(tot) > 0, tot, 1.0)
         return float(np.mean(r2))
 
@@ -213,7 +209,6 @@ class FalkonRegressor(_RegressorMixin, NystromModelBase):
         standardize: bool = True,
         chunks: int | None = None,
         random_state: Any = None,
-        client: Any = None,
         verbose: bool = False,
         strategy: str = "auto",
         fit_intercept: bool = True,
@@ -231,7 +226,6 @@ class FalkonRegressor(_RegressorMixin, NystromModelBase):
         self.standardize = standardize
         self.chunks = chunks
         self.random_state = random_state
-        self.client = client
         self.verbose = verbose
         self.strategy = strategy
         self.fit_intercept = fit_intercept
@@ -291,7 +285,6 @@ class NystromRegressor(_RegressorMixin, NystromModelBase):
         standardize: bool = True,
         chunks: int | None = None,
         random_state: Any = None,
-        client: Any = None,
         verbose: bool = False,
         strategy: str = "auto",
         fit_intercept: bool = True,
@@ -306,7 +299,6 @@ class NystromRegressor(_RegressorMixin, NystromModelBase):
         self.standardize = standardize
         self.chunks = chunks
         self.random_state = random_state
-        self.client = client
         self.verbose = verbose
         self.strategy = strategy
         self.fit_intercept = fit_intercept
@@ -341,7 +333,6 @@ class ExactKernelRidge(_RegressorMixin, KernelModelBase):
         standardize: bool = True,
         chunks: int | None = None,
         max_samples: int = 20000,
-        client: Any = None,
         verbose: bool = False,
     ):
         self.kernel = kernel
@@ -351,7 +342,6 @@ class ExactKernelRidge(_RegressorMixin, KernelModelBase):
         self.standardize = standardize
         self.chunks = chunks
         self.max_samples = max_samples
-        self.client = client
         self.verbose = verbose
 
     def fit(self, X: Any, y: Any = None) -> ExactKernelRidge:

@@ -19,7 +19,7 @@ from typing import Any
 from sklearn.utils._param_validation import Interval, Options, StrOptions
 
 #: Parameters set by the program running the fit, never by a config file or flag.
-RUNTIME_PARAMS = frozenset({"client", "verbose"})
+RUNTIME_PARAMS = frozenset({"verbose"})
 
 
 @dataclass(frozen=True)

@@ -85,7 +85,7 @@ def child(args) -> dict:
             X.sum().compute(**kw)
             read_pass_s = min(read_pass_s, time.perf_counter() - t)
         model = FalkonRegressor(n_centers=args.centers, penalty=1e-6, dtype="float32", max_iter=args.max_iter,
-                                tol=args.tol, random_state=0, client=client, strategy=args.strategy)
+                                tol=args.tol, random_state=0, strategy=args.strategy)
         r0 = _rchar_tree()
         t = time.perf_counter()
         model.fit(path)
@@ -102,8 +102,8 @@ def child(args) -> dict:
     if args.scheduler == "cluster":
         from distributed import Client, LocalCluster
 
-        with LocalCluster(**local_cluster_kwargs()) as cluster, Client(cluster) as client:
-            return run(client)
+        with LocalCluster(**local_cluster_kwargs()) as cluster, Client(cluster) as client, client.as_current():
+            return run(client)  # the fit runs on the current client
     return run(None)
 
 
