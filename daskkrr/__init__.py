@@ -18,7 +18,7 @@ _LAZY = {
     "FalkonClassifier": "daskkrr.models",
     "FalkonRegressor": "daskkrr.models",
     "NystromRegressor": "daskkrr.models",
-    "load": ("daskkrr.models.persistence", "load_model"),
+    "load": ("daskkrr.models.loading", "load_model"),
     "open_dataset": "daskkrr.data",
     "write_zarr": "daskkrr.data",
 }

@@ -145,7 +145,8 @@ class FitCheckpoint:
 
     @property
     def file(self) -> Path:
-        assert self.path is not None
+        if self.path is None:
+            raise RuntimeError("checkpointing is disabled (path=None): there is no checkpoint file")
         return self.path / CHECKPOINT_FILE
 
     @property
@@ -173,7 +174,7 @@ class FitCheckpoint:
         CheckpointError
             If the saved checkpoint is unreadable, of another format, or of another fit.
         """
-        if not self.enabled:
+        if self.path is None:  # checkpointing disabled
             return
         self.fingerprint = fingerprint()
         self.path.mkdir(parents=True, exist_ok=True)
@@ -287,7 +288,9 @@ class FitCheckpoint:
         )
         if iteration is not None:
             self._meta["iteration"] = int(iteration)
-        arrays = {"meta": np.array(dumps_strict(self._meta, sort_keys=True)), **self._arrays, **self._cg_arrays}
+        # Any: numpy's savez stub types **kwds so that a str-keyed dict could collide with allow_pickle.
+        meta = np.array(dumps_strict(self._meta, sort_keys=True))
+        arrays: dict[str, Any] = {"meta": meta, **self._arrays, **self._cg_arrays}
         # Durable: the README promises a checkpoint survives the crash it exists for.
         atomic_write(self.file, lambda fh: np.savez(fh, **arrays), durable=True, mode=0o600)
         logger.info("checkpoint saved to %s (stage %s%s)", self.path, stage,

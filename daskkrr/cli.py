@@ -313,12 +313,10 @@ def _cmd_fit(args: argparse.Namespace) -> None:
     model = _build_from_flags(config, _model_overrides(args), verbose=bool(args.verbose))
     fit_kwargs = _checkpoint_kwargs(args, model)
     _check_before_start(model, args.data)
-    with cluster_client(args.scheduler, n_workers=args.workers) as client:
-        model.set_params(client=client)
+    with cluster_client(args.scheduler, n_workers=args.workers) as client:  # the fit's current client
         t0 = time.perf_counter()
         with _fit_progress(args, client):
             model.fit(args.data, **fit_kwargs)
-        model.set_params(client=None)
         model.save(args.out, overwrite=args.overwrite)
     print(f"fitted {type(model).__name__} with {model.centers_.shape[0]} centers in "
           f"{time.perf_counter() - t0:.1f}s ({model.n_iter_} CG iterations); wrote {args.out}")
@@ -410,7 +408,7 @@ def _checkpoint_kwargs(args: argparse.Namespace, model: Any) -> dict[str, Any]:
 
 def _cmd_predict(args: argparse.Namespace) -> None:
     from daskkrr.data import write_array_zarr
-    from daskkrr.models.persistence import load_model
+    from daskkrr.models.loading import load_model
     from daskkrr.parallel import cluster_client
     from daskkrr.utils.atomic import check_destination
 

@@ -12,7 +12,7 @@ A config file holds one ``[model]`` table whose keys are estimator parameters::
     random_state = 0
 
 The accepted keys are the parameters of the chosen estimator (its
-``_parameter_constraints``, see :mod:`daskkrr.models.schema`), ``client`` excepted. Unknown tables or keys, and values of the wrong type, are
+``_parameter_constraints``, see :mod:`daskkrr.models.schema`). Unknown tables or keys, and values of the wrong type, are
 errors naming the key. TOML has no null: ``"none"`` stands for None wherever a
 parameter accepts None (e.g. ``sigma = "none"``, ``preconditioner_rows = "none"``).
 """
@@ -41,7 +41,9 @@ def read_config(path: str | os.PathLike) -> dict[str, Any]:
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path} is not valid TOML: {exc}") from exc
     except UnicodeDecodeError as exc:
-        raise ConfigError(f"{path} is not a TOML file: it is not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
+        raise ConfigError(
+            f"{path} is not a TOML file: it is not UTF-8 text ({exc.reason} at byte {exc.start})"
+        ) from exc
     except IsADirectoryError:
         raise ConfigError(f"config {path} is a directory; pass the path of a .toml file") from None
     unknown = sorted(set(raw) - {"model"})
@@ -65,7 +67,7 @@ def check_model_config(model: dict[str, Any], where: str = "config") -> dict[str
     name = model.pop("estimator", DEFAULT_ESTIMATOR)
     if not isinstance(name, str) or name not in ESTIMATORS:
         raise ConfigError(f"{where}: unknown estimator {name!r}; choose one of {sorted(ESTIMATORS)}")
-    specs = config_specs(ESTIMATORS[name], exclude={"client"})
+    specs = config_specs(ESTIMATORS[name], exclude=frozenset())
     params = {}
     for key, value in model.items():
         if key not in specs:
@@ -86,7 +88,6 @@ def build_estimator(config: dict[str, Any], **overrides: Any) -> Any:
     config = dict(config)
     name = config.pop("estimator", DEFAULT_ESTIMATOR)
     params = {**config, **overrides}
-    runtime = {"client": params.pop("client")} if "client" in params else {}
     checked = check_model_config({"estimator": name, **params}, where="parameters")
     checked.pop("estimator")
-    return ESTIMATORS[name](**checked, **runtime)
+    return ESTIMATORS[name](**checked)

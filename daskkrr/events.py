@@ -222,5 +222,6 @@ class subscribe:  # noqa: N801 - used as a context manager, like contextlib's he
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        assert self._token is not None
+        if self._token is None:
+            raise RuntimeError("subscribe was exited without being entered")
         _USER.reset(self._token)

@@ -72,9 +72,9 @@ def cg_convergence(source: Any, ax: Any = None, *, label: str | None = None) -> 
 def _history(source: Any) -> list[tuple[int, int]]:
     if hasattr(source, "sampler_info_"):
         history = (source.sampler_info_ or {}).get("history") or []
-    elif hasattr(source, "info") and isinstance(getattr(source, "info"), dict):
+    elif hasattr(source, "info") and isinstance(source.info, dict):
         history = source.info.get("history") or []
-    elif hasattr(source, "dictionary") and isinstance(getattr(source, "dictionary"), list):
+    elif hasattr(source, "dictionary") and isinstance(source.dictionary, list):
         return [(int(r), int(m)) for r, m in source.dictionary]
     elif isinstance(source, dict):
         history = source.get("history") or [tuple(p) for p in source.get("dictionary", [])]
@@ -83,7 +83,8 @@ def _history(source: Any) -> list[tuple[int, int]]:
     out = []
     for h in history:
         if isinstance(h, dict):
-            out.append((int(h["rows_seen"]), int(h.get("dictionary_size", h.get("unique", 0)))))
+            size = h["dictionary_size"] if "dictionary_size" in h else h.get("unique", 0)
+            out.append((int(h["rows_seen"]), int(size)))
         else:
             out.append((int(h[0]), int(h[1])))
     return out

@@ -38,7 +38,7 @@ def run_quickstart(
             X, y = open_dataset(store)
             n_train = int(0.8 * n)
             model = FalkonRegressor(n_centers=min(n_centers, n_train), penalty=1e-6, max_iter=max_iter,
-                                    random_state=seed, client=client)
+                                    random_state=seed)  # fits on the current client: cluster_client's
             t0 = time.perf_counter()
             model.fit(X[:n_train], y[:n_train])
             fit_time = time.perf_counter() - t0

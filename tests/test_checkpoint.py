@@ -162,7 +162,8 @@ def _copy(src: Path, tmp_path: Path) -> Path:
 def test_existing_checkpoint_needs_resume(data, saved_checkpoint, tmp_path):
     ckpt = _copy(saved_checkpoint, tmp_path)
     before = (ckpt / CHECKPOINT_FILE).read_bytes()
-    with pytest.raises(FileExistsError, match=r"already holds a checkpoint .*pass resume=True \(daskkrr fit --resume\)"):
+    match = r"already holds a checkpoint .*pass resume=True \(daskkrr fit --resume\)"
+    with pytest.raises(FileExistsError, match=match):
         FalkonRegressor(**PARAMS).fit(*data, checkpoint=ckpt)
     assert (ckpt / CHECKPOINT_FILE).read_bytes() == before
 
@@ -171,7 +172,8 @@ def test_existing_checkpoint_needs_resume(data, saved_checkpoint, tmp_path):
     "change, match",
     [
         (lambda X, y, p: (X, y, {**p, "penalty": 1e-3}), r"params.penalty \(checkpoint 0.0001, now 0.001\)"),
-        (lambda X, y, p: (X, y, {**p, "kernel": "laplacian"}), r"params.kernel \(checkpoint 'gaussian', now 'laplacian'\)"),
+        (lambda X, y, p: (X, y, {**p, "kernel": "laplacian"}), r"params.kernel \(checkpoint 'gaussian', now "
+                                                               r"'laplacian'\)"),
         (lambda X, y, p: (X[:-1], y[:-1], p), r"n_rows \(checkpoint 3000, now 2999\)"),
         (lambda X, y, p: (X, y, {**p, "chunks": 600}), r"params.chunks \(checkpoint 500, now 600\); row_blocks"),
         (lambda X, y, p: (X, np.where(np.arange(3000) == 2999, 5.0, y), p), "scaler.y_mean"),

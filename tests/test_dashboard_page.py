@@ -103,7 +103,7 @@ def test_page_shows_a_live_fit_in_headless_chromium(inproc_cluster, tmp_path):
     def fit() -> None:
         try:
             with report(bar=False, callback=hold):
-                FalkonRegressor(n_centers=60, max_iter=6, sampler=sampler, random_state=0, client=client,
+                FalkonRegressor(n_centers=60, max_iter=6, sampler=sampler, random_state=0,
                                 strategy="recompute").fit(Xd, yd)  # a pass over the data per CG step
         except BaseException as exc:  # pragma: no cover - reported below
             errors.append(exc)

@@ -14,12 +14,13 @@ import zarr
 
 from daskkrr.data import (
     FORMAT_VERSION,
+    CorruptStoreError,
     auto_chunk_rows,
     open_dataset,
     write_array_zarr,
     write_zarr,
+    writing,
 )
-from daskkrr.data import writing
 
 
 @pytest.fixture
@@ -170,7 +171,7 @@ def test_opening_reads_no_chunk_data(tmp_path, Xy):
     (path / "X" / "c" / "3" / "0").write_bytes(b"not a compressed chunk")
     Xd, _ = open_dataset(path)  # metadata only: the corrupt chunk is not touched
     np.testing.assert_array_equal(Xd[:30].compute(), X[:30])
-    with pytest.raises(Exception):
+    with pytest.raises(CorruptStoreError, match="rows 30-39 of array 'X' are damaged"):
         Xd.compute()
 
 

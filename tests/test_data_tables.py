@@ -10,8 +10,7 @@ import pandas as pd
 import pytest
 import zarr
 
-from daskkrr.data import convert_table, open_dataset
-from daskkrr.data import tables
+from daskkrr.data import convert_table, open_dataset, tables
 from daskkrr.data.tables import infer_separator
 
 SHARED_DATA = Path(__file__).parents[1].parent / "shared" / "data"

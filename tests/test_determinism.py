@@ -46,7 +46,8 @@ def test_same_model_on_1_2_and_4_workers(data, scaled_cluster):
         cluster.scale(n_workers)
         client.wait_for_workers(n_workers, timeout=120)  # scaling up only: exactly n_workers
         assert len(client.scheduler_info()["workers"]) == n_workers
-        fits[n_workers] = FalkonRegressor(client=client, **CONVERGED).fit(store)
+        with client.as_current():
+            fits[n_workers] = FalkonRegressor(**CONVERGED).fit(store)
     threads = FalkonRegressor(**CONVERGED).fit(X, y)
     assert threads.converged_
     for n_workers, model in fits.items():

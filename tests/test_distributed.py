@@ -25,7 +25,8 @@ def store(tmp_path_factory):
 
 def test_zarr_on_cluster_equals_numpy_fit(store, cluster2):
     path, X, y = store
-    on_cluster = FalkonRegressor(client=cluster2, **CONVERGED).fit(path)
+    with cluster2.as_current():
+        on_cluster = FalkonRegressor(**CONVERGED).fit(path)
     in_memory = FalkonRegressor(**CONVERGED).fit(X, y)
     assert on_cluster.converged_ and in_memory.converged_
     np.testing.assert_array_equal(on_cluster.center_indices_, in_memory.center_indices_)
@@ -35,7 +36,8 @@ def test_zarr_on_cluster_equals_numpy_fit(store, cluster2):
 
 def test_lazy_predict_writes_zarr(store, cluster2, tmp_path):
     path, X, y = store
-    model = FalkonRegressor(client=cluster2, **CONVERGED).fit(path)
+    with cluster2.as_current():
+        model = FalkonRegressor(**CONVERGED).fit(path)
     lazy = model.predict(path)
     assert type(lazy).__name__ == "Array" and lazy.shape == (6000,)
     out = write_array_zarr(lazy, tmp_path / "pred.zarr", name="y_pred")
@@ -59,8 +61,8 @@ def test_nothing_of_size_n_reaches_the_client(store, cluster2, monkeypatch):
     monkeypatch.setattr(Client, "gather", spy)
     # strategy="recompute": one pass per CG iteration, all through the cluster ("auto" may pick
     # the two-pass gram strategy at this size).
-    model = FalkonRegressor(client=cluster2, n_centers=50, max_iter=5, random_state=0,
-                            strategy="recompute").fit(path)
+    with cluster2.as_current():
+        model = FalkonRegressor(n_centers=50, max_iter=5, random_state=0, strategy="recompute").fit(path)
     assert sizes, "the fit gathered nothing through the client: the spy is not wired"
     n = 6000
     assert max(sizes) < n * 8, f"a result of {max(sizes)} bytes (>= n floats) reached the client"
@@ -90,9 +92,8 @@ def test_out_of_core_fit_larger_than_worker_memory(tmp_path):
     limit = 350 * 2**20
     assert data_bytes > 2 * limit
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
-                      dashboard_address=None, memory_limit=limit) as cluster, Client(cluster) as client:
-        model = FalkonRegressor(n_centers=40, penalty=1e-4, max_iter=3, tol=1e-12, random_state=0,
-                                client=client).fit(path)
+                      dashboard_address=None, memory_limit=limit) as cluster, Client(cluster):  # the default client
+        model = FalkonRegressor(n_centers=40, penalty=1e-4, max_iter=3, tol=1e-12, random_state=0).fit(path)
         X, y = daskkrr.open_dataset(path)
         score = model.score(X[:200_000], y[:200_000])
     assert model.coef_.shape == (40,) and np.all(np.isfinite(model.coef_))

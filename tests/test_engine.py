@@ -25,7 +25,7 @@ from daskkrr.kernels import (
 )
 from daskkrr.kernels import engine as engine_module
 from daskkrr.kernels._vexp import exp_neg
-from daskkrr.kernels.threads import current_engine_threads, engine_threads
+from daskkrr.kernels.thread_rule import current_engine_threads, engine_threads
 
 KERNELS = [
     GaussianKernel(sigma=1.3),

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dask.array as da
 import numpy as np
 import pytest
+from sklearn.exceptions import NotFittedError
 
 from daskkrr import FalkonClassifier, FalkonRegressor, NystromRegressor
 from daskkrr.checkpoint import FitCheckpoint
@@ -59,41 +60,71 @@ def test_nan_in_dask_input_found_in_the_statistics_pass(tmp_path, Xy):
 # ---------------------------------------------------------------- shapes and dtypes
 
 
-@pytest.mark.parametrize(
-    "make, error, match",
-    [
-        (lambda X, y: (X, y[:-1]), ValueError, "y has 399 rows but X has 400"),
-        (lambda X, y: (X[:, 0], y), ValueError, r"X must be 2-D .* reshape a single feature"),
-        (lambda X, y: (X[:, :, None], y), ValueError, r"X must be 2-D .*got 3-D"),
-        (lambda X, y: (X, y[:, None, None]), ValueError, r"y must be 1-D .*or 2-D .*got 3-D"),
-        (lambda X, y: (X.astype(object), y), TypeError, r"X has dtype object; expected bool, integer or float"),
-        (lambda X, y: (X.astype(str), y), TypeError, r"X has dtype <U.*encode categorical/text columns"),
-        (lambda X, y: (X + 1j, y), TypeError, r"X has dtype complex128.*np.real"),
-        (lambda X, y: (X, y.astype(str)), TypeError, r"y has dtype <U"),
-        (lambda X, y: (X[:0], y[:0]), ValueError, r"X has shape \(0, 3\); at least 1 row and 1 column"),
-        (lambda X, y: (X[:, :0], y), ValueError, r"X has shape \(400, 0\); at least 1 row and 1 column"),
-    ],
-    ids=["length", "X-1d", "X-3d", "y-3d", "object", "text", "complex", "y-text", "no-rows", "no-columns"],
-)
-def test_bad_shapes_and_dtypes(tmp_path, Xy, make, error, match):
+def _object_with_text(X):
+    X = X.astype(object)
+    X[5, 1] = "a"
+    return X
+
+
+#: (make, ids, in-memory error, its message (scikit-learn's), lazy error, its message (daskkrr's)).
+SHAPES_AND_DTYPES = [
+    (lambda X, y: (X, y[:-1]), "length",
+     ValueError, "y has 399 rows but X has 400", ValueError, "y has 399 rows but X has 400"),
+    (lambda X, y: (X[:, 0], y), "X-1d", ValueError, r"(?s)Expected 2D array, got 1D array instead.*Reshape your data",
+     ValueError, r"X must be 2-D .* reshape a single feature"),
+    (lambda X, y: (X[:, :, None], y), "X-3d", ValueError, r"Found array with dim 3",
+     ValueError, r"X must be 2-D .*got 3-D"),
+    (lambda X, y: (X, y[:, None, None]), "y-3d", ValueError, r"Found array with dim 3",
+     ValueError, r"y must be 1-D .*or 2-D .*got 3-D"),
+    (lambda X, y: (_object_with_text(X), y), "object", ValueError, r"could not convert string to float: 'a'",
+     TypeError, r"X has dtype object; expected bool, integer or float"),
+    (lambda X, y: (X.astype(str), y), "text", ValueError, r"dtype='numeric' is not compatible with arrays of "
+     "bytes/strings", TypeError, r"X has dtype <U.*encode categorical/text columns"),
+    (lambda X, y: (X + 1j, y), "complex", ValueError, r"Complex data not supported",
+     TypeError, r"X has dtype complex128.*np.real"),
+    (lambda X, y: (X, y.astype(str)), "y-text", ValueError, r"dtype='numeric' is not compatible with arrays of "
+     "bytes/strings", TypeError, r"y has dtype <U"),
+    (lambda X, y: (X[:0], y[:0]), "no-rows", ValueError, r"Found array with 0 sample\(s\) \(shape=\(0, 3\)\)",
+     ValueError, r"X has shape \(0, 3\); at least 1 row and 1 column"),
+    (lambda X, y: (X[:, :0], y), "no-columns", ValueError,
+     r"Found array with 0 feature\(s\) \(shape=\(400, 0\)\)",
+     ValueError, r"X has shape \(400, 0\); at least 1 row and 1 column"),
+]
+
+
+@pytest.mark.parametrize("make, in_memory_error, in_memory_match, lazy_error, lazy_match",
+                         [case[:1] + case[2:] for case in SHAPES_AND_DTYPES],
+                         ids=[case[1] for case in SHAPES_AND_DTYPES])
+@pytest.mark.parametrize("lazy", [False, True], ids=["numpy", "dask"])
+def test_bad_shapes_and_dtypes(tmp_path, Xy, make, in_memory_error, in_memory_match, lazy_error, lazy_match, lazy):
+    """numpy input gets scikit-learn's checks and messages; dask input daskkrr's own."""
     X, y = make(*Xy)
-    _refused(tmp_path, FalkonRegressor(n_centers=10), X, y, error, match)
+    if lazy:
+        X, y = da.from_array(X, chunks=100), da.from_array(y, chunks=100)
+        _refused(tmp_path, FalkonRegressor(n_centers=10), X, y, lazy_error, lazy_match)
+    else:
+        _refused(tmp_path, FalkonRegressor(n_centers=10), X, y, in_memory_error, in_memory_match)
 
 
-def test_fewer_rows_than_centers(tmp_path, Xy):
+def test_fewer_rows_than_centers_clamps_with_a_warning(Xy):
     X, y = Xy
-    _refused(tmp_path, FalkonRegressor(n_centers=401), X, y, ValueError,
-             r"n_centers=401 is larger than the number of training rows \(400\); use n_centers <= 400")
+    with pytest.warns(UserWarning, match=r"n_centers=401 is larger than the number of training rows \(400\); "
+                                         r"using n_centers=400"):
+        model = FalkonRegressor(n_centers=401, max_iter=2).fit(X, y)
+    assert model.n_centers_ == 400
 
 
 def test_array_without_target(tmp_path, Xy):
-    _refused(tmp_path, FalkonRegressor(n_centers=10), Xy[0], None, ValueError, r"y is required.*fit\(X, y\)")
+    _refused(tmp_path, FalkonRegressor(n_centers=10), Xy[0], None, ValueError,
+             r"This FalkonRegressor estimator requires y to be passed, but the target y is None")
+    _refused(tmp_path, FalkonRegressor(n_centers=10), da.from_array(Xy[0]), None, ValueError,
+             r"y is required.*fit\(X, y\)")
 
 
 def test_classifier_with_one_class(tmp_path, Xy):
     X, _ = Xy
     _refused(tmp_path, FalkonClassifier(n_centers=10), X, np.ones(400), ValueError,
-             r"y has a single class \(\[1.0\]\); a classifier needs at least two")
+             r"y has only one class \(\[1.0\]\); a classifier needs at least two")
 
 
 def test_column_split_chunks_are_rechunked(Xy):
@@ -113,12 +144,15 @@ def test_column_split_chunks_are_rechunked(Xy):
 @pytest.mark.parametrize(
     "params, error, match",
     [
-        ({"sigma": 0}, ValueError, r"sigma must be a float in the range \(0.0, inf\) or None; got 0 \(int\); the kernel length scale, e.g. sigma=1.0, or sigma=None for sqrt\(n_features\)"),
+        ({"sigma": 0}, ValueError, r"sigma must be a float in the range \(0.0, inf\) or None; got 0 \(int\); the "
+                                   r"kernel length scale, e.g. sigma=1.0, or sigma=None for sqrt\(n_features\)"),
         ({"sigma": -1.0}, ValueError, r"sigma must be a float in the range \(0.0, inf\) or None; got -1.0"),
         ({"sigma": float("inf")}, ValueError, r"sigma must be a float in the range \(0.0, inf\) or None; got inf"),
-        ({"penalty": 0}, ValueError, r"penalty must be a float in the range \(0.0, inf\); got 0 \(int\); the ridge penalty"),
+        ({"penalty": 0}, ValueError, r"penalty must be a float in the range \(0.0, inf\); got 0 \(int\); the ridge "
+                                     r"penalty"),
         ({"penalty": -1e-6}, ValueError, r"penalty must be a float in the range \(0.0, inf\)"),
-        ({"tol": 0.0}, ValueError, r"tol must be a float in the range \(0.0, inf\); got 0.0 \(float\); the relative residual"),
+        ({"tol": 0.0}, ValueError, r"tol must be a float in the range \(0.0, inf\); got 0.0 \(float\); the relative "
+                                   r"residual"),
         ({"max_iter": 0}, ValueError, r"max_iter must be an int in the range \[1, inf\); got 0"),
         ({"n_centers": 0}, ValueError, r"n_centers must be an int in the range \[1, inf\); got 0"),
         ({"kernel": "polynomial", "kernel_params": {"gamma": 0}}, ValueError,
@@ -129,16 +163,22 @@ def test_column_split_chunks_are_rechunked(Xy):
         ({"kernel": "gaussian", "kernel_params": {"degree": 2}}, ValueError,
          r"kernel 'gaussian' does not take parameter\(s\) \['degree'\]"),
         ({"kernel": "linear", "sigma": 1.0}, ValueError, r"kernel 'linear' takes no sigma; pass sigma=None"),
-        ({"kernel": 3}, TypeError, r"kernel must be an instance of 'str', an instance of 'dict' or an instance of 'daskkrr.kernels.base.Kernel'; got 3"),
-        ({"sampler": "nope"}, ValueError, r"sampler must be one of 'bless', .*'uniform' or an instance of .*CenterSampler'; got 'nope'"),
+        ({"kernel": 3}, TypeError, r"kernel must be an instance of 'str', an instance of 'dict' or an instance of "
+                                   r"'daskkrr.kernels.base.Kernel'; got 3"),
+        ({"sampler": "nope"}, ValueError, r"sampler must be one of 'bless', .*'uniform' or an instance of "
+                                          r".*CenterSampler'; got 'nope'"),
         ({"sampler": 3}, TypeError, r"sampler must be one of .* or an instance of .*CenterSampler'; got 3 \(int\)"),
         ({"sigma": "1.0"}, TypeError, r"sigma must be a float in the range \(0.0, inf\) or None; got '1.0' \(str\)"),
         ({"penalty": None}, TypeError, r"penalty must be a float in the range \(0.0, inf\); got None"),
         ({"n_centers": 10.5}, TypeError, r"n_centers must be an int in the range \[1, inf\); got 10.5 \(float\)"),
         ({"n_centers": True}, TypeError, r"n_centers must be an int in the range \[1, inf\); got True \(bool\)"),
-        ({"standardize": "yes"}, TypeError, r"standardize must be an instance of 'bool' or an instance of 'numpy.bool'; got 'yes'"),
-        ({"random_state": "a"}, TypeError, r"random_state must be an int in the range \[0, inf\), an instance of 'numpy.random._generator.Generator', an instance of 'numpy.random.mtrand.RandomState' or None; got 'a'"),
-        ({"random_state": -1}, ValueError, r"random_state must be an int in the range \[0, inf\), .* or None; got -1 \(int\); a seed"),
+        ({"standardize": "yes"}, TypeError, r"standardize must be an instance of 'bool' or an instance of "
+                                            r"'numpy.bool'; got 'yes'"),
+        ({"random_state": "a"}, TypeError, r"random_state must be an int in the range \[0, inf\), an instance of "
+                                           r"'numpy.random._generator.Generator', an instance of "
+                                           r"'numpy.random.mtrand.RandomState' or None; got 'a'"),
+        ({"random_state": -1}, ValueError, r"random_state must be an int in the range \[0, inf\), .* or None; got -1 "
+                                           r"\(int\); a seed"),
         ({"dtype": "float16"}, ValueError, r"dtype must be one of 'float32', 'float64'; got 'float16'"),
         ({"kernel_params": [1]}, TypeError, r"kernel_params must be an instance of 'dict' or None; got \[1\]"),
         ({"chunks": 0}, ValueError, r"chunks must be an int in the range \[1, inf\) or None; got 0"),
@@ -154,9 +194,11 @@ def test_bad_parameters_are_refused_before_any_work(tmp_path, Xy, params, error,
     _refused(tmp_path, FalkonRegressor(**{"n_centers": 10, **params}), *Xy, error, match)
 
 
-def test_bad_client_is_refused(Xy):
+def test_bad_client_is_refused():
+    from daskkrr.parallel import Executor
+
     with pytest.raises(TypeError, match="client must be a distributed.Client or None; got str"):
-        FalkonRegressor(n_centers=10, client="tcp://127.0.0.1:8786").fit(*Xy)
+        Executor("tcp://127.0.0.1:8786")
 
 
 @pytest.mark.parametrize(
@@ -198,9 +240,11 @@ def fitted():
 
 def test_predict_with_other_number_of_features(fitted):
     model, X = fitted
-    fix = r"X has shape \(300, 3\) but this model was fitted on 4 features; pass the same 4 columns"
-    with pytest.raises(ValueError, match=fix):
+    with pytest.raises(ValueError, match="X has 3 features, but FalkonRegressor is expecting 4 features as input"):
         model.predict(X[:, :3])
+    with pytest.raises(ValueError, match="Expected 2D array, got 1D array instead"):
+        model.predict(X[0])  # one row must be passed as X[:1]: a 1-D X is not guessed into a shape
+    fix = r"X has shape \(300, 3\) but this model was fitted on 4 features; pass the same 4 columns"
     with pytest.raises(ValueError, match=fix):
         model.predict(da.from_array(X[:, :3], chunks=100))
 
@@ -218,7 +262,7 @@ def test_predict_refuses_non_finite_rows(fitted):
 
 def test_predict_non_numeric_and_unfitted(fitted):
     model, X = fitted
-    with pytest.raises(TypeError, match="must be numeric|dtype <U"):
+    with pytest.raises(ValueError, match="dtype='numeric' is not compatible with arrays of bytes/strings"):
         model.predict(X.astype(str))
-    with pytest.raises(RuntimeError, match=r"not fitted yet; call fit\(X, y\) first"):
+    with pytest.raises(NotFittedError, match="This NystromRegressor instance is not fitted yet"):
         NystromRegressor().predict(X)

@@ -43,7 +43,8 @@ def test_fit_survives_a_killed_worker(store, cluster2, tmp_path, monkeypatch):
     """SIGKILL one of two worker processes during the CG: Dask recomputes what was lost (the
     nanny restarts the worker) and the fit ends with the coefficients of an undisturbed fit."""
     client = cluster2
-    reference = FalkonRegressor(client=client, **CONVERGED).fit(store)
+    with client.as_current():
+        reference = FalkonRegressor(**CONVERGED).fit(store)
     assert reference.converged_ and reference.n_iter_ > 6
 
     victim: dict = {}
@@ -68,7 +69,8 @@ def test_fit_survives_a_killed_worker(store, cluster2, tmp_path, monkeypatch):
             assert killed.wait(timeout=60), "the killer thread did not run"
 
     monkeypatch.setattr(FitCheckpoint, "save_cg", save_and_kill)
-    model = FalkonRegressor(client=client, **CONVERGED).fit(store, checkpoint=tmp_path / "ck", checkpoint_every=2)
+    with client.as_current():
+        model = FalkonRegressor(**CONVERGED).fit(store, checkpoint=tmp_path / "ck", checkpoint_every=2)
     finished = time.perf_counter()
 
     assert killed.is_set() and victim, "the worker was not killed"

@@ -21,7 +21,8 @@ from scipy.linalg import solve_triangular
 
 from daskkrr import FalkonClassifier, FalkonRegressor, NystromRegressor
 from daskkrr.kernels import GaussianKernel
-from daskkrr.models.persistence import load_model, save_model
+from daskkrr.models.loading import load_model
+from daskkrr.models.persistence import save_model
 from daskkrr.solvers import FalkonPreconditioner
 from daskkrr.solvers.intercept import centered_gram_matvec
 from daskkrr.solvers.sketch import KernelRowSketch, auto_sketch_rows, sketch_indices
@@ -239,7 +240,8 @@ def test_sketch_is_the_same_on_a_cluster_and_chunking_free(offset_data, cluster2
     X, y = offset_data
     common = dict(sigma=2.0, penalty=1e-4, n_centers=200, random_state=0, max_iter=100, tol=1e-10)
     local = FalkonRegressor(**common).fit(da.from_array(X, chunks=1000), y)
-    remote = FalkonRegressor(**common, client=cluster2).fit(da.from_array(X, chunks=700), y)
+    with cluster2.as_current():
+        remote = FalkonRegressor(**common).fit(da.from_array(X, chunks=700), y)
     assert remote.preconditioner_rows_ == local.preconditioner_rows_ == 800
     assert local.converged_ and remote.converged_
     assert np.linalg.norm(remote.coef_ - local.coef_) <= 1e-8 * np.linalg.norm(local.coef_)

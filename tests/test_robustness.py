@@ -13,6 +13,7 @@ import pytest
 
 from daskkrr import ExactKernelRidge, FalkonClassifier, FalkonRegressor, NystromRegressor
 from daskkrr.solvers import JitterWarning, cholesky_jitter
+
 from .conftest import shared_file
 
 

@@ -18,8 +18,8 @@ from daskkrr.parallel.cost import (
     expected_iterations,
     should_persist,
 )
-from daskkrr.parallel.strategies import balance_blocks, plan_strategy
 from daskkrr.parallel.resources import Resources
+from daskkrr.parallel.strategies import balance_blocks, plan_strategy
 
 STRATEGIES = ("recompute", "cache", "gram")
 # (kernel, params, centers): the dot-product kernels have finite rank (15 for degree 2 in
@@ -172,8 +172,10 @@ def test_strategies_on_a_cluster(data, cluster2, tmp_path):
     """Kernel blocks kept on two worker processes; the Gram pass tree-summed across them."""
     X, y = data
     write_zarr(X, y, tmp_path / "d.zarr", chunk_rows=300)
-    kw = dict(n_centers=50, max_iter=12, tol=1e-12, penalty=1e-3, random_state=0, client=cluster2)
-    coefs = {s: FalkonRegressor(strategy=s, **kw).fit(tmp_path / "d.zarr").coef_ for s in STRATEGIES}
+    kw = dict(n_centers=50, max_iter=12, tol=1e-12, penalty=1e-3, random_state=0)
+    with cluster2.as_current():
+        coefs = {s: FalkonRegressor(strategy=s, **kw).fit(tmp_path / "d.zarr").coef_ for s in STRATEGIES}
     for s in ("cache", "gram"):
-        np.testing.assert_allclose(coefs[s], coefs["recompute"], rtol=1e-5, atol=1e-7 * np.abs(coefs["recompute"]).max())
+        np.testing.assert_allclose(coefs[s], coefs["recompute"], rtol=1e-5,
+                                   atol=1e-7 * np.abs(coefs["recompute"]).max())
     assert not [key for key in cluster2.who_has() if "kernel_block" in str(key)]  # the cache was released

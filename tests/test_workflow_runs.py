@@ -49,7 +49,8 @@ def test_nightly_example_runs_twice_on_a_growing_store(cluster2, growing_store, 
     overrides = [f"data.store={store}", "preprocess.chunk_rows=1000", *SMALL_MODEL]
     first = run_workflow(EXAMPLES / "nightly_retrain.toml", overrides=overrides, runs_dir=runs, client=cluster2)
     assert first.status == "succeeded"
-    assert {"status.json", "config.json", "run.log", "metrics.json", "model", "predictions.zarr"} <= _run_files(first.run_dir)
+    expected = {"status.json", "config.json", "run.log", "metrics.json", "model", "predictions.zarr"}
+    assert expected <= _run_files(first.run_dir)
     metrics = json.loads((first.run_dir / "metrics.json").read_text())
     assert metrics["data"]["n_rows"] == 3000 and metrics["metrics"]["n_test"] == 300
     assert metrics["metrics"]["r2"] > 0.3 and metrics["refit"]["n_centers"] == 80

@@ -100,7 +100,7 @@ class DaskkrrDashboardPlugin(SchedulerPlugin):
     def __init__(self) -> None:
         self.scheduler: Any = None
 
-    def start(self, scheduler: Any) -> None:
+    async def start(self, scheduler: Any) -> None:  # async as SchedulerPlugin declares; the scheduler awaits it
         self.scheduler = scheduler
         metadata_root(scheduler)
         if not add_routes(scheduler):

@@ -47,7 +47,7 @@ def render_fragment(fits: dict[str, dict[str, Any]], counts: dict[str, dict[str,
             '<div id="daskkrr-fit" data-status="none"><p id="daskkrr-empty">No daskkrr fit has run on this '
             "cluster yet. Fit a model with a client connected to this scheduler, e.g. "
             "<code>daskkrr fit --scheduler ADDRESS ...</code> or "
-            "<code>FalkonRegressor(client=client).fit(...)</code>.</p></div>"
+            "<code>FalkonRegressor().fit(...)</code> with <code>Client(ADDRESS)</code> active.</p></div>"
         )
     p = FitProgress.from_dict(fits[fit_id])
     p.apply_counts(counts.get(fit_id, {}))
@@ -87,7 +87,8 @@ def render_fragment(fits: dict[str, dict[str, Any]], counts: dict[str, dict[str,
             element_id="daskkrr-dictionary-chart", empty_text=note,
         )
     others = "".join(
-        f'<li><a href="?fit={quote(fid)}">{html.escape(fid)}</a> {html.escape(str((fits[fid] or {}).get("estimator", "")))}'
+        f'<li><a href="?fit={quote(fid)}">{html.escape(fid)}</a> '
+        f'{html.escape(str((fits[fid] or {}).get("estimator", "")))}'
         f' - {html.escape(str((fits[fid] or {}).get("status", "")))}</li>'
         for fid in sorted(fits, key=lambda k: (fits[k] or {}).get("updated", 0), reverse=True)[:10]
     )

@@ -67,7 +67,8 @@ def line_chart(
         f'<text x="{width / 2:.0f}" y="18" text-anchor="middle" font-size="14" font-weight="bold">'
         f"{html.escape(title)}</text>",
         f'<rect x="{left}" y="{top}" width="{pw}" height="{ph}" fill="#fafafa" stroke="#999"/>',
-        f'<text x="{left + pw / 2:.0f}" y="{height - 6}" text-anchor="middle" font-size="12">{html.escape(xlabel)}</text>',
+        f'<text x="{left + pw / 2:.0f}" y="{height - 6}" text-anchor="middle" font-size="12">'
+        f"{html.escape(xlabel)}</text>",
         f'<text x="14" y="{top + ph / 2:.0f}" text-anchor="middle" font-size="12" '
         f'transform="rotate(-90 14 {top + ph / 2:.0f})">{html.escape(ylabel)}</text>',
     ]

@@ -7,13 +7,15 @@ from typing import Any
 
 import dask.array as da
 import numpy as np
+import scipy.sparse as sp
 
 from daskkrr.data.loading import open_dataset
 
 
 def is_in_memory(X: Any) -> bool:
-    """True for numpy arrays, lists and other array-likes that are already in memory."""
-    if isinstance(X, (np.ndarray, list, tuple)):
+    """True for numpy arrays, lists, pandas objects, scipy sparse matrices and other
+    array-likes that are already in memory (the estimators check them as scikit-learn does)."""
+    if isinstance(X, (np.ndarray, list, tuple)) or sp.issparse(X):
         return True
     lazy = isinstance(X, da.Array) or _module_of(X) in ("xarray", "zarr")
     return hasattr(X, "__array__") and not lazy

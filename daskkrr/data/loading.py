@@ -13,7 +13,7 @@ import os
 import warnings
 from collections.abc import Hashable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import dask.array as da
 import numpy as np
@@ -182,7 +182,8 @@ class CheckedZarrArray:
 
     def __getitem__(self, key: Any) -> np.ndarray:
         try:
-            return self.array[key]
+            # cast: zarr types __getitem__ as any array-like or scalar; a block read is an ndarray
+            return cast(np.ndarray, self.array[key])
         except Exception as exc:
             rows = key[0] if isinstance(key, tuple) and key else key
             span = (
@@ -222,7 +223,8 @@ def _from_zarr_group(group: zarr.Group, x: str, y: Any, where: str) -> tuple[Any
         raise KeyError(_missing_name_message("feature", x, "x", names, where, group))
     y_name = _target_name(y, names, names, x, where) if isinstance(y, str) else None
     try:
-        selected = [group[x]] + ([group[y_name]] if y_name is not None else [])
+        # cast: x and y_name are among group.array_keys(), so these members are arrays, not groups
+        selected = [cast(zarr.Array, group[k]) for k in [x] + ([y_name] if y_name is not None else [])]
     except Exception as exc:
         raise _corrupt(where, exc) from exc
     if any(_has_xarray_encoding(arr) for arr in selected):

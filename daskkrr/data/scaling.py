@@ -106,10 +106,12 @@ def merge_summaries(*parts: BlockSummary) -> BlockSummary:
     x = y = None
     bad_x = min((p.bad_x for p in parts if p.bad_x is not None), default=None)
     bad_y = min((p.bad_y for p in parts if p.bad_y is not None), default=None)
+    xs = [p.x for p in parts if p.x is not None]  # all of them when no block has a non-finite X
+    ys = [p.y for p in parts if p.y is not None]
     if bad_x is None:
-        x = _merge_all([p.x for p in parts])
-    if bad_y is None and all(p.y is not None for p in parts):
-        y = _merge_all([p.y for p in parts])
+        x = _merge_all(xs)
+    if bad_y is None and len(ys) == len(parts):
+        y = _merge_all(ys)
     return BlockSummary(x, y, bad_x, bad_y)
 
 
@@ -199,18 +201,23 @@ class Standardizer(TransformerMixin, BaseEstimator):
         X, y = _prepare_inputs(X, y)
         summary = _fit_pass(X, y)
         _raise_if_non_finite(summary, X.chunks[0])
-        n = summary.x.count
-        var = summary.x.m2 / n
+        x = summary.x
+        if x is None:  # X's moments are missing only for a non-finite block, which raised above
+            raise RuntimeError("the statistics pass returned no moments of X")
+        n = x.count
+        var = x.m2 / n
         self.n_samples_ = int(n)
         self.n_features_in_ = int(X.shape[1])
-        self.mean_ = summary.x.mean if self.with_mean else None
-        self.scale_ = _scale_from_variance(var, summary.x.mean, n) if self.with_std else None
+        self.mean_ = x.mean if self.with_mean else None
+        self.scale_ = _scale_from_variance(var, x.mean, n) if self.with_std else None
+        y_mean: float | np.ndarray | None
         if summary.y is None:
-            self.y_mean_ = None
-        elif y.ndim == 1:
-            self.y_mean_ = float(summary.y.mean[0])
+            y_mean = None
+        elif y is not None and y.ndim == 1:
+            y_mean = float(summary.y.mean[0])
         else:
-            self.y_mean_ = summary.y.mean
+            y_mean = summary.y.mean
+        self.y_mean_ = y_mean
         return self
 
     def transform(self, X: Any) -> Any:
@@ -240,7 +247,7 @@ class Standardizer(TransformerMixin, BaseEstimator):
                 if y_mean is None
                 else float(y_mean)
                 if np.ndim(y_mean) == 0
-                else [float(v) for v in y_mean]
+                else [float(v) for v in np.asarray(y_mean)]
             ),
         }
 

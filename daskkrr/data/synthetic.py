@@ -151,8 +151,9 @@ def make_regression(
         ``f(X) + noise * N(0, 1)`` with ``f`` a :class:`SmoothTarget`.
     """
     X, target, _ = _features(n, d, chunk_rows, noise, random_state, dtype)
-    y = X.map_blocks(
+    y = da.map_blocks(  # the module function: dask's stubs mistype the Array.map_blocks method
         _regression_block,
+        X,
         target=target,
         noise=float(noise),
         random_state=random_state,
@@ -197,8 +198,9 @@ def make_classification(
         raise ValueError(f"n_classes must be an integer >= 2; got {n_classes!r}")
     X, target, _ = _features(n, d, chunk_rows, noise, random_state, dtype)
     thresholds = _class_thresholds(target, int(n_classes), float(noise), random_state)
-    y = X.map_blocks(
+    y = da.map_blocks(
         _classification_block,
+        X,
         target=target,
         thresholds=thresholds,
         noise=float(noise),
@@ -298,10 +300,17 @@ def _block_streams(random_state: int, block: int) -> list[np.random.SeedSequence
     return np.random.SeedSequence(random_state, spawn_key=(_BLOCKS_KEY, block)).spawn(2)
 
 
+def _block_info(block_info: dict | None, key: int | None) -> dict:
+    """One entry of dask's ``block_info`` (by argument position; None: the output block)."""
+    if block_info is None:
+        raise TypeError("block functions need block_info, which dask.array.map_blocks passes")
+    return block_info[key]
+
+
 def _feature_block(
     random_state: int, out_dtype: np.dtype, block_info: dict | None = None
 ) -> np.ndarray:
-    info = block_info[None]
+    info = _block_info(block_info, None)
     block = info["chunk-location"][0]
     shape = info["chunk-shape"]
     rng = np.random.default_rng(_block_streams(random_state, block)[0])
@@ -323,7 +332,7 @@ def _regression_block(
     out_dtype: np.dtype,
     block_info: dict | None = None,
 ) -> np.ndarray:
-    block = block_info[0]["chunk-location"][0]
+    block = _block_info(block_info, 0)["chunk-location"][0]
     return _latent_block(X, target, noise, random_state, block).astype(out_dtype, copy=False)
 
 
@@ -335,7 +344,7 @@ def _classification_block(
     random_state: int,
     block_info: dict | None = None,
 ) -> np.ndarray:
-    block = block_info[0]["chunk-location"][0]
+    block = _block_info(block_info, 0)["chunk-location"][0]
     latent = _latent_block(X, target, noise, random_state, block)
     return np.searchsorted(thresholds, latent).astype(np.int64)
 

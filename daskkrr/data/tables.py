@@ -15,7 +15,7 @@ import lzma
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, cast
 
 import numpy as np
 import pandas as pd
@@ -149,14 +149,16 @@ def _stream_table(
     """Append the table to a new store at ``out`` chunk by chunk; return (features, rows)."""
     features: list[str] = []
     rows = 0
-    X_arr = y_arr = None
+    X_arr: zarr.Array | None = None
+    y_arr: zarr.Array | None = None
     try:
         with pd.read_csv(source, sep=sep, chunksize=chunk_rows, compression="infer") as reader:
             for frame in reader:
-                if X_arr is None:
+                if X_arr is None or y_arr is None:  # both are set together, on the first frame
                     features = _feature_columns(list(frame.columns), target, source)
                     group = _create_table_store(out, features, target, source, chunk_rows)
-                    X_arr, y_arr = group["X"], group["y"]
+                    # cast: _create_table_store made "X" and "y" arrays
+                    X_arr, y_arr = cast(zarr.Array, group["X"]), cast(zarr.Array, group["y"])
                 if len(frame) == 0:
                     continue
                 X_block, y_block = _numeric_block(frame, features, target, source, rows)

@@ -15,12 +15,13 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import dask.array as da
 import numpy as np
 import xarray as xr
 import zarr
+import zarr.codecs
 
 from daskkrr.data.chunking import FORMAT_VERSION, as_row_blocks, numpy_to_dask, uniform_row_chunks
 from daskkrr.data.loading import as_array, open_dataset
@@ -152,7 +153,9 @@ def _write_arrays(
         arrays = {key: a.rechunk({0: rows}) for key, a in arrays.items()}
     with atomic_directory(path, overwrite) as tmp:
         group = create_store(tmp, arrays, rows, attrs)
-        da.store(list(arrays.values()), [group[key] for key in arrays], lock=False, compute=True)
+        targets = [cast(zarr.Array, group[key]) for key in arrays]  # create_store made them arrays
+        # dask types the targets as array-likes; it only needs __setitem__, which zarr arrays have.
+        da.store(list(arrays.values()), targets, lock=False, compute=True)  # type: ignore[arg-type]
     return Path(path)
 
 

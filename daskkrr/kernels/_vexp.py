@@ -119,7 +119,8 @@ def exp_neg(row: np.ndarray) -> None:
         exp_neg64(row)
 
 
-@overload(exp_neg, jit_options={"nogil": True, "cache": True})
+# numba's _JITOptions TypedDict lacks "cache", which overload's jit_options accept.
+@overload(exp_neg, jit_options={"nogil": True, "cache": True})  # type: ignore[typeddict-unknown-key]
 def _exp_neg_overload(row):  # pragma: no cover - compile-time dispatch
     if row.dtype == numba.float32:
         return lambda row: exp_neg32(row)

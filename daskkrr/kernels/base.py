@@ -90,7 +90,8 @@ class Kernel(ABC):
         self._validate()
 
     def _validate(self) -> None:  # pragma: no cover - default: nothing to check
-        pass
+        """Check the parameters beyond finiteness; subclasses override it to raise ValueError."""
+        return None  # a hook with a default (B027): kernels such as LinearKernel have nothing to check
 
     def __call__(self, A: Any, B: Any) -> np.ndarray:
         """Kernel matrix ``K[i, j] = k(A[i], B[j])`` of shape ``(len(A), len(B))``."""

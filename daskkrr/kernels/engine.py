@@ -23,7 +23,7 @@ process, which such a worker cannot spare).
 
 Every product accumulates in float64, whatever the block dtype, so float32 data
 do not lose accuracy across many tiles. ``n_threads=None`` follows the rule of
-:mod:`daskkrr.kernels.threads` (1 inside Dask tasks, every core on the main
+:mod:`daskkrr.kernels.thread_rule` (1 inside Dask tasks, every core on the main
 thread); the base class applies it, and holds BLAS to one thread while an engine
 runs threads of its own.
 
@@ -49,7 +49,7 @@ import numpy as np
 from daskkrr.kernels import reference
 from daskkrr.kernels.base import Kernel
 from daskkrr.kernels.spec import supports
-from daskkrr.kernels.threads import current_engine_threads
+from daskkrr.kernels.thread_rule import current_engine_threads
 from daskkrr.utils.threads import blas_threads
 
 #: Largest kernel tile (rows x centers x itemsize) built at once when ``max_tile_bytes`` is None.
@@ -84,7 +84,7 @@ class KernelEngine(abc.ABC):
     ``Xb``, a row block ``(n_b, d)`` (float32 or float64; the kernel uses the
     common dtype of ``Xb`` and ``Z``); ``Z``, the centers ``(M, d)``;
     ``n_threads``, the engine's threads (None: the rule of
-    :mod:`daskkrr.kernels.threads`; an engine without threads of its own ignores
+    :mod:`daskkrr.kernels.thread_rule`; an engine without threads of its own ignores
     it); ``max_tile_bytes``, the largest kernel tile built at once (None:
     :data:`DEFAULT_TILE_BYTES`).
     """
@@ -109,7 +109,7 @@ class KernelEngine(abc.ABC):
         """The engine's thread count for one call, and the BLAS guard to hold while it runs.
 
         BLAS is single-threaded while the engine runs threads of its own (the rule
-        of :mod:`daskkrr.kernels.threads`: engine threads x BLAS threads <= cores).
+        of :mod:`daskkrr.kernels.thread_rule`: engine threads x BLAS threads <= cores).
         """
         if not self.threaded:
             return 1, _NO_GUARD

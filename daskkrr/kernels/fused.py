@@ -29,7 +29,7 @@ cancellation for the Matern kernels -- are recomputed from exact differences.
 Threads: these functions take ``n_threads`` and split the rows into that many
 contiguous ranges, run concurrently on a shared thread pool (the compiled loops
 release the GIL); the caller decides the number (see
-:mod:`daskkrr.kernels.threads`). No numba threading layer is used, so the engine
+:mod:`daskkrr.kernels.thread_rule`). No numba threading layer is used, so the engine
 is safe to call from any number of threads at once (Dask's threaded scheduler).
 """
 
@@ -333,7 +333,7 @@ class _Prepared:
     def n_centers(self) -> int:
         return self.ZT.shape[1]
 
-    def args(self) -> tuple:
+    def args(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, float, float, int]:
         s = self.spec
         return (self.center, self.ZT, self.zn, s.kind, s.p0, s.p1, s.degree)
 

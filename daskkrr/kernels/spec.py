@@ -32,19 +32,19 @@ class KernelSpec:
 
 def kernel_spec(kernel: Kernel) -> KernelSpec | None:
     """The :class:`KernelSpec` of a built-in kernel, or None (then use the numpy reference)."""
-    t = type(kernel)
-    if t is GaussianKernel:
+    # `type(kernel) is C` (not isinstance: subclasses may change the formula) also narrows the type.
+    if type(kernel) is GaussianKernel:
         return KernelSpec(GAUSSIAN, 0.5 / kernel.sigma**2)
-    if t is LaplacianKernel:
+    if type(kernel) is LaplacianKernel:
         return KernelSpec(LAPLACIAN, 1.0 / kernel.sigma)
-    if t is MaternKernel:
+    if type(kernel) is MaternKernel:
         kind, c = {0.5: (MATERN05, 1.0), 1.5: (MATERN15, math.sqrt(3.0)), 2.5: (MATERN25, math.sqrt(5.0))}[
             kernel.nu
         ]
         return KernelSpec(kind, c / kernel.sigma)
-    if t is PolynomialKernel:
+    if type(kernel) is PolynomialKernel:
         return KernelSpec(POLYNOMIAL, float(kernel.gamma), float(kernel.coef0), int(kernel.degree))
-    if t is LinearKernel:
+    if type(kernel) is LinearKernel:
         return KernelSpec(LINEAR)
     return None
 

@@ -3,7 +3,8 @@
 from daskkrr.models.base import NystromModelBase
 from daskkrr.models.classifier import FalkonClassifier
 from daskkrr.models.kernel_model import KernelModelBase
-from daskkrr.models.persistence import load_model, save_model
+from daskkrr.models.loading import load_model
+from daskkrr.models.persistence import save_model
 from daskkrr.models.registry import ESTIMATORS, estimator_class
 from daskkrr.models.regressors import (
     ExactKernelRidge,

@@ -54,6 +54,11 @@ class NystromModelBase(KernelModelBase):
     def _feature_dtype(self) -> str:
         return self.dtype
 
+    @property
+    def n_centers_(self) -> int:
+        """Centers of the fitted model: ``n_centers``, or fewer on data with fewer rows."""
+        return int(self.centers_.shape[0])
+
     def _sketch_rows(self, n: int, n_centers: int) -> int:
         """Rows of the preconditioner's sketch (0: FALKON's own, from the centers)."""
         rows = getattr(self, "preconditioner_rows", None)
@@ -72,6 +77,13 @@ class NystromModelBase(KernelModelBase):
         self, X: Any, y: Any, checkpoint: Any = None, checkpoint_every: int = 5, resume: bool = False
     ) -> NystromModelBase:
         self._validate_params()
+        X, y = self._check_fit_input(X, y)
+        return self._run_nystrom(X, y, checkpoint=checkpoint, checkpoint_every=checkpoint_every, resume=resume)
+
+    def _run_nystrom(
+        self, X: Any, y: Any, checkpoint: Any = None, checkpoint_every: int = 5, resume: bool = False
+    ) -> NystromModelBase:
+        """The pipeline on checked input (see :meth:`_check_fit_input`); the fitted state onto ``self``."""
         ctx = run_fit(self, X, y, self._fit_stages(), checkpoint=checkpoint, checkpoint_every=checkpoint_every,
                       resume=resume, iterative=self._solver == "falkon")
         for name, value in ctx.fitted.items():

@@ -7,6 +7,8 @@ from typing import Any, ClassVar
 import dask.array as da
 import numpy as np
 from sklearn.base import ClassifierMixin
+from sklearn.utils.multiclass import check_classification_targets
+from sklearn.utils.validation import column_or_1d
 
 from daskkrr.data.inputs import is_in_memory
 from daskkrr.models.base import NystromModelBase
@@ -49,6 +51,7 @@ class FalkonClassifier(ClassifierMixin, NystromModelBase):
     # Same parameters as FalkonRegressor (scikit-learn reads them from __init__'s signature).
     __init__ = FalkonRegressor.__init__
     _parameter_constraints: ClassVar[dict[str, Any]] = FalkonRegressor._parameter_constraints
+    classes_: np.ndarray  # fitted: the sorted class labels (set by _encode_targets and fit)
 
     def fit(
         self,
@@ -58,34 +61,48 @@ class FalkonClassifier(ClassifierMixin, NystromModelBase):
         checkpoint: Any = None,
         checkpoint_every: int = 5,
         resume: bool = False,
-    ) -> "FalkonClassifier":
+    ) -> FalkonClassifier:
         """Fit on anything :func:`daskkrr.open_dataset` takes; y holds class labels.
 
         Labels may be any sortable values (strings too) when ``y`` is in memory;
         labels in a dask array or Zarr store must be numeric. ``checkpoint``,
         ``checkpoint_every`` and ``resume`` are as for :meth:`FalkonRegressor.fit`.
         """
+        self._validate_params()
+        X, y = self._check_fit_input(X, y)
         labels = None
-        if y is not None and is_in_memory(y):
-            y_arr = np.asarray(y)
-            if y_arr.dtype.kind not in "biuf":
-                # Text labels become integer codes; classes_ maps them back.
-                labels, y = np.unique(y_arr.reshape(-1), return_inverse=True)
-        self._fit_nystrom(X, y, checkpoint=checkpoint, checkpoint_every=checkpoint_every, resume=resume)
+        if y is not None and is_in_memory(y) and np.asarray(y).dtype.kind not in "biuf":
+            # Text labels become integer codes; classes_ maps them back.
+            labels, y = np.unique(np.asarray(y).reshape(-1), return_inverse=True)
+        self._run_nystrom(X, y, checkpoint=checkpoint, checkpoint_every=checkpoint_every, resume=resume)
         if labels is not None:
             self.classes_ = labels[self.classes_.astype(np.int64)]
         return self
+
+    #: Class labels are kept as they are (strings too), not made numeric.
+    _target_dtype = None
+
+    def _check_fit_input(self, X: Any, y: Any) -> tuple[Any, Any]:
+        """As for regressors, then an in-memory ``y`` of shape (n, 1) is raveled with
+        scikit-learn's ``DataConversionWarning``; its label type is checked with the classes."""
+        X, y = super()._check_fit_input(X, y)
+        if is_in_memory(X) and is_in_memory(y):
+            y = column_or_1d(y, warn=True)
+        return X, y
 
     def _encode_targets(self, y: da.Array) -> da.Array:
         if y.ndim != 1 and not (y.ndim == 2 and y.shape[1] == 1):
             raise ValueError(f"y must hold one label per row; got shape {y.shape}")
         y = y.reshape(-1) if y.ndim == 2 else y
         classes = np.unique(np.asarray(da.unique(y).compute()))
+        # scikit-learn's type_of_target on the distinct labels: a continuous target (e.g. a
+        # regression target) is refused with its message, not fitted as thousands of classes.
+        check_classification_targets(classes)
         if len(classes) < 2:
-            raise ValueError(f"y has a single class ({classes.tolist()}); a classifier needs at least two")
+            raise ValueError(f"y has only one class ({classes.tolist()}); a classifier needs at least two")
         self.classes_ = classes
         t = 1 if len(classes) == 2 else len(classes)
-        return y.map_blocks(_one_vs_all, classes, dtype=np.float64, chunks=(y.chunks[0], (t,)), new_axis=1)
+        return da.map_blocks(_one_vs_all, y, classes, dtype=np.float64, chunks=(y.chunks[0], (t,)), new_axis=1)
 
     def decision_function(self, X: Any) -> Any:
         """Decision values: shape (n,) for two classes (positive means ``classes_[1]``), else (n, n_classes)."""

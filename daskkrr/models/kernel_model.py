@@ -20,12 +20,14 @@ from typing import Any, ClassVar
 import dask.array as da
 import numpy as np
 from sklearn.base import BaseEstimator
+from sklearn.utils import Tags
 from sklearn.utils._param_validation import (
     Interval,
     InvalidParameterError,
     Options,
     make_constraint,
 )
+from sklearn.utils.validation import check_is_fitted, validate_data
 
 from daskkrr.data.inputs import is_in_memory, load_features
 from daskkrr.kernels import Kernel, make_kernel
@@ -95,7 +97,6 @@ class KernelModelBase(BaseEstimator):
         "kernel_params": [dict, None],
         "standardize": ["boolean"],
         "chunks": [positive(Integral), None],
-        "client": "no_validation",  # the execution layer checks it where the fit runs
         "verbose": ["boolean"],
     }
     #: Return 1-D coefficients/predictions for a 1-D target (regressors).
@@ -150,6 +151,35 @@ class KernelModelBase(BaseEstimator):
         """Precision of the kernel blocks; estimators with a ``dtype`` parameter override it."""
         return "float64"
 
+    # ------------------------------------------------------------ input checks
+    def __sklearn_tags__(self) -> Tags:
+        tags = super().__sklearn_tags__()
+        tags.non_deterministic = False  # a fixed random_state gives the same model
+        tags.input_tags.sparse = False
+        tags.input_tags.allow_nan = False
+        tags.target_tags.required = True
+        return tags
+
+    #: dtype scikit-learn's ``check_array`` gives an in-memory target ("numeric": float for
+    #: object arrays of numbers; None keeps class labels as they are).
+    _target_dtype: ClassVar[str | None] = "numeric"
+
+    def _check_fit_input(self, X: Any, y: Any) -> tuple[Any, Any]:
+        """In-memory ``X`` and ``y`` through scikit-learn's ``validate_data``; others as they are.
+
+        numpy arrays, lists and pandas objects get scikit-learn's checks and messages
+        (sparse, empty, complex, object dtypes, ``y=None``) and set ``n_features_in_``.
+        NaN and inf are left to the statistics pass, whose message names the rows.
+        Dask arrays, xarray and Zarr inputs are checked lazily by the fit's passes.
+        """
+        if not is_in_memory(X):
+            return X, y
+        x_checks = dict(accept_sparse=False, dtype="numeric", ensure_all_finite=False)
+        if y is not None and not is_in_memory(y):  # a lazy target: checked by the passes
+            return validate_data(self, X, **x_checks), y
+        y_checks = dict(ensure_2d=False, dtype=self._target_dtype, ensure_all_finite=False)
+        return validate_data(self, X, y, validate_separately=(x_checks, y_checks))
+
     # --------------------------------------------------------------- targets
     def _encode_targets(self, y: da.Array) -> da.Array:
         """Regression: targets as float64 of shape (n, t)."""
@@ -158,21 +188,17 @@ class KernelModelBase(BaseEstimator):
 
     # --------------------------------------------------------------- predict
     def _check_fitted(self) -> None:
-        if not hasattr(self, "coef_"):
-            raise RuntimeError(f"this {type(self).__name__} is not fitted yet; call fit(X, y) first")
+        """``NotFittedError`` (scikit-learn's) unless the model is fitted."""
+        check_is_fitted(self, "coef_")
 
     def _raw_decision(self, X: Any) -> Any:
-        """``k(scale(X), Z) coef + intercept``: numpy in, numpy out; anything else, a lazy dask array."""
+        """``k(scale(X), Z) coef + intercept``: in-memory in, numpy out; anything else, a lazy dask array."""
         self._check_fitted()
         coef2 = self.coef_.reshape(self.coef_.shape[0], -1)
         dtype = self._feature_dtype()
         if is_in_memory(X):
-            Xn = np.asarray(X)
-            if Xn.ndim == 1:
-                Xn = Xn[None, :] if Xn.shape[0] == self.n_features_in_ else Xn[:, None]
-            self._check_n_features(Xn.shape)
-            if not np.issubdtype(Xn.dtype, np.number):
-                raise TypeError(f"X must be numeric; got dtype {Xn.dtype}")
+            # scikit-learn's checks (2-D, numeric, not sparse, n_features_in_); the rows named for NaN.
+            Xn = validate_data(self, X, reset=False, accept_sparse=False, dtype="numeric", ensure_all_finite=False)
             _check_finite_rows(Xn, 0)
             Xs = self.scaler_.transform(Xn) if self.scaler_ is not None else Xn
             out = engine_for(self.kernel_).matvec(self.kernel_, np.asarray(Xs, dtype=dtype), self.centers_, coef2)

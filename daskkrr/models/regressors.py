@@ -8,6 +8,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 from sklearn.base import RegressorMixin
+from sklearn.utils import Tags
 from sklearn.utils._param_validation import StrOptions
 
 from daskkrr.data.inputs import is_in_memory, load_training_data
@@ -51,9 +52,6 @@ PARAM_DOCS = {
     numpy input gets blocks of about 64 MiB).""",
     "random_state": """random_state : int, numpy Generator or None, default=None
     Seed for center selection. The fit does not depend on the number of workers.""",
-    "client": """client : distributed.Client or None, default=None
-    Where to run. None uses the current distributed client if there is one,
-    otherwise Dask's threaded scheduler.""",
     "verbose": """verbose : bool, default=False
     Show a progress bar (passes, blocks, CG residuals) and log progress at INFO.""",
     "strategy": """strategy : {"auto", "recompute", "cache", "gram"}, default="auto"
@@ -96,18 +94,20 @@ def params_doc(*names: str) -> str:
 
 #: FalkonRegressor's (and FalkonClassifier's) parameters, in ``__init__`` order.
 FALKON_PARAMS = ("kernel", "sigma", "penalty", "n_centers", "sampler", "max_iter", "tol", "kernel_params",
-                 "dtype", "standardize", "chunks", "random_state", "client", "verbose", "strategy",
+                 "dtype", "standardize", "chunks", "random_state", "verbose", "strategy",
                  "fit_intercept", "preconditioner_rows")
 NYSTROM_PARAMS = ("kernel", "sigma", "penalty", "n_centers", "sampler", "kernel_params", "dtype", "standardize",
-                  "chunks", "random_state", "client", "verbose", "direct_strategy", "fit_intercept")
-EXACT_PARAMS = ("kernel", "sigma", "penalty", "kernel_params", "standardize", "chunks", "max_samples", "client",
-                "verbose")
+                  "chunks", "random_state", "verbose", "direct_strategy", "fit_intercept")
+EXACT_PARAMS = ("kernel", "sigma", "penalty", "kernel_params", "standardize", "chunks", "max_samples", "verbose")
 
 _FITTED_DOC = """
     Attributes
     ----------
     centers_ : ndarray of shape (M, n_features)
         Centers, in standardised feature space.
+    n_centers_ : int
+        M, the number of centers: ``n_centers``, clamped (with a warning) to
+        the number of training rows when it is larger.
     center_indices_ : ndarray of shape (M,)
         Rows of the training data the centers came from.
     center_weights_ : ndarray of shape (M,)
@@ -141,6 +141,11 @@ _FITTED_DOC = """
 
 
 class _RegressorMixin(RegressorMixin):
+    def __sklearn_tags__(self) -> Tags:
+        tags = super().__sklearn_tags__()
+        tags.target_tags.multi_output = True  # a 2-D y fits one model per column, in one solve
+        return tags
+
     def predict(self, X: Any) -> Any:
         """Predict: numpy in, numpy out; a dask array, xarray or Zarr store in, a lazy dask array out."""
         out = self._raw_decision(X)
@@ -159,7 +164,7 @@ class _RegressorMixin(RegressorMixin):
         Y = yd.astype(np.float64)
         ss_res = ((Y - pred) ** 2).sum(axis=0)
         ss_tot = ((Y - Y.mean(axis=0)) ** 2).sum(axis=0)
-        res, tot = Executor(self.client).compute(ss_res, ss_tot)
+        res, tot = Executor().compute(ss_res, ss_tot)
         r2 = 1 - np.asarray(res) / np.where(np.asarray(tot) > 0, tot, 1.0)
         return float(np.mean(r2))
 
@@ -205,7 +210,6 @@ class FalkonRegressor(_RegressorMixin, NystromModelBase):
         standardize: bool = True,
         chunks: int | None = None,
         random_state: Any = None,
-        client: Any = None,
         verbose: bool = False,
         strategy: str = "auto",
         fit_intercept: bool = True,
@@ -223,7 +227,6 @@ class FalkonRegressor(_RegressorMixin, NystromModelBase):
         self.standardize = standardize
         self.chunks = chunks
         self.random_state = random_state
-        self.client = client
         self.verbose = verbose
         self.strategy = strategy
         self.fit_intercept = fit_intercept
@@ -237,7 +240,7 @@ class FalkonRegressor(_RegressorMixin, NystromModelBase):
         checkpoint: Any = None,
         checkpoint_every: int = 5,
         resume: bool = False,
-    ) -> "FalkonRegressor":
+    ) -> FalkonRegressor:
         """Fit on anything :func:`daskkrr.open_dataset` takes (arrays, dask, xarray, Zarr).
 
         Parameters
@@ -283,7 +286,6 @@ class NystromRegressor(_RegressorMixin, NystromModelBase):
         standardize: bool = True,
         chunks: int | None = None,
         random_state: Any = None,
-        client: Any = None,
         verbose: bool = False,
         strategy: str = "auto",
         fit_intercept: bool = True,
@@ -298,12 +300,11 @@ class NystromRegressor(_RegressorMixin, NystromModelBase):
         self.standardize = standardize
         self.chunks = chunks
         self.random_state = random_state
-        self.client = client
         self.verbose = verbose
         self.strategy = strategy
         self.fit_intercept = fit_intercept
 
-    def fit(self, X: Any, y: Any = None) -> "NystromRegressor":
+    def fit(self, X: Any, y: Any = None) -> NystromRegressor:
         """Fit on anything :func:`daskkrr.open_dataset` takes."""
         return self._fit_nystrom(X, y)
 
@@ -336,7 +337,6 @@ class ExactKernelRidge(_RegressorMixin, KernelModelBase):
         standardize: bool = True,
         chunks: int | None = None,
         max_samples: int = 20000,
-        client: Any = None,
         verbose: bool = False,
     ):
         self.kernel = kernel
@@ -346,12 +346,12 @@ class ExactKernelRidge(_RegressorMixin, KernelModelBase):
         self.standardize = standardize
         self.chunks = chunks
         self.max_samples = max_samples
-        self.client = client
         self.verbose = verbose
 
     def fit(self, X: Any, y: Any = None) -> ExactKernelRidge:
         """Fit on anything :func:`daskkrr.open_dataset` takes (gathered to the client)."""
         self._validate_params()
+        X, y = self._check_fit_input(X, y)
         ctx = run_fit(self, X, y, exact_stages())
         for name, value in ctx.fitted.items():
             setattr(self, name, value)

@@ -19,7 +19,7 @@ from typing import Any
 from sklearn.utils._param_validation import Interval, Options, StrOptions
 
 #: Parameters set by the program running the fit, never by a config file or flag.
-RUNTIME_PARAMS = frozenset({"client", "verbose"})
+RUNTIME_PARAMS = frozenset({"verbose"})
 
 
 @dataclass(frozen=True)
@@ -155,7 +155,8 @@ def _merge(constraints: list[Any]) -> tuple[tuple[type, ...], tuple[str, ...] | 
         options.update(opts or ())
     if int in types and float in types:
         types.discard(int)  # float takes ints
-    return tuple(t for t in _ORDER if t in types), (None if free_str or not options else tuple(sorted(options))), nullable
+    choices = None if free_str or not options else tuple(sorted(options))
+    return tuple(t for t in _ORDER if t in types), choices, nullable
 
 
 def parameter_docs(cls: type) -> dict[str, str]:
@@ -195,7 +196,7 @@ def _plain_text(text: str) -> str:
     return text.replace("``", "")
 
 
-def param_specs(cls: type) -> list[ParamSpec]:
+def param_specs(cls: type[Any]) -> list[ParamSpec]:
     """Every ``__init__`` parameter of ``cls``, in order, as a :class:`ParamSpec`."""
     constraints = getattr(cls, "_parameter_constraints", {})
     docs = parameter_docs(cls)

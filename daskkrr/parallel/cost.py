@@ -174,7 +174,8 @@ def estimate(problem: Problem, budget: Budget, rates: Rates = DEFAULT_RATES) -> 
             cache_bytes,
             cache_bytes <= CACHE_MEMORY_FRACTION * budget.memory_bytes,
             f"kernel blocks need {cache_bytes / 2**20:.0f} MiB; "
-            f"{CACHE_MEMORY_FRACTION:.0%} of the workers' memory is {CACHE_MEMORY_FRACTION * budget.memory_bytes / 2**20:.0f} MiB",
+            f"{CACHE_MEMORY_FRACTION:.0%} of the workers' memory is "
+            f"{CACHE_MEMORY_FRACTION * budget.memory_bytes / 2**20:.0f} MiB",
         ),
         "gram": StrategyCost(
             "gram",
@@ -188,7 +189,9 @@ def estimate(problem: Problem, budget: Budget, rates: Rates = DEFAULT_RATES) -> 
     return costs
 
 
-def choose_strategy(problem: Problem, budget: Budget, rates: Rates = DEFAULT_RATES) -> tuple[str, dict[str, StrategyCost]]:
+def choose_strategy(
+    problem: Problem, budget: Budget, rates: Rates = DEFAULT_RATES
+) -> tuple[str, dict[str, StrategyCost]]:
     """The cheapest feasible strategy and all estimates.
 
     ``cache`` must be :data:`CACHE_MARGIN` times cheaper than the others to win: it

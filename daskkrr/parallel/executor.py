@@ -38,10 +38,10 @@ from dask.base import tokenize
 from dask.delayed import Delayed, delayed
 
 from daskkrr.events import NULL_BUS, EventBus, PassDone, PassStarted, block_task_prefix
-from daskkrr.kernels.threads import engine_threads
-from daskkrr.utils.threads import available_cores, blas_threads
+from daskkrr.kernels.thread_rule import engine_threads
 from daskkrr.parallel.backends import Backend, backend_for
 from daskkrr.parallel.resources import Resources
+from daskkrr.utils.threads import available_cores, blas_threads
 
 #: Fan-in of the reduction trees.
 SPLIT_EVERY = 8
@@ -221,11 +221,10 @@ class BlockPasses:
 
     def _map_tasks(self, fn: Callable[..., Any], name: str, args: tuple, with_y: bool,
                    blocks: Sequence[int] | None = None) -> list[Delayed]:
-        if with_y and self.y_blocks is None:
-            raise ValueError(f"pass {name!r} needs Y, but these passes were made without it")
         ids = range(self.n_blocks) if blocks is None else blocks
         if with_y:
-            assert self.y_blocks is not None
+            if self.y_blocks is None:
+                raise ValueError(f"pass {name!r} needs Y, but these passes were made without it")
             return [self._task(fn, name, self.x_blocks[b], self.y_blocks[b], *args) for b in ids]
         return [self._task(fn, name, self.x_blocks[b], *args) for b in ids]
 
@@ -238,7 +237,7 @@ class BlockPasses:
         self.executor.events.emit(PassDone(name, n_blocks))
 
     # ------------------------------------------------------------ the patterns
-    def map_reduce(self, fn: Callable[..., np.ndarray], *args: Any, name: str, with_y: bool = False,
+    def map_reduce(self, fn: Callable[..., np.ndarray | float], *args: Any, name: str, with_y: bool = False,
                    combine: str = "sum") -> np.ndarray:
         """``combine_b fn(X_b, [Y_b,] *args)`` (sum or elementwise max) as a numpy array here."""
         with self._pass(name, self.n_blocks):
@@ -342,18 +341,18 @@ class BlockPasses:
     def reduce_kept(self, handles: Sequence[Any], fn: Callable[..., np.ndarray], *args: Any, name: str,
                     with_y: bool = False) -> np.ndarray:
         """``sum_b fn(handle_b, [Y_b,] *args)`` over the results of :meth:`keep` (not a pass over X)."""
-        if with_y and self.y_blocks is None:
+        y_blocks = self.y_blocks if with_y else None  # not None exactly when with_y, after this check
+        if with_y and y_blocks is None:
             raise ValueError(f"pass {name!r} needs Y, but these passes were made without it")
         with self._pass(name, len(handles), over_data=False):
             if self.backend.is_distributed:
-                ys = self.y_blocks if with_y else [None] * len(handles)
+                ys: Sequence[Any] = [None] * len(handles) if y_blocks is None else y_blocks
                 parts = [self._task(fn, name, h, *((y,) if with_y else ()), *args) for h, y in zip(handles, ys)]
                 return self.backend.compute([tree_reduce(parts)])[0]
             # Local: the kept blocks are arrays in this process; a thread pool beats a graph.
             work: list[tuple] = [(h,) for h in handles]
-            if with_y:
-                assert self.y_blocks is not None
-                ys_local = self.backend.compute(self.y_blocks)
+            if y_blocks is not None:
+                ys_local = self.backend.compute(y_blocks)
                 work = [(h, y) for h, y in zip(handles, ys_local)]
             local = [np.asarray(a) if isinstance(a, np.ndarray) else a for a in args]
             with blas_threads(1), ThreadPoolExecutor(max_workers=available_cores()) as pool:

@@ -1,6 +1,6 @@
 """What the cluster offers: task slots, cores and memory, and each block task's thread budget.
 
-The thread rule (see :mod:`daskkrr.kernels.threads`) is *Dask threads x engine
+The thread rule (see :mod:`daskkrr.kernels.thread_rule`) is *Dask threads x engine
 threads x BLAS threads <= cores* on every host. Dask's slots normally cover the
 cores (one single-threaded worker per core, or the threaded scheduler's one
 thread per core), so block tasks run the engine on one thread. When a host has

@@ -26,19 +26,19 @@ import numpy as np
 
 from daskkrr.kernels.base import Kernel
 from daskkrr.kernels.engine import engine_for
-from daskkrr.parallel.executor import BlockPasses, Executor
 from daskkrr.parallel.cost import (
+    SKETCH_CONVERGENCE_FACTOR,
     STRATEGY_CHOICES,
+    TYPICAL_CONVERGENCE_FACTOR,
     Budget,
     Problem,
     StrategyCost,
     choose_strategy,
     estimate,
-    SKETCH_CONVERGENCE_FACTOR,
-    TYPICAL_CONVERGENCE_FACTOR,
     expected_iterations,
     should_persist,
 )
+from daskkrr.parallel.executor import BlockPasses, Executor
 from daskkrr.parallel.resources import Resources
 
 logger = logging.getLogger("daskkrr")

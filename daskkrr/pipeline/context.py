@@ -53,6 +53,8 @@ class FitContext:
     encode_targets: Callable[[Any], Any] | None = None
 
     # statistics
+    #: Centers to choose: the estimator's ``n_centers``, at most the number of rows.
+    n_centers: int | None = None
     X: Any = None
     Y: Any = None
     one_d: bool = False

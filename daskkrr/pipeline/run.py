@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from daskkrr import events as ev
@@ -38,10 +38,10 @@ def run_fit(
 ) -> FitContext:
     """Run ``stages`` on ``(X, y)`` for ``estimator`` and return the finished context.
 
-    The fit runs where Dask's current context says (the estimator's ``client``
-    first). Every stage and pass is reported on one :class:`~daskkrr.events.EventBus`
-    whose subscribers are, in order: the progress tracker (bar, log records,
-    dashboard), the checkpoint (critical: a checkpoint that cannot be written
+    The fit runs where Dask's current context says (see
+    :func:`daskkrr.parallel.backend_for`). Every stage and pass is reported on one
+    :class:`~daskkrr.events.EventBus` whose subscribers are, in order: the progress
+    tracker (bar, log records, dashboard), the checkpoint (critical: a checkpoint that cannot be written
     stops the fit) and the subscribers of :func:`daskkrr.events.subscribe`.
     Whatever a stage holds on the workers is released, however the fit ends.
 
@@ -51,13 +51,13 @@ def run_fit(
     # Checks its arguments and refuses an existing checkpoint without resume, before any work.
     store = FitCheckpoint(checkpoint, every=checkpoint_every, resume=resume)
     bus = ev.EventBus()
-    executor = Executor(getattr(estimator, "client", None), events=bus)
+    executor = Executor(events=bus)
     started = ev.FitStarted(
         estimator=type(estimator).__name__,
         sampler=sampler_name(getattr(estimator, "sampler", "")),
         max_iter=getattr(estimator, "max_iter", None) if iterative else None,
     )
-    install = None
+    install: Callable[[Any], str | None] | None = None
     if executor.client is not None:
         from daskkrr.dashboard import install
     with fit_progress(started, client=executor.client, verbose=bool(getattr(estimator, "verbose", False)),

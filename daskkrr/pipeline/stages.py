@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -59,13 +60,18 @@ def statistics(ctx: FitContext) -> None:
     n, d = (int(s) for s in Xd.shape)
     n_centers = getattr(p, "n_centers", None)
     if n_centers is not None and n_centers > n:
-        raise ValueError(
-            f"n_centers={n_centers} is larger than the number of training rows ({n}); use n_centers <= {n}"
+        # As scikit-learn's Nystroem: the defaults still fit tiny data, with at most one center per row.
+        warnings.warn(
+            f"n_centers={n_centers} is larger than the number of training rows ({n}); using n_centers={n}",
+            UserWarning, stacklevel=2,
         )
+        n_centers = n
+    ctx.n_centers = n_centers
     ctx.events.emit(ev.DataOpened(n, Xd.numblocks[0], d))
     scaler = Standardizer(with_mean=p.standardize, with_std=p.standardize)
     ctx.events.emit(ev.PassStarted("statistics", Xd.numblocks[0]))
-    assert ctx.encode_targets is not None
+    if ctx.encode_targets is None:
+        raise RuntimeError("the fit context has no target encoder; the estimator must set encode_targets")
     Y = ctx.encode_targets(yd)
     scaler.fit(Xd, Y)  # one pass: statistics and finiteness of X and Y
     ctx.events.emit(ev.PassDone("statistics", Xd.numblocks[0]))
@@ -99,7 +105,7 @@ def choose_centers(ctx: FitContext) -> None:
         t0 = time.perf_counter()
         sampler = make_sampler(p.sampler)
         dictionary = sampler.select(
-            ctx.X, ctx.kernel, n_centers=p.n_centers, penalty=float(p.penalty),
+            ctx.X, ctx.kernel, n_centers=ctx.n_centers, penalty=float(p.penalty),
             random_state=seed_of(p.random_state), executor=ctx.executor,
         )
         logger.info("selected %d centers with %s in %.2fs", dictionary.size, type(sampler).__name__,
@@ -115,7 +121,8 @@ def falkon_preconditioner(ctx: FitContext, *, sketch: bool = True) -> None:
     optionally with ``A`` from a sketch of sampled rows (:mod:`daskkrr.solvers.sketch`)."""
     p = ctx.params
     Z = ctx.centers
-    assert Z is not None
+    if Z is None:
+        raise RuntimeError("the centers are not chosen yet; run choose_centers first")
     n = ctx.n
     rows = p._sketch_rows(n, Z.shape[0]) if sketch else 0
     row_sketch = None
@@ -141,14 +148,15 @@ def kernel_operator(ctx: FitContext, *, strategy: str | None = None, preconditio
     """
     p = ctx.params
     Z = ctx.centers
-    assert Z is not None
+    if Z is None:
+        raise RuntimeError("the centers are not chosen yet; run choose_centers first")
     Y = ctx.Y
     if getattr(p, "fit_intercept", False):
         ones = da.ones((ctx.n, 1), chunks=(Y.chunks[0], (1,)))
         # "tasks": a column merge needs no shuffle (and Dask's choice would import distributed).
         Y = da.concatenate([Y, ones], axis=1).rechunk({1: -1}, method="tasks")
     ctx.plan = plan_strategy(
-        strategy or getattr(p, "strategy", "auto"), ctx.X, n_centers=Z.shape[0], n_targets=Y.shape[1],
+        strategy if strategy else getattr(p, "strategy", "auto"), ctx.X, n_centers=Z.shape[0], n_targets=Y.shape[1],
         iterations=int(getattr(p, "max_iter", 1)), tol=float(getattr(p, "tol", 1e-7)),
         executor=ctx.executor, in_memory=ctx.in_memory, sketched=ctx.sketch_rows > 0,
     )

@@ -180,8 +180,8 @@ class FitTracker:
             s.n_centers = int(dictionary.size)
             info = getattr(dictionary, "info", None) or {}
             history = info.get("history") or []
-            points = [
-                [int(h["rows_seen"]), int(h.get("dictionary_size", h.get("unique", 0)))]
+            points: list[list[float]] = [
+                [int(h["rows_seen"]), int(h["dictionary_size"] if "dictionary_size" in h else h.get("unique", 0))]
                 for h in history
                 if isinstance(h, dict) and "rows_seen" in h
             ]

@@ -153,7 +153,9 @@ class BlessSampler(CenterSampler):
         row_bytes = dim * X.dtype.itemsize
         in_memory = [b * n * row_bytes * 1.2 + 8 * row_bytes <= self.max_candidate_bytes for b in betas]
         n_mem = int(np.argmin(in_memory)) if not all(in_memory) else len(betas)
-        cand_rows = cand_points = None
+        # The in-memory levels' candidates (none drawn when n_mem == 0, and then unused).
+        cand_rows = np.empty(0, dtype=np.int64)
+        cand_points = np.empty((0, dim), dtype=X.dtype)
         n_passes = 0  # passes over X for the levels (kappa^2 of a non-stationary kernel not counted)
         if n_mem:
             parts = passes.map(candidates_block, seed, betas[n_mem - 1], name="blesscandidates",

@@ -252,7 +252,7 @@ class ExactRLSSampler(CenterSampler):
         n_centers = int(n_centers)
         if not 0 < n_centers <= n:
             raise ValueError(f"n_centers must be in [1, n={n}]; got {n_centers}")
-        chosen, inclusion = order_sample(tau, n_centers, rng.random(n))
+        chosen, inclusion = order_sample(tau, n_centers, rng.random(int(n)))
         weights = (n_centers / n) / inclusion
         info.update(mode="order-sampling")
         return CenterDictionary(

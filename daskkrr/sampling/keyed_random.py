@@ -9,6 +9,8 @@ scheduler or the order in which independent tasks run.
 
 from __future__ import annotations
 
+from typing import cast
+
 import numpy as np
 
 #: Stream tags, one per kind of random decision.
@@ -23,7 +25,8 @@ STREAM_PILOT = 6
 def resolve_seed(random_state: int | np.integer | None) -> int:
     """Return a non-negative integer seed; ``None`` draws fresh entropy (recorded by callers)."""
     if random_state is None:
-        return int(np.random.SeedSequence().entropy % (2**63))
+        # cast: numpy types entropy broadly; a SeedSequence made without entropy draws an int
+        return int(cast(int, np.random.SeedSequence().entropy) % (2**63))
     if isinstance(random_state, (bool, np.bool_)) or not isinstance(random_state, (int, np.integer)):
         raise TypeError(
             f"random_state must be an int or None; got {type(random_state).__name__}. "

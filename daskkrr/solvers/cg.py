@@ -116,7 +116,7 @@ class CGState:
         return out
 
     @classmethod
-    def from_arrays(cls, arrays: dict[str, np.ndarray]) -> "CGState":
+    def from_arrays(cls, arrays: dict[str, np.ndarray]) -> CGState:
         """Inverse of :meth:`to_arrays`; raises ValueError when an entry is missing or misshapen."""
         missing = [k for k in cls._ARRAYS + cls._SCALARS if k not in arrays]
         if missing:

@@ -57,7 +57,7 @@ class FalkonPreconditioner:
         weights: np.ndarray | None = None,
         sketch: Iterable[np.ndarray] | None = None,
         center_sketch: bool = False,
-    ) -> "FalkonPreconditioner":
+    ) -> FalkonPreconditioner:
         """Factor the preconditioner from ``K_MM`` (and optionally a row sketch of ``K_nM``).
 
         Parameters
@@ -89,7 +89,7 @@ class FalkonPreconditioner:
             raise ValueError(f"penalty must be > 0; got {penalty!r}")
         d = np.ones(M) if weights is None else np.sqrt(np.asarray(weights, dtype=np.float64))
         if d.shape != (M,):
-            raise ValueError(f"weights must have shape ({M},); got {np.shape(weights)}")
+            raise ValueError(f"weights must have shape ({M},); got {d.shape}")
         S = Kmm if weights is None else d[:, None] * Kmm * d[None, :]
         del Kmm  # the caller may have handed over its only reference: M x M matrices are large
         T, jitter = cholesky_jitter(S, what="center kernel matrix K_MM")

@@ -66,7 +66,7 @@ def generated_store(settings: dict[str, Any], cache_dir: str | os.PathLike) -> P
         write_classification_zarr(store, n, d, n_classes=int(settings["classes"]), chunk_rows=chunk_rows,
                                   random_state=seed)
     else:
-        kwargs = {"noise": float(settings["noise"])} if "noise" in settings else {}
+        kwargs: dict[str, Any] = {"noise": float(settings["noise"])} if "noise" in settings else {}
         write_regression_zarr(store, n, d, chunk_rows=chunk_rows, random_state=seed, **kwargs)
     return store
 

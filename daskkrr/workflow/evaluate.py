@@ -27,7 +27,7 @@ def _take(block: np.ndarray, seed: int, fraction: float, test: bool, block_info:
 
 def _masked(a: da.Array, counts: list[int], seed: int, fraction: float, test: bool) -> da.Array:
     chunks = (tuple(counts),) + a.chunks[1:]
-    return a.map_blocks(_take, seed, fraction, test, chunks=chunks, dtype=a.dtype)
+    return da.map_blocks(_take, a, seed, fraction, test, chunks=chunks, dtype=a.dtype)
 
 
 def holdout_split(
@@ -92,8 +92,8 @@ def kfold(
             parts = []
             for a, counts, test in ((X, train_counts, False), (y, train_counts, False),
                                     (X, test_counts, True), (y, test_counts, True)):
-                parts.append(a.map_blocks(_take_fold, seed, folds, k, test, dtype=a.dtype,
-                                          chunks=(tuple(counts),) + a.chunks[1:]))
+                parts.append(da.map_blocks(_take_fold, a, seed, folds, k, test, dtype=a.dtype,
+                                           chunks=(tuple(counts),) + a.chunks[1:]))
             out.append(tuple(parts))
         return out
     if split != "tail":

@@ -158,7 +158,7 @@ def run_log(path: Path) -> Iterator[logging.Handler]:
     handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s: %(message)s"))
     lib = logging.getLogger("daskkrr")
     old_level, old_propagate = lib.level, lib.propagate
-    added = [handler]
+    added: list[logging.Handler] = [handler]
     if old_propagate and lib.getEffectiveLevel() > logging.INFO:
         # INFO goes to the file only; what the console showed before (WARNING and up) it still shows.
         lib.propagate = False

@@ -17,7 +17,7 @@ import daskkrr
 from daskkrr.workflow import rundir as rd
 from daskkrr.workflow.data import load_data
 from daskkrr.workflow.evaluate import better, compute_metrics, holdout_split, kfold, summarize_folds
-from daskkrr.workflow.spec import model_variants, read_workflow, resolve
+from daskkrr.workflow.spec import WorkflowError, model_variants, read_workflow, resolve
 
 logger = logging.getLogger("daskkrr.workflow")
 
@@ -54,12 +54,10 @@ class WorkflowRunError(RuntimeError):
 
 def _fit_and_score(
     params: dict[str, Any], X_train: Any, y_train: Any, X_test: Any, y_test: Any, metrics: list[str],
-    client: Any,
 ) -> tuple[Any, dict[str, Any]]:
     from daskkrr.config import build_estimator
 
-    model = build_estimator(params)
-    model.set_params(client=client)
+    model = build_estimator(params)  # fits on the run's client: _client_for made it current
     t0 = time.perf_counter()
     model.fit(X_train, y_train)
     fit_seconds = time.perf_counter() - t0
@@ -82,28 +80,28 @@ def _fit_figures(model: Any) -> dict[str, Any]:
 
 
 def _evaluate_variant(
-    params: dict[str, Any], X: Any, y: Any, ev: dict[str, Any], client: Any
+    params: dict[str, Any], X: Any, y: Any, ev: dict[str, Any]
 ) -> tuple[Any, dict[str, Any], Any]:
     """Fit one variant as the evaluation says; return (model or None, scores, held-out X)."""
     if ev["method"] == "holdout":
         X_tr, y_tr, X_te, y_te = holdout_split(X, y, float(ev["test_fraction"]), ev["split"], int(ev["seed"]))
-        model, scores = _fit_and_score(params, X_tr, y_tr, X_te, y_te, ev["metrics"], client)
+        model, scores = _fit_and_score(params, X_tr, y_tr, X_te, y_te, ev["metrics"])
         scores.update(n_train=int(X_tr.shape[0]), n_test=int(X_te.shape[0]))
         return model, scores, X_te
     if ev["method"] == "cv":
         per_fold = []
         for k, (X_tr, y_tr, X_te, y_te) in enumerate(kfold(X, y, int(ev["folds"]), ev["split"], int(ev["seed"]))):
             logger.info("fold %d/%d", k + 1, ev["folds"])
-            _, s = _fit_and_score(params, X_tr, y_tr, X_te, y_te, ev["metrics"], client)
+            _, s = _fit_and_score(params, X_tr, y_tr, X_te, y_te, ev["metrics"])
             per_fold.append(s)
         scores = summarize_folds([{k: v for k, v in s.items() if isinstance(v, (int, float))} for s in per_fold])
         return None, scores, None
-    model, scores = _fit_and_score(params, X, y, None, None, ev["metrics"], client)
+    model, scores = _fit_and_score(params, X, y, None, None, ev["metrics"])
     scores.update(n_train=int(X.shape[0]))
     return model, scores, None
 
 
-def _execute(config: dict[str, Any], run: rd.RunDirectory, client: Any) -> dict[str, Any]:
+def _execute(config: dict[str, Any], run: rd.RunDirectory) -> dict[str, Any]:
     ev, outputs = config["evaluation"], config["outputs"]
     X, y, store = load_data(config)
     logger.info("data: %s, %d rows x %d features in %d blocks", store, X.shape[0], X.shape[1], X.numblocks[0])
@@ -114,19 +112,20 @@ def _execute(config: dict[str, Any], run: rd.RunDirectory, client: Any) -> dict[
         if len(variants) > 1:
             swept = {k: params[k] for k in config["sweep"]}
             logger.info("variant %d/%d: %s", i + 1, len(variants), swept)
-        model, scores, X_test = _evaluate_variant(params, X, y, ev, client)
+        model, scores, X_test = _evaluate_variant(params, X, y, ev)
         entry = {"params": {k: params[k] for k in config["sweep"]} if config["sweep"] else {}, **scores}
         results.append(entry)
         score = scores.get(primary, float("nan"))
         if best is None or better(primary, score, best[1].get(primary, float("nan"))):
             best = (params, scores, model, X_test)
-    assert best is not None
+    if best is None:
+        raise WorkflowError("the workflow has no model variant to evaluate (is a [sweep] list empty?)")
     params, scores, model, X_test = best
 
     held_out_model = model
     if outputs["model"] and (model is None or (outputs["refit"] and ev["method"] == "holdout")):
         logger.info("refitting the best model on all %d rows", X.shape[0])
-        model, refit_scores = _fit_and_score(params, X, y, None, None, ev["metrics"], client)
+        model, refit_scores = _fit_and_score(params, X, y, None, None, ev["metrics"])
         scores = {**scores, "refit": refit_scores}
     if outputs["predictions"] and X_test is not None:
         from daskkrr.data import write_array_zarr
@@ -134,7 +133,6 @@ def _execute(config: dict[str, Any], run: rd.RunDirectory, client: Any) -> dict[
         pred = held_out_model.predict(X_test)  # the predictions that were scored
         write_array_zarr(pred, run.file("predictions.zarr"), name="y_pred")
     if outputs["model"] and model is not None:
-        model.set_params(client=None)
         model.save(run.file("model"))
 
     return {
@@ -242,7 +240,7 @@ def run_workflow(
                     from daskkrr.dashboard import dashboard_url
 
                     logger.info("Dask dashboard: %s", getattr(c, "dashboard_link", None))
-                    metrics = _execute(config, run, c)
+                    metrics = _execute(config, run)
                     metrics["dashboard"] = dashboard_url(c)
                 metrics["seconds"] = round(time.perf_counter() - t0, 3)
                 rd.write_json(run.file(rd.METRICS_FILE), metrics)

@@ -305,7 +305,9 @@ def _check_preprocess(pre: dict[str, Any], where: str) -> None:
 
 def _check_evaluation(ev: dict[str, Any], estimator: str, where: str) -> None:
     if ev["method"] not in ("holdout", "cv", "none"):
-        raise WorkflowError(f"{where}: [evaluation] method must be \"holdout\", \"cv\" or \"none\"; got {ev['method']!r}")
+        raise WorkflowError(
+            f"{where}: [evaluation] method must be \"holdout\", \"cv\" or \"none\"; got {ev['method']!r}"
+        )
     if not 0 < float(ev["test_fraction"]) < 1:
         raise WorkflowError(f"{where}: [evaluation] test_fraction must be between 0 and 1; got {ev['test_fraction']}")
     if ev["split"] is None:

@@ -118,9 +118,9 @@ def child_daskkrr(args) -> dict:
     X = da.from_zarr(Xz)
     y = da.from_zarr(yz)
 
-    def run(client):
+    def run():  # on Dask's current client, if any
         model = FalkonRegressor(n_centers=args.centers, penalty=PENALTY, dtype="float32", max_iter=args.max_iter,
-                                tol=args.tol, random_state=0, client=client, strategy=args.strategy,
+                                tol=args.tol, random_state=0, strategy=args.strategy,
                                 preconditioner_rows=None if args.child == "daskkrr-falkon-pc" else "auto")
         t = time.perf_counter()
         model.fit(X[:n], y[:n])
@@ -134,9 +134,10 @@ def child_daskkrr(args) -> dict:
         from distributed import Client, LocalCluster
 
         with LocalCluster(**local_cluster_kwargs()) as cluster, Client(cluster) as client:
-            model, fit_s, predict_s, pred = run(client)
+            with client.as_current():
+                model, fit_s, predict_s, pred = run()
     else:
-        model, fit_s, predict_s, pred = run(None)
+        model, fit_s, predict_s, pred = run()
     yt = np.asarray(yz[n:])
     return dict(fit_s=fit_s, predict_s=predict_s, rmse=_rmse(pred, yt), rel_rmse=_rmse(pred, yt) / yt.std(),
                 strategy=model.strategy_, n_iter=model.n_iter_, passes=model.n_data_passes_,

@@ -40,7 +40,6 @@ D = 20
 
 def store_for(data_dir: Path, n: int, chunk_rows: int) -> Path:
     from daskkrr.data.synthetic import write_regression_zarr
-
     from daskkrr.data.writing import DEFAULT_COMPRESSORS
 
     codec = "-".join(type(c).__name__.replace("Codec", "").lower() for c in DEFAULT_COMPRESSORS) or "raw"
@@ -86,7 +85,7 @@ def child(args) -> dict:
             X.sum().compute(**kw)
             read_pass_s = min(read_pass_s, time.perf_counter() - t)
         model = FalkonRegressor(n_centers=args.centers, penalty=1e-6, dtype="float32", max_iter=args.max_iter,
-                                tol=args.tol, random_state=0, client=client, strategy=args.strategy)
+                                tol=args.tol, random_state=0, strategy=args.strategy)
         r0 = _rchar_tree()
         t = time.perf_counter()
         model.fit(path)
@@ -103,8 +102,8 @@ def child(args) -> dict:
     if args.scheduler == "cluster":
         from distributed import Client, LocalCluster
 
-        with LocalCluster(**local_cluster_kwargs()) as cluster, Client(cluster) as client:
-            return run(client)
+        with LocalCluster(**local_cluster_kwargs()) as cluster, Client(cluster) as client, client.as_current():
+            return run(client)  # the fit runs on the current client
     return run(None)
 
 
@@ -152,8 +151,8 @@ def main(argv=None) -> list[dict]:
     info = machine()
     title = (f"FALKON from Zarr, d = {D}, float32, M = {args.centers}, max_iter = {args.max_iter}, tol = {args.tol}, "
              f"{args.scheduler}; {info['cores']} cores ({info['cpu']}), {info['memory_gib']} GiB")
-    print_table(rows, ["n", "fit_s", "strategy", "n_iter", "sketch_rows", "passes", "peak_mb", "max_process_mb", "n_processes",
-                       "read_mb", "store_reads", "read_share", "time_per_row_vs_1e6", "memory_vs_1e6",
+    print_table(rows, ["n", "fit_s", "strategy", "n_iter", "sketch_rows", "passes", "peak_mb", "max_process_mb",
+                       "n_processes", "read_mb", "store_reads", "read_share", "time_per_row_vs_1e6", "memory_vs_1e6",
                        "train_rmse"], title)
     write_results(rows, args.out, "scaling_zarr", {"machine": info, "args": vars(args), "pid": os.getpid()})
     return rows

@@ -1,0 +1,150 @@
+"""Loading saved models: the class comes from a fixed registry, so a model file can never run code."""
+
+from __future__ import annotations
+
+import json
+import os
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import daskkrr
+from daskkrr.models.persistence import (
+    _ARRAYS,
+    _OPTIONAL_ARRAYS,
+    _SCALARS,
+    ARRAYS_FILE,
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    METADATA_FILE,
+    ModelFormatError,
+)
+from daskkrr.models.registry import classes_by_class_name
+
+
+def _estimator_classes() -> dict[str, type]:
+    return classes_by_class_name()
+
+
+def load_model(path: str | os.PathLike) -> Any:
+    """Read a model written by :func:`save_model`. Runs no code from the file.
+
+    Raises
+    ------
+    FileNotFoundError
+        If ``path`` is not a model directory.
+    ModelFormatError
+        If the files are of another format version, hold pickled objects, or are
+        damaged or inconsistent.
+    """
+    path = Path(path)
+    meta_path = path / METADATA_FILE
+    if not meta_path.is_file():
+        raise FileNotFoundError(f"{path} is not a daskkrr model directory (no {METADATA_FILE})")
+    try:
+        meta = json.loads(meta_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ModelFormatError(f"{meta_path} is not valid JSON: {exc}") from exc
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT_NAME:
+        raise ModelFormatError(f"{meta_path} is not a daskkrr model file")
+    version = meta.get("format_version")
+    if version != FORMAT_VERSION:
+        raise ModelFormatError(
+            f"{path} has model format version {version!r}; this daskkrr ({daskkrr.__version__}) reads "
+            f"version {FORMAT_VERSION}. Re-fit the model or load it with the daskkrr version that wrote it "
+            f"({meta.get('library_version', 'unknown')})"
+        )
+    classes = _estimator_classes()
+    name = meta.get("estimator")
+    if not isinstance(name, str) or name not in classes:
+        raise ModelFormatError(f"{path}: unknown estimator {name!r}; expected one of {sorted(classes)}")
+    try:
+        with np.load(path / ARRAYS_FILE, allow_pickle=False) as npz:
+            arrays = {k: npz[k] for k in npz.files}
+    except ValueError as exc:  # object arrays need pickle: refused
+        raise ModelFormatError(
+            f"{path / ARRAYS_FILE} holds pickled objects or is damaged ({exc}); refusing to load it. "
+            "daskkrr never writes pickles: save the model again from a fitted estimator"
+        ) from exc
+    except (OSError, EOFError, zipfile.BadZipFile) as exc:
+        raise ModelFormatError(f"{path / ARRAYS_FILE} cannot be read: {exc}") from exc
+    try:
+        model = _build(classes[name], meta, arrays, path)
+    except ModelFormatError:
+        raise
+    except (TypeError, ValueError, KeyError) as exc:
+        raise ModelFormatError(
+            f"{path} is not a valid daskkrr model ({type(exc).__name__}: {exc}); the file is damaged "
+            "or was edited: save the model again from a fitted estimator"
+        ) from exc
+    return model
+
+
+def _build(cls: type, meta: dict[str, Any], arrays: dict[str, np.ndarray], path: Path) -> Any:
+    """The estimator described by checked metadata and arrays (no code from the file runs)."""
+    from daskkrr.data import Standardizer
+    from daskkrr.kernels import kernel_from_dict
+
+    params = meta.get("params", {})
+    if not isinstance(params, dict):
+        raise ModelFormatError(f"{path / METADATA_FILE}: 'params' must be a JSON object")
+    accepted = set(cls().get_params())
+    # Models saved while ``client`` was a parameter may carry it (null): where a fit runs
+    # is Dask's context now, not the model's.
+    params = {k: v for k, v in params.items() if k != "client"}
+    unknown = sorted(set(params) - accepted)
+    if unknown:
+        raise ModelFormatError(
+            f"{path / METADATA_FILE}: unknown parameter(s) {unknown} for {cls.__name__}; "
+            "the file was written by another daskkrr version or edited"
+        )
+    if "fit_intercept" in accepted and "fit_intercept" not in params:
+        params["fit_intercept"] = False  # written before the parameter existed: no intercept was fitted
+    model = cls(**params)
+    model.kernel_ = kernel_from_dict(meta["kernel"])
+    model.scaler_ = None if meta.get("scaler") is None else Standardizer.from_dict(meta["scaler"])
+    for key in (*_ARRAYS, *_OPTIONAL_ARRAYS):
+        short = key.rstrip("_")
+        value = arrays.get(short)
+        if value is None:
+            if key not in _OPTIONAL_ARRAYS:
+                raise ModelFormatError(f"{path / ARRAYS_FILE} lacks the array {short!r}")
+            value = _OPTIONAL_ARRAYS[key](model)  # the required arrays are set by now
+        elif value.dtype.kind not in "biuf":
+            raise ModelFormatError(f"{path / ARRAYS_FILE}: array {short!r} has dtype {value.dtype}, not numeric")
+        setattr(model, key, value)
+    fitted = meta.get("fitted", {})
+    for key, value in fitted.items():
+        if key in _SCALARS:
+            setattr(model, key, value)
+    _check_shapes(model, path)
+    model.sampler_info_ = meta.get("sampler_info", {})
+    if "classes" in arrays:
+        model.classes_ = arrays["classes"]
+    elif "classes" in meta:
+        model.classes_ = np.asarray(meta["classes"])
+    return model
+
+
+def _check_shapes(model: Any, path: Path) -> None:
+    """Centers, coefficients, scaling and target means must fit together."""
+    d = getattr(model, "n_features_in_", None)
+    if not isinstance(d, int) or d < 1:
+        raise ModelFormatError(f"{path / METADATA_FILE}: 'fitted.n_features_in_' is missing or invalid ({d!r})")
+    Z, coef = model.centers_, model.coef_
+    problems = []
+    if Z.ndim != 2 or Z.shape[1] != d:
+        problems.append(f"centers have shape {Z.shape}, expected (M, {d})")
+    elif coef.ndim not in (1, 2) or coef.shape[0] != Z.shape[0]:
+        problems.append(f"coef has shape {coef.shape}, expected ({Z.shape[0]},) or ({Z.shape[0]}, t)")
+    elif model.y_mean_.shape != (1 if coef.ndim == 1 else coef.shape[1],):
+        problems.append(f"y_mean has shape {model.y_mean_.shape} for coef of shape {coef.shape}")
+    elif model.intercept_.shape != model.y_mean_.shape:
+        problems.append(f"intercept has shape {model.intercept_.shape}, y_mean {model.y_mean_.shape}")
+    if model.scaler_ is not None and model.scaler_.n_features_in_ != d:
+        problems.append(f"the scaler has {model.scaler_.n_features_in_} features, expected {d}")
+    if problems:
+        raise ModelFormatError(f"{path} is inconsistent: {'; '.join(problems)}; save the model again")
+

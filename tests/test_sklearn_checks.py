@@ -1,0 +1,59 @@
+"""scikit-learn's own estimator checks, over every registered estimator.
+
+The estimators are taken from :data:`daskkrr.models.registry.ESTIMATORS`, so one
+registered later is checked without editing this file. They run with small
+settings (few centers and iterations) to keep the checks fast; what is checked
+is the contract (validation, messages, cloning, shapes), not accuracy.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import numpy as np
+import pytest
+from sklearn.utils.estimator_checks import parametrize_with_checks
+
+from daskkrr.models.registry import ESTIMATORS
+
+#: Small settings, for the parameters each class takes.
+SMALL = {"n_centers": 20, "max_iter": 10, "random_state": 0}
+
+
+def small(cls: type) -> Any:
+    """``cls`` with the :data:`SMALL` settings it accepts."""
+    accepted = inspect.signature(cls.__init__).parameters
+    return cls(**{name: value for name, value in SMALL.items() if name in accepted})
+
+
+@parametrize_with_checks([small(cls) for cls in ESTIMATORS.values()])
+def test_sklearn_compatible(estimator, check):
+    check(estimator)
+
+
+@pytest.mark.parametrize("name", [n for n, cls in ESTIMATORS.items() if "n_centers" in
+                                  inspect.signature(cls.__init__).parameters])
+def test_n_centers_above_rows_is_clamped_with_a_warning(name):
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(15, 2))
+    y = np.arange(15) % 2 if name == "classifier" else X[:, 0]
+    model = ESTIMATORS[name](n_centers=50, random_state=0)
+    with pytest.warns(UserWarning, match=r"n_centers=50 is larger than the number of training rows \(15\)"):
+        model.fit(X, y)
+    assert model.n_centers_ == 15
+    assert model.centers_.shape == (15, 2)
+    assert model.n_centers == 50  # the parameter itself is left as given
+
+
+@pytest.mark.parametrize("as_dask", [False, True])
+def test_classifier_refuses_a_continuous_target(as_dask):
+    import dask.array as da
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(40, 2))
+    y = rng.normal(size=40)
+    if as_dask:
+        X, y = da.from_array(X, chunks=10), da.from_array(y, chunks=10)
+    with pytest.raises(ValueError, match="Unknown label type: continuous"):
+        ESTIMATORS["classifier"](n_centers=10).fit(X, y)
