@@ -440,7 +440,7 @@ def _predict_output(model: Any, output: str) -> str:
 
 def _cmd_score(args: argparse.Namespace) -> None:
     from daskkrr.data import open_dataset
-    from daskkrr.models.persistence import load_model
+    from daskkrr.models.loading import load_model
     from daskkrr.parallel import cluster_client
 
     model = load_model(args.model)

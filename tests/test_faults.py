@@ -188,13 +188,13 @@ def test_error_mid_model_save_keeps_the_old_model(tmp_path, monkeypatch):
     def broken_dumps(*args, **kwargs):
         raise OSError("disk full")
 
-    monkeypatch.setattr(persistence.json, "dumps", broken_dumps)  # after the arrays were written
+    monkeypatch.setattr(persistence, "dumps_strict", broken_dumps)  # after the arrays were written
     with pytest.raises(OSError, match="disk full"):
         new.save(path, overwrite=True)
     monkeypatch.undo()
     assert daskkrr.load(path).centers_.shape == (10, 2)  # the old model, whole
     assert not list(tmp_path.glob(".model.*"))
     with pytest.raises(OSError, match="disk full"):
-        monkeypatch.setattr(persistence.json, "dumps", broken_dumps)
+        monkeypatch.setattr(persistence, "dumps_strict", broken_dumps)
         new.save(tmp_path / "fresh")
     _no_output(tmp_path / "fresh")
