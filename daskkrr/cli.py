@@ -319,7 +319,16 @@ def _cmd_fit(args: argparse.Namespace) -> None:
             model.fit(args.data, **fit_kwargs)
         model.save(args.out, overwrite=args.overwrite)
     print(f"fitted {type(model).__name__} with {model.centers_.shape[0]} centers in "
-          f"{time.perf_counter() - t0:.1f}s ({model.n_iter_} CG iterations); wrote {args.out}")
+          f"{time.perf_counter() - t0:.1f}s ({model.n_iter_} CG iterations, {convergence_note(model)}); "
+          f"wrote {args.out}")
+
+
+def convergence_note(model: Any) -> str:
+    """"converged", or "NOT converged: residual r > tol" for a CG that stopped above ``tol``."""
+    if getattr(model, "converged_", True):
+        return "converged"
+    residual = max(float(r) for r in model.residuals_[-1])
+    return f"NOT converged: residual {residual:.3g} > tol {model.tol:g}; raise --max-iter or --tol"
 
 
 def _build_from_flags(config: dict[str, Any], flags: dict[str, Any], verbose: bool) -> Any:

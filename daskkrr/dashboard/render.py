@@ -8,6 +8,7 @@ from typing import Any
 from urllib.parse import quote
 
 from daskkrr.dashboard.svg import line_chart, progress_bar
+from daskkrr.progress.bar import STATUS_COLORS, status_label
 from daskkrr.progress.state import FitProgress
 
 REFRESH_MS = 1000
@@ -39,6 +40,12 @@ def _dictionary_text(p: FitProgress) -> str:
     return str(p.dictionary_size)
 
 
+def _status_of(record: dict[str, Any]) -> str:
+    """The status of a published fit record, as the page shows it."""
+    status = str(record.get("status", ""))
+    return "done (not converged)" if status == "done" and record.get("converged") is False else status
+
+
 def render_fragment(fits: dict[str, dict[str, Any]], counts: dict[str, dict[str, int]], wanted: str | None) -> str:
     """The live part of the page (refreshed by the page's script)."""
     fit_id = choose_fit(fits, wanted)
@@ -51,8 +58,8 @@ def render_fragment(fits: dict[str, dict[str, Any]], counts: dict[str, dict[str,
         )
     p = FitProgress.from_dict(fits[fit_id])
     p.apply_counts(counts.get(fit_id, {}))
-    status = p.status
-    badge = {"running": "#36c", "done": "#2a7", "failed": "#c33"}.get(status, "#777")
+    status = status_label(p)  # an unconverged fit is "done (not converged)", not green
+    badge = STATUS_COLORS.get(status, "#777")
     cg_text = "-" if not p.cg else (
         f"{p.cg_iteration}" + (f" / {p.max_iter}" if p.max_iter else "") + f"  (residual {p.residual:.3e})"
     )
@@ -89,11 +96,11 @@ def render_fragment(fits: dict[str, dict[str, Any]], counts: dict[str, dict[str,
     others = "".join(
         f'<li><a href="?fit={quote(fid)}">{html.escape(fid)}</a> '
         f'{html.escape(str((fits[fid] or {}).get("estimator", "")))}'
-        f' - {html.escape(str((fits[fid] or {}).get("status", "")))}</li>'
+        f' - {html.escape(_status_of(fits[fid] or {}))}</li>'
         for fid in sorted(fits, key=lambda k: (fits[k] or {}).get("updated", 0), reverse=True)[:10]
     )
     return (
-        f'<div id="daskkrr-fit" data-fit="{html.escape(fit_id)}" data-status="{html.escape(status)}">'
+        f'<div id="daskkrr-fit" data-fit="{html.escape(fit_id)}" data-status="{html.escape(p.status)}">'
         f'<h2>{html.escape(p.estimator)} <span class="badge" id="daskkrr-status" style="background:{badge}">'
         f"{html.escape(status)}</span> <small>{html.escape(fit_id)}</small></h2>"
         f'<div class="bar">{progress_bar(p.fraction, element_id="daskkrr-progress")}</div>'

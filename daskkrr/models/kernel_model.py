@@ -31,6 +31,7 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 
 from daskkrr.data.inputs import is_in_memory, load_features
 from daskkrr.kernels import Kernel, make_kernel
+from daskkrr.models.feature_names import check_feature_names
 from daskkrr.kernels.engine import engine_for
 
 logger = logging.getLogger("daskkrr")
@@ -194,6 +195,7 @@ class KernelModelBase(BaseEstimator):
     def _raw_decision(self, X: Any) -> Any:
         """``k(scale(X), Z) coef + intercept``: in-memory in, numpy out; anything else, a lazy dask array."""
         self._check_fitted()
+        check_feature_names(self, X)
         coef2 = self.coef_.reshape(self.coef_.shape[0], -1)
         dtype = self._feature_dtype()
         if is_in_memory(X):

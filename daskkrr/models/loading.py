@@ -120,6 +120,14 @@ def _build(cls: type, meta: dict[str, Any], arrays: dict[str, np.ndarray], path:
         if key in _SCALARS:
             setattr(model, key, value)
     _check_shapes(model, path)
+    names = meta.get("feature_names")  # absent in models fitted without names (and older files)
+    if names is not None:
+        if not (isinstance(names, list) and len(names) == model.n_features_in_
+                and all(isinstance(n, str) for n in names)):
+            raise ModelFormatError(
+                f"{path / METADATA_FILE}: 'feature_names' must be a list of {model.n_features_in_} strings"
+            )
+        model.feature_names_in_ = np.asarray(names, dtype=object)
     model.sampler_info_ = meta.get("sampler_info", {})
     if "classes" in arrays:
         model.classes_ = arrays["classes"]

@@ -4,7 +4,7 @@ A model is a directory::
 
     MODEL/
       daskkrr-model.json   format name and version, estimator, parameters, kernel,
-                           feature scaling, fitted scalars, library version
+                           feature scaling, fitted scalars, feature names, library version
       arrays.npz           centers, coefficients, center indices/weights, ...
 
 Loading reads the arrays with ``allow_pickle=False`` and builds the estimator from
@@ -54,6 +54,8 @@ def save_model(model: Any, path: str | os.PathLike, *, overwrite: bool = False) 
         "fitted": {k: getattr(model, k) for k in _SCALARS if hasattr(model, k)},
         "sampler_info": getattr(model, "sampler_info_", {}),
     }
+    if getattr(model, "feature_names_in_", None) is not None:
+        meta["feature_names"] = [str(name) for name in model.feature_names_in_]  # text travels in JSON
     # Any: numpy's savez stub lets a str-keyed dict collide with its allow_pickle flag.
     arrays: dict[str, Any] = {k.rstrip("_"): np.asarray(getattr(model, k)) for k in (*_ARRAYS, *_OPTIONAL_ARRAYS)
               if hasattr(model, k)}

@@ -13,6 +13,7 @@ from sklearn.utils._param_validation import StrOptions
 
 from daskkrr.data.inputs import is_in_memory, load_training_data
 from daskkrr.models.base import NystromModelBase
+from daskkrr.models.feature_names import check_feature_names
 from daskkrr.models.kernel_model import KernelModelBase, positive
 from daskkrr.parallel import Executor
 from daskkrr.pipeline import run_fit
@@ -159,6 +160,7 @@ class _RegressorMixin(RegressorMixin):
             return super().score(X, y, sample_weight=sample_weight)
         if sample_weight is not None:
             raise ValueError("sample_weight is only supported for in-memory input")
+        check_feature_names(self, X)  # predict sees only the opened (nameless) dask array
         Xd, yd = load_training_data(X, y, self.chunks)
         pred = self.predict(Xd)
         Y = yd.astype(np.float64)

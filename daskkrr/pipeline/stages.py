@@ -22,11 +22,13 @@ from typing import Any
 
 import dask.array as da
 import numpy as np
+from sklearn.exceptions import ConvergenceWarning
 
 from daskkrr import events as ev
 from daskkrr.data import Standardizer
 from daskkrr.data.inputs import is_in_memory, load_training_data
 from daskkrr.guards import check_quadratic, quadratic_cost
+from daskkrr.models.feature_names import fitted_feature_names, forget_feature_names
 from daskkrr.parallel.strategies import make_operator, plan_strategy, prepare_passes
 from daskkrr.pipeline.context import FitContext
 from daskkrr.pipeline.fingerprint import fit_fingerprint
@@ -86,9 +88,10 @@ def statistics(ctx: FitContext) -> None:
     ctx.Y = Y - ctx.y_mean if centre_y else Y
     ctx.one_d = yd.ndim == 1 and getattr(p, "_squeeze_single_target", True)
     ctx.kernel = p._make_kernel(d)
+    forget_feature_names(p)  # `fitted` can only add attributes: an earlier fit's names go here
     ctx.fitted.update(
         scaler_=ctx.scaler, y_mean_=ctx.y_mean, intercept_=ctx.y_mean.copy(),  # final unless fitted
-        n_features_in_=d, kernel_=ctx.kernel,
+        n_features_in_=d, kernel_=ctx.kernel, **fitted_feature_names(ctx.X_in, d),
     )
     ctx.store.start(lambda: fit_fingerprint(ctx))  # loads (and checks) a saved state
 
@@ -194,6 +197,8 @@ def cg_solve(ctx: FitContext) -> None:
     )
     ctx.n_iter, ctx.converged = int(result.n_iter), bool(result.converged)
     ctx.fitted.update(n_iter_=ctx.n_iter, residuals_=result.residuals, converged_=ctx.converged)
+    if not ctx.converged:
+        warn_not_converged(result, tol=float(p.tol), max_iter=int(p.max_iter), dtype=str(ctx.X.dtype))
     _nystrom_model(ctx, coef)
 
 
@@ -285,6 +290,23 @@ def exact_stages() -> tuple[Stage, ...]:
 
 
 # --------------------------------------------------------------------------- helpers
+def warn_not_converged(result: Any, *, tol: float, max_iter: int, dtype: str) -> None:
+    """A ConvergenceWarning for a CG that stopped above ``tol``, saying why and what to do."""
+    residual = float(np.max(result.residuals[-1]))
+    if result.stagnated:
+        why = (f"the residual stopped falling after {result.n_iter} iterations (the attainable accuracy"
+               f" of {dtype} kernel blocks)")
+        advice = "raise tol" + (", or use dtype='float64'" if dtype == "float32" else "")
+    else:
+        why = f"max_iter={max_iter} iterations were not enough"
+        advice = "raise max_iter, or raise tol"
+    warnings.warn(
+        f"CG stopped at relative residual {residual:.3g} > tol={tol:g}: {why}. The model is usable but"
+        f" not the exact Nystrom solution; {advice} (or raise penalty, which makes the system easier)",
+        ConvergenceWarning, stacklevel=2,
+    )
+
+
 def split_column_sums(knm_t_y: np.ndarray, n: int, intercept: bool) -> tuple[np.ndarray, np.ndarray | None]:
     """``K_nM^T Y`` and, with an intercept, ``mu = K_nM^T 1 / n`` (the last column)."""
     if not intercept:

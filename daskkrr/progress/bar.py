@@ -31,6 +31,17 @@ def in_notebook() -> bool:
     return shell is not None and type(shell).__name__ == "ZMQInteractiveShell"
 
 
+#: Colours of the fit's status: green only for a fit that finished and converged.
+STATUS_COLORS = {"running": "#36c", "done": "#2a7", "done (not converged)": "#d80", "failed": "#c33"}
+
+
+def status_label(p: FitProgress) -> str:
+    """The fit's status in words; a finished fit whose solver stopped above ``tol`` says so."""
+    if p.status == "done" and p.converged is False:
+        return "done (not converged)"
+    return p.status
+
+
 def describe(p: FitProgress) -> str:
     """The figures of the bar as one line of text (without the bar itself)."""
     parts = [f"{p.rows_streamed:,} rows", f"{p.blocks_read} blocks"]
@@ -111,7 +122,7 @@ class ProgressBar:
 
     def line(self, p: FitProgress) -> str:
         """One line of text: phase, bar and figures."""
-        label = p.phase if p.status == "running" else p.status
+        label = p.phase if p.status == "running" else status_label(p)
         text = f"{label:<14} {self.text_bar(p)} | {describe(p)}"
         if p.status == "failed" and p.error:
             text += f" | {p.error}"
@@ -120,8 +131,9 @@ class ProgressBar:
     def html(self, p: FitProgress) -> str:
         """The notebook rendering: a ``<progress>`` element and the figures."""
         frac = p.fraction if p.fraction is not None else 0.0
-        color = {"done": "#2a7", "failed": "#c33"}.get(p.status, "#36c")
-        label = html.escape(p.phase if p.status == "running" else p.status)
+        status = status_label(p)
+        color = STATUS_COLORS.get(status, "#36c")
+        label = html.escape(p.phase if p.status == "running" else status)
         error = f"<div style='color:#c33'>{html.escape(p.error)}</div>" if p.error else ""
         return (
             f"<div class='daskkrr-progress' style='font-family:monospace'>"
