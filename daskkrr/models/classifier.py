@@ -42,6 +42,8 @@ class FalkonClassifier(ClassifierMixin, NystromModelBase):
     classes_ : ndarray of shape (n_classes,)
         Class labels, sorted.
     coef_ : ndarray of shape (M, 1) for two classes, else (M, n_classes)
+    feature_names_in_ : ndarray of shape (n_features,) of str
+        Names of the features seen in fit, when ``X`` carried them; checked at predict.
     Other fitted attributes as for :class:`FalkonRegressor`.
     """
 
