@@ -133,6 +133,15 @@ def test_xarray_datasets_and_arrays_give_the_feature_coordinate(frame):
     assert feature_names_of(unnamed) is None
 
 
+def test_a_store_written_by_xarray_gives_the_feature_coordinate(frame, tmp_path):
+    X, y = frame
+    data = xr.DataArray(X.to_numpy(), dims=("row", "feature"), coords={"feature": NAMES})
+    xr.Dataset({"X": data, "y": ("row", y)}).to_zarr(tmp_path / "x.zarr")
+    assert list(feature_names_of(str(tmp_path / "x.zarr"))) == NAMES
+    model = FalkonRegressor(n_centers=60, random_state=0).fit(str(tmp_path / "x.zarr"))
+    assert list(model.feature_names_in_) == NAMES
+
+
 def test_mixed_column_types_are_refused_and_integer_columns_carry_no_names(frame):
     X, _ = frame
     assert feature_names_of(pd.DataFrame(X.to_numpy())) is None

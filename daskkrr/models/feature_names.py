@@ -26,6 +26,8 @@ from typing import Any
 
 import numpy as np
 
+from daskkrr.data.inputs import is_in_memory
+
 #: The group attribute of a Zarr store that holds the feature names (written by ``convert``).
 STORE_ATTRIBUTE = "feature_names"
 #: How many names a message lists before it says "...".
@@ -73,16 +75,20 @@ def feature_names_of(X: Any, n_features: int | None = None, x: str = "X") -> np.
     return names
 
 
-def fitted_feature_names(X: Any, n_features: int) -> dict[str, Any]:
-    """``{"feature_names_in_": names}`` for a fit on ``X``, or ``{}`` when it carries none."""
-    names = feature_names_of(X, n_features)
-    return {} if names is None else {"feature_names_in_": names}
+def fitted_feature_names(estimator: Any, X: Any, n_features: int) -> dict[str, Any]:
+    """``{"feature_names_in_": names}`` for a fit on a lazy ``X`` (xarray, Zarr), or ``{}``.
 
-
-def forget_feature_names(estimator: Any) -> None:
-    """Drop the names of an earlier fit: a refit on unnamed data keeps none (as scikit-learn)."""
+    In-memory input (numpy, pandas) went through scikit-learn's ``validate_data``
+    in ``fit``, which set (or removed) ``feature_names_in_`` already. For other
+    input the names of an earlier fit are dropped here, since the fitted state is
+    only ever added to the estimator: a refit on unnamed data keeps none.
+    """
+    if is_in_memory(X):
+        return {}
     if hasattr(estimator, "feature_names_in_"):
         del estimator.feature_names_in_
+    names = feature_names_of(X, n_features)
+    return {} if names is None else {"feature_names_in_": names}
 
 
 def check_feature_names(estimator: Any, X: Any) -> None:
@@ -97,14 +103,17 @@ def check_feature_names(estimator: Any, X: Any) -> None:
     fitted = getattr(estimator, "feature_names_in_", None)
     given = feature_names_of(X)
     cls = type(estimator).__name__
+    # In-memory X next meets scikit-learn's validate_data, which warns itself: warn once.
+    warn = not is_in_memory(X)
     if fitted is None and given is None:
         return
     if fitted is None:
-        warnings.warn(f"X has feature names, but {cls} was fitted without feature names", UserWarning,
-                      stacklevel=3)
+        if warn:
+            warnings.warn(f"X has feature names, but {cls} was fitted without feature names", UserWarning,
+                          stacklevel=3)
         return
     if given is None:
-        if _can_carry_names(X):
+        if warn and _can_carry_names(X):
             warnings.warn(f"X does not have valid feature names, but {cls} was fitted with feature names",
                           UserWarning, stacklevel=3)
         return
@@ -183,9 +192,11 @@ def _store_names(X: Any, x: str) -> Any:
     if names is not None:
         return names
     try:
-        dims = dict(group[x].attrs).get("_ARRAY_DIMENSIONS") or group[x].metadata.dimension_names
+        node = group[x]
     except Exception:
         return None
+    # Dimension names: an attribute in Zarr format 2 (xarray's convention), metadata in format 3.
+    dims: Any = dict(node.attrs).get("_ARRAY_DIMENSIONS") or getattr(node.metadata, "dimension_names", None)
     if not dims or len(dims) != 2 or dims[1] not in group.array_keys():
         return None
     dataset = _try_open_xarray(group)
@@ -199,4 +210,4 @@ def _can_carry_names(X: Any) -> bool:
 
 
 __all__ = ["STORE_ATTRIBUTE", "check_feature_names", "feature_names_of", "fitted_feature_names",
-           "forget_feature_names", "names_mismatch_message"]
+           "names_mismatch_message"]

@@ -28,7 +28,7 @@ from daskkrr import events as ev
 from daskkrr.data import Standardizer
 from daskkrr.data.inputs import is_in_memory, load_training_data
 from daskkrr.guards import check_quadratic, quadratic_cost
-from daskkrr.models.feature_names import fitted_feature_names, forget_feature_names
+from daskkrr.models.feature_names import fitted_feature_names
 from daskkrr.parallel.strategies import make_operator, plan_strategy, prepare_passes
 from daskkrr.pipeline.context import FitContext
 from daskkrr.pipeline.fingerprint import fit_fingerprint
@@ -88,10 +88,9 @@ def statistics(ctx: FitContext) -> None:
     ctx.Y = Y - ctx.y_mean if centre_y else Y
     ctx.one_d = yd.ndim == 1 and getattr(p, "_squeeze_single_target", True)
     ctx.kernel = p._make_kernel(d)
-    forget_feature_names(p)  # `fitted` can only add attributes: an earlier fit's names go here
     ctx.fitted.update(
         scaler_=ctx.scaler, y_mean_=ctx.y_mean, intercept_=ctx.y_mean.copy(),  # final unless fitted
-        n_features_in_=d, kernel_=ctx.kernel, **fitted_feature_names(ctx.X_in, d),
+        n_features_in_=d, kernel_=ctx.kernel, **fitted_feature_names(p, ctx.X_in, d),
     )
     ctx.store.start(lambda: fit_fingerprint(ctx))  # loads (and checks) a saved state
 
