@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import warnings
 
 import dask.array as da
@@ -13,7 +15,7 @@ import xarray as xr
 
 from daskkrr import FalkonClassifier, FalkonRegressor, load
 from daskkrr.data import convert_table
-from daskkrr.models.feature_names import feature_names_of
+from daskkrr.data.feature_names import feature_names_of
 from daskkrr.models.persistence import METADATA_FILE
 
 NAMES = ["age", "income", "rooms"]
@@ -147,3 +149,11 @@ def test_mixed_column_types_are_refused_and_integer_columns_carry_no_names(frame
     assert feature_names_of(pd.DataFrame(X.to_numpy())) is None
     with pytest.raises(TypeError, match="string names"):
         feature_names_of(pd.DataFrame(X.to_numpy(), columns=["a", 1, "c"]))
+
+
+@pytest.mark.parametrize("module", ["daskkrr.pipeline", "daskkrr.pipeline.fingerprint", "daskkrr.data.feature_names"])
+def test_the_fit_path_imports_first_in_a_fresh_process(module):
+    """A Dask worker unpickles a pipeline function before anything else of daskkrr: the names
+    module (used by the statistics stage) must not pull the models package into that import."""
+    proc = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]

@@ -29,10 +29,10 @@ from sklearn.utils._param_validation import (
 )
 from sklearn.utils.validation import check_is_fitted, validate_data
 
+from daskkrr.data.feature_names import check_feature_names
 from daskkrr.data.inputs import is_in_memory, load_features
 from daskkrr.kernels import Kernel, make_kernel
 from daskkrr.kernels.engine import engine_for
-from daskkrr.models.feature_names import check_feature_names
 
 logger = logging.getLogger("daskkrr")
 

@@ -11,9 +11,9 @@ from sklearn.base import RegressorMixin
 from sklearn.utils import Tags
 from sklearn.utils._param_validation import StrOptions
 
+from daskkrr.data.feature_names import check_feature_names
 from daskkrr.data.inputs import is_in_memory, load_training_data
 from daskkrr.models.base import NystromModelBase
-from daskkrr.models.feature_names import check_feature_names
 from daskkrr.models.kernel_model import KernelModelBase, positive
 from daskkrr.parallel import Executor
 from daskkrr.pipeline import run_fit

@@ -26,9 +26,9 @@ from sklearn.exceptions import ConvergenceWarning
 
 from daskkrr import events as ev
 from daskkrr.data import Standardizer
+from daskkrr.data.feature_names import fitted_feature_names
 from daskkrr.data.inputs import is_in_memory, load_training_data
 from daskkrr.guards import check_quadratic, quadratic_cost
-from daskkrr.models.feature_names import fitted_feature_names
 from daskkrr.parallel.strategies import make_operator, plan_strategy, prepare_passes
 from daskkrr.pipeline.context import FitContext
 from daskkrr.pipeline.fingerprint import fit_fingerprint
