@@ -80,12 +80,21 @@ def _import_graph() -> dict[str, set[str]]:
             target = _resolve(imported, name, modules)
             if target is None or target == module:
                 continue
-            package = target.removesuffix(".__init__")
-            if target.endswith(".__init__") and module.startswith(package + "."):
-                continue  # a package's own modules importing its __init__: re-exports, not a cycle
-            edges.add(target)
+            for node in (*_parent_packages(target, modules), target):
+                package = node.removesuffix(".__init__")
+                if node.endswith(".__init__") and module.startswith(package + "."):
+                    continue  # a package's own modules importing its __init__: re-exports, not a cycle
+                edges.add(node)
         graph[module] = edges
     return graph
+
+
+def _parent_packages(target: str, modules: set[str]) -> list[str]:
+    """The ``__init__`` modules Python runs before ``target``: importing ``daskkrr.a.b`` runs
+    ``daskkrr/a/__init__.py`` first (the top-level package's lazy ``__init__`` is left out)."""
+    parts = target.removesuffix(".__init__").split(".")
+    inits = [".".join(parts[:i]) + ".__init__" for i in range(2, len(parts))]
+    return [m for m in inits if m in modules]
 
 
 def _find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -123,6 +132,11 @@ def test_graph_resolves_submodules_packages_and_function_level_imports():
     assert _resolve("numpy", "asarray", modules) is None
     # `from daskkrr.dashboard import install` sits inside run_fit: function-level imports count.
     assert "daskkrr.dashboard.__init__" in _import_graph()["daskkrr.pipeline.run"]
+
+
+def test_importing_a_submodule_runs_its_package_init():
+    # pipeline.stages -> data.inputs also runs data/__init__.py: a cycle through it is a real one.
+    assert "daskkrr.data.__init__" in _import_graph()["daskkrr.pipeline.stages"]
 
 
 def test_no_import_cycles():
