@@ -8,7 +8,7 @@ A config file holds one ``[model]`` table whose keys are estimator parameters::
     sigma = 3.0
     penalty = 1e-6
     n_centers = 2000
-    max_iter = 20
+    max_iter = 50
     random_state = 0
 
 The accepted keys are the parameters of the chosen estimator (its
