@@ -526,12 +526,33 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"daskkrr: error: {_one_line(exc)}; see 'daskkrr {args.command} --help'", file=sys.stderr)
         return 2
     except Exception as exc:  # one line, no traceback, for any failure
+        interrupt = _interruption(exc)
+        if interrupt is not None:  # the signal landed inside clean-up code, which then failed
+            print(f"daskkrr: interrupted ({interrupt}); no partial output was left", file=sys.stderr)
+            return 128 + interrupt.signum if isinstance(interrupt, Interrupted) else 130
         if args.verbose:
             logger.exception("command failed")
         message = cli_message(_one_line(exc) or type(exc).__name__)
         print(f"daskkrr: error: {message}", file=sys.stderr)
         return 1
     return 0
+
+
+def _interruption(exc: BaseException) -> KeyboardInterrupt | None:
+    """The interruption an error happened while handling, if any.
+
+    A signal can land inside a ``with lock:`` block of a library; the ``KeyboardInterrupt``
+    then unwinds through the lock's exit, which may fail in turn ("release unlocked lock").
+    The command was interrupted all the same, and must say so with the signal's exit code.
+    """
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, KeyboardInterrupt):
+            return cause
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    return None
 
 
 def cli_message(message: str) -> str:

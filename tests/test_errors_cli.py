@@ -140,3 +140,20 @@ def test_existing_outputs_need_overwrite(tmp_path, table, cluster2, capsys):
     assert main(["generate", str(store), "--n", "300", "--d", "2", "--overwrite", "--scheduler", address]) == 0
     assert zarr.open_group(str(store), mode="r")["X"].shape == (300, 2)
     assert not list(tmp_path.glob(".*"))  # no temporaries, no moved-aside old versions
+
+
+def test_an_error_raised_while_unwinding_an_interruption_is_reported_as_the_interruption():
+    """A signal landing inside a library's ``with lock:`` can turn into "release unlocked lock";
+    the command was still interrupted, and exits with the signal's code."""
+    from daskkrr.cli import _interruption
+    from daskkrr.signals import Interrupted
+
+    try:
+        try:
+            raise Interrupted(15)
+        except KeyboardInterrupt:
+            raise RuntimeError("release unlocked lock")  # noqa: B904 - the implicit context is the point
+    except RuntimeError as exc:
+        found = _interruption(exc)
+    assert isinstance(found, Interrupted) and found.signum == 15
+    assert _interruption(ValueError("plain failure")) is None

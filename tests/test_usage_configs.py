@@ -37,7 +37,7 @@ JOBQUEUE_SLURM_KEYS = {
 
 def test_every_computing_command_takes_scheduler():
     sub = next(a for a in _parser()._actions if a.dest == "command")
-    computing = {"generate", "fit", "predict", "quickstart", "run"}
+    computing = {"generate", "fit", "predict", "quickstart", "run", "score"}
     for name in computing:
         options = {o for a in sub.choices[name]._actions for o in a.option_strings}
         assert {"--scheduler", "--workers"} <= options, name
