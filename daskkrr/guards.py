@@ -43,6 +43,17 @@ FORCE_ENV = "DASKKRR_FORCE_EXACT"
 SLOW_SECONDS = 60.0
 
 
+__all__ = [
+    "FORCE_ENV",
+    "QuadraticCost",
+    "ResourceGuardError",
+    "check_quadratic",
+    "force_requested",
+    "memory_limits",
+    "quadratic_cost",
+]
+
+
 class ResourceGuardError(MemoryError):
     """An n^2 method would need more memory than the machine or the workers have."""
 
