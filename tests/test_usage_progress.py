@@ -162,3 +162,43 @@ def test_plot_helpers_draw_from_a_model_and_from_records(small_dask_data):
     ax = plot.predicted_vs_true(y, model.predict(X), max_points=1000)
     assert len(ax.collections[0].get_offsets()) == 1000
     plt.close("all")
+
+
+def test_subscribers_receive_the_typed_events_of_every_stage(small_dask_data):
+    """The fit is a pipeline of named stages; a subscriber sees each stage, each pass with its
+    blocks, the centers, every CG step and the end, in order, as plain dataclasses."""
+    from daskkrr import events as ev
+
+    X, y = small_dask_data
+    seen: list[ev.Event] = []
+    from sklearn.exceptions import ConvergenceWarning
+
+    with ev.subscribe(seen.append), pytest.warns(ConvergenceWarning):
+        model = FalkonRegressor(n_centers=100, max_iter=4, tol=1e-12, random_state=0,
+                                strategy="recompute").fit(X, y)
+    stages = [e.stage for e in seen if isinstance(e, ev.StageStarted)]
+    assert stages == ["statistics", "centers", "preconditioner", "operator", "solve"]
+    assert [e.stage for e in seen if isinstance(e, ev.StageDone)] == stages
+    assert isinstance(seen[0], ev.FitStarted) and isinstance(seen[-1], ev.FitDone)
+    assert seen[-1].n_iter == model.n_iter_ == 4 and seen[-1].converged is False
+    passes = [e.name for e in seen if isinstance(e, ev.PassStarted)]
+    assert passes[0] == "statistics" and "rhs" in passes and passes.count("matvec") >= 4
+    n_blocks = next(e.n_blocks for e in seen if isinstance(e, ev.PassStarted) and e.name == "rhs")
+    assert sum(isinstance(e, ev.BlockDone) and e.name == "rhs" for e in seen) == n_blocks
+    chosen = [e for e in seen if isinstance(e, ev.CentersChosen)]
+    assert len(chosen) == 1 and chosen[0].dictionary.size == 100 and not chosen[0].restored
+    assert [e.iteration for e in seen if isinstance(e, ev.SolverStep)] == [1, 2, 3, 4]
+
+
+def test_a_failing_subscriber_never_breaks_the_fit_but_a_critical_one_does():
+    from daskkrr.events import EventBus, FitDone
+
+    bus = EventBus()
+    calls = []
+    bus.subscribe(lambda e: 1 / 0)
+    bus.subscribe(calls.append)
+    bus.emit(FitDone(1, True, 0.1))
+    assert len(calls) == 1
+    bus.subscribe(lambda e: 1 / 0, critical=True)
+    with pytest.raises(ZeroDivisionError):
+        bus.emit(FitDone(1, True, 0.1))

@@ -67,8 +67,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import dask
+from dask.callbacks import Callback
 from dask.delayed import Delayed, delayed
+from dask.utils import key_split
 
+from daskkrr.events import BLOCK_PREFIX
 from daskkrr.parallel.resources import Resources, cluster_resources
 from daskkrr.utils.threads import available_cores, blas_threads
 
@@ -193,6 +196,22 @@ def task_local_threads() -> int:
     return max(1, available_cores() // slots)
 
 
+class _BlockReporter(Callback):
+    """A local-scheduler callback: reports each finished block task by its pass name.
+
+    On a cluster the daskkrr scheduler plugin counts them instead (:mod:`daskkrr.dashboard`).
+    """
+
+    def __init__(self, on_block: Callable[[str], None]):
+        super().__init__()
+        self.on_block = on_block
+
+    def _posttask(self, key: Any, result: Any, dsk: Any, state: Any, worker_id: Any) -> None:
+        prefix = key_split(key)
+        if prefix.startswith(BLOCK_PREFIX + "-"):
+            self.on_block(prefix[len(BLOCK_PREFIX) + 1 :])
+
+
 class ThreadedBackend(Backend):
     """Dask's local scheduler in this process: threads, unless ``dask.config`` names another.
 
@@ -211,8 +230,16 @@ class ThreadedBackend(Backend):
         self.num_workers = num_workers
         self.in_task = in_task
 
-    def _blas(self) -> contextlib.AbstractContextManager:
-        return blas_threads(1)
+    #: Called with the pass name of every block task that finishes (set by the executor).
+    on_block: Callable[[str], None] | None = None
+
+    def _blas(self) -> contextlib.ExitStack:
+        """BLAS on one thread (each task has a core) and, if asked, block-task reports."""
+        stack = contextlib.ExitStack()
+        stack.enter_context(blas_threads(1))
+        if self.on_block is not None:
+            stack.enter_context(_BlockReporter(self.on_block))
+        return stack
 
     def _options(self) -> dict[str, Any]:
         scheduler = local_scheduler(self.in_task)

@@ -37,9 +37,9 @@ import numpy as np
 from dask.base import tokenize
 from dask.delayed import Delayed, delayed
 
-from daskkrr.events import NULL_BUS, EventBus, PassDone, PassStarted, block_task_prefix
+from daskkrr.events import NULL_BUS, BlockDone, EventBus, PassDone, PassStarted, block_task_prefix
 from daskkrr.kernels.thread_rule import engine_threads
-from daskkrr.parallel.backends import Backend, backend_for
+from daskkrr.parallel.backends import Backend, ThreadedBackend, backend_for
 from daskkrr.parallel.resources import Resources
 from daskkrr.utils.threads import available_cores, blas_threads
 
@@ -117,6 +117,8 @@ class Executor:
     def __init__(self, client: Any = None, *, events: EventBus | None = None):
         self.backend: Backend = backend_for(client)
         self.events = events if events is not None else NULL_BUS
+        if events is not None and isinstance(self.backend, ThreadedBackend):
+            self.backend.on_block = lambda name: self.events.emit(BlockDone(name))
         self._resources: Resources | None = None
 
     @classmethod

@@ -1,7 +1,7 @@
 """Live block counts and publishing: the Dask side of progress reporting.
 
-- :class:`LocalBlockCounter`: on Dask's local (threaded) scheduler, a Dask callback
-  sees each finished task and counts the per-block tasks of the current pass.
+- on Dask's local scheduler the execution layer reports each finished block task as a
+  :class:`~daskkrr.events.BlockDone` event (see :mod:`daskkrr.parallel.backends`);
 - :class:`SchedulerLink`: on a ``distributed`` cluster, registers the daskkrr
   scheduler plugin (which counts block tasks tagged with the fit's annotation and
   serves the dashboard page), publishes the fit's record to the scheduler's
@@ -18,28 +18,12 @@ import threading
 import weakref
 from typing import Any
 
-from dask.callbacks import Callback
-from dask.utils import key_split
-
 from daskkrr.progress.state import FitProgress
 
 logger = logging.getLogger("daskkrr.progress")
 
 #: Scheduler metadata path of everything daskkrr publishes.
 METADATA_ROOT = "daskkrr"
-
-
-class LocalBlockCounter(Callback):
-    """Counts finished per-block tasks of the current pass on Dask's local schedulers."""
-
-    def __init__(self, tracker: Any):
-        super().__init__()
-        self.tracker = tracker
-
-    def _posttask(self, key: Any, result: Any, dsk: Any, state: Any, worker_id: Any) -> None:
-        task = self.tracker.state.pass_task
-        if task is not None and key_split(key) == task:
-            self.tracker.block_done(task)
 
 
 class _Poller:

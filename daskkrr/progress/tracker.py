@@ -228,6 +228,8 @@ class FitTracker:
                 self.phase(STAGE_PHASES[event.stage])
         elif isinstance(event, ev.PassStarted):
             self.start_pass(event.name, event.n_blocks)
+        elif isinstance(event, ev.BlockDone):
+            self.block_done(ev.block_task_prefix(event.name))
         elif isinstance(event, ev.PassDone):
             self.pass_done(event.n_blocks)
         elif isinstance(event, ev.CentersChosen):
@@ -270,7 +272,7 @@ def fit_progress(started: ev.FitStarted, *, client: Any = None, verbose: bool = 
     import dask
 
     from daskkrr.progress.bar import ProgressBar
-    from daskkrr.progress.counters import LocalBlockCounter, SchedulerLink
+    from daskkrr.progress.counters import SchedulerLink
     from daskkrr.progress.sinks import LogSink
 
     settings = _SETTINGS.get() or ReportSettings(bar=None)
@@ -289,9 +291,8 @@ def fit_progress(started: ev.FitStarted, *, client: Any = None, verbose: bool = 
             sinks.append(link.publish)
     sinks.extend(settings.callbacks)  # last: a slow callback never delays the others
     tracker = FitTracker(state, sinks)
-    counter: Any = link.poller(tracker) if link is not None else (
-        LocalBlockCounter(tracker) if client is None else contextlib.nullcontext()
-    )
+    # On the local scheduler the execution layer reports block tasks as BlockDone events.
+    counter: Any = link.poller(tracker) if link is not None else contextlib.nullcontext()
     annotate = dask.annotate(**{ANNOTATION: state.fit_id}) if link is not None else contextlib.nullcontext()
     try:
         with annotate, counter:
