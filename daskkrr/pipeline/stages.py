@@ -231,7 +231,6 @@ def exact_solve(ctx: FitContext) -> None:
     """Exact KRR: the training data on the client, ``(K + penalty n I) c = y`` factored there."""
     p = ctx.params
     n = ctx.n
-    check_exact_resources(p, n, ctx.n_features, ctx.executor)
     Xn, Yn = (np.asarray(a) for a in ctx.executor.compute(ctx.X, ctx.Y))
     coef = exact_krr_coefficients(ctx.kernel(Xn, Xn), Yn, float(p.penalty))
     ctx.fitted.update(
@@ -255,17 +254,19 @@ def check_exact_resources(params: Any, n: int, d: int, executor: Any = None) -> 
                     executor=executor, max_rows=int(params.max_samples), max_rows_name="max_samples")
 
 
-def check_resources(ctx: FitContext) -> None:
-    """Refuse, from the data's shape alone and before any pass over it, a fit whose n^2 steps
-    (the exact leverage-score sampler, exact KRR) would not fit in memory."""
-    p = ctx.params
-    n, d = training_shape(ctx.X_in, ctx.y_in, getattr(p, "chunks", None))
-    if getattr(p, "sampler", None) is not None:
-        check = getattr(make_sampler(p.sampler), "check_resources", None)
-        if check is not None:
-            check(n, d, ctx.executor)
-    if getattr(p, "_solver", None) == "exact":
-        check_exact_resources(p, n, d, ctx.executor)
+Guard = Callable[[FitContext, int, int], None]
+
+
+def sampler_guard(ctx: FitContext, n: int, d: int) -> None:
+    """The sampler's own resource check (the exact leverage-score sampler has one)."""
+    check = getattr(make_sampler(ctx.params.sampler), "check_resources", None)
+    if check is not None:
+        check(n, d, ctx.executor)
+
+
+def exact_guard(ctx: FitContext, n: int, d: int) -> None:
+    """Exact KRR's check: ``max_samples`` and the memory of its n x n matrices."""
+    check_exact_resources(ctx.params, n, d, ctx.executor)
 
 
 def training_shape(X: Any, y: Any, chunks: int | None) -> tuple[int, int]:
@@ -277,15 +278,21 @@ def training_shape(X: Any, y: Any, chunks: int | None) -> tuple[int, int]:
     return int(shape[0]), int(shape[1]) if len(shape) > 1 else 1
 
 
-def checked_statistics(ctx: FitContext) -> None:
-    """:func:`check_resources`, then :func:`statistics` (the first pass)."""
-    check_resources(ctx)
-    statistics(ctx)
+def guarded_statistics(guard: Guard) -> Callable[[FitContext], None]:
+    """:func:`statistics`, preceded by ``guard(ctx, n, d)``: a fit whose n^2 steps would not fit
+    in memory is refused from the data's shape alone, before any pass over the data."""
+
+    def run(ctx: FitContext) -> None:
+        n, d = training_shape(ctx.X_in, ctx.y_in, getattr(ctx.params, "chunks", None))
+        guard(ctx, n, d)
+        statistics(ctx)
+
+    return run
 
 
 def exact_stages() -> tuple[Stage, ...]:
     """The stages of exact KRR: statistics (after the resource check), then the n x n solve."""
-    return (Stage("statistics", checked_statistics), Stage("solve", exact_solve))
+    return (Stage("statistics", guarded_statistics(exact_guard)), Stage("solve", exact_solve))
 
 
 # --------------------------------------------------------------------------- helpers
@@ -331,7 +338,7 @@ def nystrom_stages(solver: str) -> tuple[Stage, ...]:
     or ``"direct"`` (one Gram pass, ``M x M`` solve)."""
     if solver == "falkon":
         return (
-            Stage("statistics", checked_statistics),
+            Stage("statistics", guarded_statistics(sampler_guard)),
             Stage("centers", choose_centers),
             Stage("preconditioner", falkon_preconditioner),
             Stage("operator", kernel_operator),
@@ -339,7 +346,7 @@ def nystrom_stages(solver: str) -> tuple[Stage, ...]:
         )
     if solver == "direct":
         return (
-            Stage("statistics", checked_statistics),
+            Stage("statistics", guarded_statistics(sampler_guard)),
             Stage("centers", choose_centers),
             Stage("preconditioner", lambda ctx: falkon_preconditioner(ctx, sketch=False)),
             Stage("operator", lambda ctx: kernel_operator(ctx, strategy="gram", preconditioned=False)),
