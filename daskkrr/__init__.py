@@ -17,6 +17,7 @@ _LAZY = {
     "ExactKernelRidge": "daskkrr.models",
     "FalkonClassifier": "daskkrr.models",
     "FalkonRegressor": "daskkrr.models",
+    "LogisticFalkonClassifier": "daskkrr.models",
     "NystromRegressor": "daskkrr.models",
     "load": ("daskkrr.models.loading", "load_model"),
     "open_dataset": "daskkrr.data",

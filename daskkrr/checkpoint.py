@@ -54,6 +54,8 @@ FORMAT_VERSION = 1
 CHECKPOINT_FILE = "checkpoint.npz"
 #: How daskkrr.utils.atomic names the temporary of ``checkpoint.npz`` (cleaned up on start).
 _TMP_PREFIX = f".{CHECKPOINT_FILE}.tmp-"
+#: Key prefixes of solver states: the CG's, and other solvers' (``checkpoint_prefix`` of their state).
+_SOLVER_PREFIXES = ("cg_", "newton_")
 
 
 class CheckpointError(ValueError):
@@ -125,6 +127,7 @@ class FitCheckpoint:
         self._cg_arrays: dict[str, np.ndarray] = {}
         self._meta: dict[str, Any] = {}
         self._cg_state: CGState | None = None
+        self._restored_state: dict[str, np.ndarray] = {}
         self._resumed = False
         if self.path is None:
             return
@@ -220,8 +223,9 @@ class FitCheckpoint:
                 )
         except (KeyError, ValueError) as exc:
             raise CheckpointError(f"checkpoint {self.file} is damaged ({exc}); {fix}") from exc
-        self._arrays = {k: v for k, v in arrays.items() if not k.startswith("cg_")}
-        self._cg_arrays = {k: v for k, v in arrays.items() if k.startswith("cg_")}
+        self._arrays = {k: v for k, v in arrays.items() if not k.startswith(_SOLVER_PREFIXES)}
+        self._cg_arrays = {k: v for k, v in arrays.items() if k.startswith(_SOLVER_PREFIXES)}
+        self._restored_state = {k: v for k, v in self._cg_arrays.items() if not k.startswith("cg_")}
         self._meta = meta
         self._resumed = True
         logger.info("resuming from checkpoint %s (stage %s, CG iteration %s)", self.path,
@@ -238,7 +242,26 @@ class FitCheckpoint:
         elif isinstance(event, ev.RhsComputed) and not event.restored:
             self.save_rhs(event.rhs)
         elif isinstance(event, ev.SolverState):
-            self.save_cg(event.state)
+            prefix = getattr(event.state, "checkpoint_prefix", "cg")
+            if prefix == "cg":
+                self.save_cg(event.state)
+            else:
+                self.save_state(prefix, event.state)
+
+    def saved_state(self, prefix: str) -> dict[str, np.ndarray] | None:
+        """The arrays of the interrupted fit's solver state saved under ``prefix`` (e.g. the
+        Newton state of logistic FALKON, ``"newton"``), or None."""
+        found = {k[len(prefix) + 1:]: v for k, v in self._restored_state.items() if k.startswith(prefix + "_")}
+        return found or None
+
+    def save_state(self, prefix: str, state: Any) -> None:
+        """Save a solver state other than the CG's: ``state.to_arrays()`` under ``prefix``,
+        with ``state.iteration`` as the iteration the checkpoint reports."""
+        if f"{prefix}_" not in _SOLVER_PREFIXES:
+            raise ValueError(f"unknown solver state prefix {prefix!r}; expected one of {_SOLVER_PREFIXES}")
+        self._restored_state = {}  # a saved state is for the next process, not this one
+        self._cg_arrays = {f"{prefix}_{k}": v for k, v in state.to_arrays().items()}
+        self._write(prefix, iteration=int(state.iteration))
 
     def saved_centers(self) -> CenterDictionary | None:
         """The centers of the interrupted fit, or None."""

@@ -94,7 +94,7 @@ def _positive_int(text: str) -> int:
     return value
 
 
-#: What ``daskkrr predict --output`` writes for a classifier ("proba" waits for predict_proba).
+#: What ``daskkrr predict --output`` writes for a classifier ("proba": classifiers with predict_proba).
 PREDICT_OUTPUTS = ("label", "decision", "proba")
 
 #: Short flags kept from before every parameter had its own (README and scripts use them).
@@ -232,7 +232,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_model_flags(p)
     p.add_argument("--overwrite", action="store_true", help="replace an existing model directory")
     p.add_argument("--checkpoint", metavar="DIR", default=None,
-                   help="save the fit's state to DIR as it goes (falkon and classifier estimators; "
+                   help="save the fit's state to DIR as it goes (falkon, classifier and logistic estimators; "
                         "default: no checkpoint)")
     p.add_argument("--checkpoint-every", dest="checkpoint_every", type=_positive_int, default=5, metavar="K",
                    help="CG iterations between checkpoints")
@@ -245,11 +245,12 @@ def _parser() -> argparse.ArgumentParser:
     p = command("predict", "predict with a saved model into a Zarr store")
     p.add_argument("--model", required=True, help="model directory written by 'daskkrr fit'")
     p.add_argument("--data", required=True, help="Zarr store with array X")
-    p.add_argument("--out", required=True, help="Zarr store to write (array 'y_pred', or 'decision')")
+    p.add_argument("--out", required=True, help="Zarr store to write (array 'y_pred', 'decision' or 'proba')")
     p.add_argument("--output", choices=PREDICT_OUTPUTS, default="label",
-                   help="classifiers: 'label' (the predicted classes, array 'y_pred') or 'decision' (the "
-                        "decision values, array 'decision'); 'proba' is not available yet. Regressors "
-                        "always write their predictions (array 'y_pred')")
+                   help="classifiers: 'label' (the predicted classes, array 'y_pred'), 'decision' (the "
+                        "decision values, array 'decision') or 'proba' (class probabilities, array 'proba', "
+                        "one column per class; classifiers with predict_proba, e.g. --estimator logistic). "
+                        "Regressors always write their predictions (array 'y_pred')")
     p.add_argument("--overwrite", action="store_true", help="replace an existing output")
     _add_scheduler(p)
 
@@ -405,7 +406,7 @@ def _checkpoint_kwargs(args: argparse.Namespace, model: Any) -> dict[str, Any]:
 
     if "checkpoint" not in inspect.signature(model.fit).parameters:
         raise UsageError(
-            f"--checkpoint is supported by the falkon and classifier estimators, not by "
+            f"--checkpoint is supported by the falkon, classifier and logistic estimators, not by "
             f"{type(model).__name__}; drop --checkpoint or use --estimator falkon"
         )
     from daskkrr.checkpoint import FitCheckpoint
@@ -426,18 +427,22 @@ def _cmd_predict(args: argparse.Namespace) -> None:
     name = _predict_output(model, args.output)
     _check_before_start(model, args.data, features_only=True)
     with cluster_client(args.scheduler, n_workers=args.workers):
-        pred = model.decision_function(args.data) if name == "decision" else model.predict(args.data)
+        if name == "proba":
+            pred = model.predict_proba(args.data)
+        else:
+            pred = model.decision_function(args.data) if name == "decision" else model.predict(args.data)
         write_array_zarr(pred, args.out, name=name, overwrite=args.overwrite)
-    what = "decision values" if name == "decision" else "predictions"
+    what = {"decision": "decision values", "proba": "class probabilities"}.get(name, "predictions")
     print(f"wrote {args.out}: {pred.shape[0]} {what} (array {name!r})")
 
 
 def _predict_output(model: Any, output: str) -> str:
-    """The array ``daskkrr predict --output`` writes: "y_pred" or "decision"; refuses "proba"."""
+    """The array ``daskkrr predict --output`` writes: "y_pred", "decision" or "proba" (refused,
+    before any work, for a model without ``predict_proba``)."""
     classifier = hasattr(model, "classes_")
     if output == "proba":
         if classifier and hasattr(model, "predict_proba"):
-            raise UsageError("--output proba is not written yet; use --output label or --output decision")
+            return "proba"
         raise UsageError(f"--output proba: {type(model).__name__} has no class probabilities; "
                          + ("use --output label or --output decision" if classifier else
                             "a regressor writes its predictions, drop --output"))

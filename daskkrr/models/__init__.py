@@ -4,6 +4,7 @@ from daskkrr.models.base import NystromModelBase
 from daskkrr.models.classifier import FalkonClassifier
 from daskkrr.models.kernel_model import KernelModelBase
 from daskkrr.models.loading import load_model
+from daskkrr.models.logistic import LogisticFalkonClassifier
 from daskkrr.models.persistence import save_model
 from daskkrr.models.registry import ESTIMATORS, estimator_class
 from daskkrr.models.regressors import (
@@ -18,6 +19,7 @@ __all__ = [
     "FalkonClassifier",
     "FalkonRegressor",
     "KernelModelBase",
+    "LogisticFalkonClassifier",
     "NystromModelBase",
     "NystromRegressor",
     "estimator_class",

@@ -1,0 +1,221 @@
+"""Logistic FALKON: the optimum of scikit-learn's LogisticRegression on the same Nystrom
+features, probabilities, a cluster fit from Zarr, resume after a crash, bad input,
+and the calibrated path of the least-squares classifier."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy.linalg import eigh
+from sklearn.exceptions import NotFittedError
+from sklearn.linear_model import LogisticRegression
+from sklearn.multiclass import OneVsRestClassifier
+
+from daskkrr import FalkonClassifier, LogisticFalkonClassifier
+from daskkrr.checkpoint import FitCheckpoint
+from daskkrr.solvers.logistic import (
+    CenterFactor,
+    gradient_block,
+    hessian_block,
+    log1pexp,
+    newton_solve,
+    penalty_path,
+)
+
+EXACT = dict(n_centers=30, sigma=1.0, penalty=1e-3, tol=1e-12, max_iter=200, newton_iterations=40,
+             random_state=0, standardize=False)
+
+
+def _data(n: int = 400, classes: int = 2, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, 2))
+    score = X[:, 0] + 0.7 * np.sin(2 * X[:, 1]) + 0.5 * rng.normal(size=n)
+    if classes == 2:
+        return X, (score > 0).astype(int)
+    return X, np.digitize(score, np.quantile(score, np.linspace(0, 1, classes + 1)[1:-1]))
+
+
+def _nystrom_features(model: LogisticFalkonClassifier, X: np.ndarray) -> np.ndarray:
+    """``Phi = K_nM K_MM^(-1/2)``: LogisticRegression on Phi is the same problem."""
+    Z = model.centers_
+    k = model.kernel_
+    w, Q = eigh(k(Z, Z))
+    return k(X, Z) @ (Q / np.sqrt(w)) @ Q.T
+
+
+def _objective(scores: np.ndarray, y: np.ndarray, w: np.ndarray, penalty: float) -> float:
+    """Our objective for one binary problem: mean logistic loss + penalty / 2 ||w||^2."""
+    return float(np.mean(log1pexp(-y * scores)) + 0.5 * penalty * w @ w)
+
+
+@pytest.mark.parametrize("classes", [2, 3])
+def test_objective_equals_logistic_regression_on_nystrom_features(classes):
+    X, y = _data(classes=classes)
+    n = len(y)
+    model = LogisticFalkonClassifier(**EXACT).fit(X, y)
+    assert model.converged_
+    Phi = _nystrom_features(model, X)
+    C = 1.0 / (EXACT["penalty"] * n)  # the docstring's C
+    lr = LogisticRegression(C=C, tol=1e-12, max_iter=10000, solver="newton-cholesky")
+    ref = lr if classes == 2 else OneVsRestClassifier(lr)
+    ref.fit(Phi, y)
+    fitted = [ref] if classes == 2 else ref.estimators_
+    ours = model.decision_function(X).reshape(n, -1)
+    for j, est in enumerate(fitted):
+        codes = np.where(y == model.classes_[1 if classes == 2 else j], 1.0, -1.0)
+        theirs = est.decision_function(Phi)
+        best = _objective(theirs, codes, est.coef_.ravel(), EXACT["penalty"])
+        assert abs(model.objective_[j] - best) <= 1e-6 * best, (model.objective_[j], best)
+        # and the model is the same function (and coefficients, in the features' basis)
+        np.testing.assert_allclose(ours[:, j], theirs, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(model.predict_proba(X), ref.predict_proba(Phi), atol=1e-5)
+    np.testing.assert_allclose(model.predict_log_proba(X), np.log(model.predict_proba(X)), atol=1e-10)
+
+
+def test_probabilities_numpy_and_dask():
+    import dask.array as da
+
+    X, y = _data(classes=3)
+    model = LogisticFalkonClassifier(n_centers=40, penalty=1e-4, random_state=0).fit(X, y)
+    P = model.predict_proba(X)
+    assert P.shape == (len(y), 3) and np.allclose(P.sum(axis=1), 1.0)
+    np.testing.assert_array_equal(model.classes_[P.argmax(axis=1)], model.predict(X))
+    lazy = model.predict_proba(da.from_array(X, chunks=100))
+    assert isinstance(lazy, da.Array) and lazy.shape == (len(y), 3)
+    np.testing.assert_allclose(lazy.compute(), P, rtol=1e-12, atol=1e-14)
+    log_lazy = model.predict_log_proba(da.from_array(X, chunks=100))
+    assert isinstance(log_lazy, da.Array)
+    np.testing.assert_allclose(np.exp(log_lazy.compute()), P, rtol=1e-10)
+
+
+def test_text_labels_and_save_load(tmp_path):
+    from daskkrr import load
+
+    X, y = _data()
+    labels = np.array(["no", "yes"])[y]
+    model = LogisticFalkonClassifier(n_centers=30, penalty=1e-4, random_state=0).fit(X, labels)
+    assert list(model.classes_) == ["no", "yes"]
+    back = load(model.save(tmp_path / "m"))
+    assert type(back) is LogisticFalkonClassifier
+    np.testing.assert_array_equal(back.predict_proba(X), model.predict_proba(X))
+    np.testing.assert_array_equal(back.predict(X), model.predict(X))
+
+
+def test_sample_weights_equal_duplicated_rows():
+    """The Newton loop's per-row weights (a last column of the targets): integer weights
+    give the model of the duplicated rows (the fit(sample_weight) plumbing passes them)."""
+    rng = np.random.default_rng(3)
+    X, y = _data(n=150)
+    codes = np.where(y == 1, 1.0, -1.0)[:, None]
+    s = rng.integers(0, 4, size=len(y)).astype(float)
+    from daskkrr.kernels import make_kernel
+
+    kernel = make_kernel("gaussian", sigma=1.0)
+    Z = X[:20]
+    factor = CenterFactor.from_kernel_matrix(kernel(Z, Z))
+    path = penalty_path(1e-3, "auto", 30)
+
+    def solve(Xr, Yr, total):
+        return newton_solve(
+            factor, lambda c, b: gradient_block(Xr, Yr, kernel, Z, c, b),
+            lambda c, b, U: hessian_block(Xr, Yr, kernel, Z, c, b, U), path=path, weight_sum=total,
+            intercept0=np.zeros(1), fit_intercept=True, tol=1e-13, max_iter=100)
+
+    weighted = solve(X, np.column_stack([codes, s]), s.sum())
+    rep = np.repeat(np.arange(len(y)), s.astype(int))
+    duplicated = solve(X[rep], codes[rep], float(len(rep)))
+    assert weighted.converged and duplicated.converged
+    np.testing.assert_allclose(weighted.coef, duplicated.coef, rtol=1e-8, atol=1e-8 * np.abs(duplicated.coef).max())
+    np.testing.assert_allclose(weighted.intercept, duplicated.intercept, rtol=1e-8)
+
+
+# ---------------------------------------------------------------- resume and cluster
+class Stop(Exception):
+    """Stands in for a crash right after a checkpoint was saved."""
+
+
+def test_resumed_fit_equals_the_uninterrupted_fit(tmp_path, monkeypatch):
+    X, y = _data(n=600, classes=3, seed=1)
+    params = dict(n_centers=50, penalty=1e-5, tol=1e-8, max_iter=30, random_state=0, chunks=200)
+    full = LogisticFalkonClassifier(**params).fit(X, y)
+    save_state = FitCheckpoint.save_state
+
+    def save_then_crash(self, prefix, state):
+        save_state(self, prefix, state)
+        if state.iteration >= 3:
+            raise Stop
+
+    monkeypatch.setattr(FitCheckpoint, "save_state", save_then_crash)
+    with pytest.raises(Stop):
+        LogisticFalkonClassifier(**params).fit(X, y, checkpoint=tmp_path / "ck")
+    monkeypatch.undo()
+    resumed = LogisticFalkonClassifier(**params).fit(X, y, checkpoint=tmp_path / "ck", resume=True)
+    assert resumed.n_iter_ == full.n_iter_ > 3
+    np.testing.assert_array_equal(resumed.coef_, full.coef_)
+    np.testing.assert_array_equal(resumed.intercept_, full.intercept_)
+    np.testing.assert_array_equal(resumed.objective_history_, full.objective_history_)
+
+
+def test_zarr_on_a_two_process_cluster_equals_numpy(tmp_path, cluster2):
+    from daskkrr.data import write_zarr
+
+    # 5 features: K_MM well conditioned, so converged coefficients are determined to round-off
+    rng = np.random.default_rng(2)
+    X = rng.normal(size=(2000, 5))
+    score = X[:, 0] + np.sin(2 * X[:, 1]) + 0.5 * X[:, 2] * X[:, 3] + 0.5 * rng.normal(size=2000)
+    y = np.digitize(score, np.quantile(score, [1 / 3, 2 / 3]))
+    write_zarr(X, y.astype(np.float64), tmp_path / "t.zarr", chunk_rows=500)
+    params = dict(n_centers=40, penalty=1e-3, tol=1e-10, max_iter=100, newton_iterations=30, random_state=0)
+    with cluster2.as_current():
+        on_cluster = LogisticFalkonClassifier(**params).fit(tmp_path / "t.zarr")
+    in_memory = LogisticFalkonClassifier(**params).fit(X, y)
+    assert on_cluster.converged_ and in_memory.converged_, (on_cluster.residuals_, in_memory.residuals_)
+    np.testing.assert_array_equal(on_cluster.center_indices_, in_memory.center_indices_)
+    rel = np.linalg.norm(on_cluster.coef_ - in_memory.coef_) / np.linalg.norm(in_memory.coef_)
+    assert rel <= 1e-8, rel
+
+
+# ---------------------------------------------------------------- bad input
+def test_one_class_is_refused():
+    X, _ = _data(n=50)
+    with pytest.raises(ValueError, match="only one class"):
+        LogisticFalkonClassifier(n_centers=10).fit(X, np.zeros(50))
+
+
+def test_continuous_target_is_refused():
+    X, _ = _data(n=50)
+    with pytest.raises(ValueError, match="Unknown label type: continuous"):
+        LogisticFalkonClassifier(n_centers=10).fit(X, np.random.default_rng(0).normal(size=50))
+
+
+def test_predict_proba_before_fit_is_refused():
+    with pytest.raises(NotFittedError):
+        LogisticFalkonClassifier().predict_proba(np.zeros((2, 2)))
+
+
+@pytest.mark.parametrize("schedule, match", [([1e-2, 1e-9], "larger than penalty"),
+                                             ([1e-4, 1e-2], "decreasing"),
+                                             ("geometric", "penalty_schedule must be")])
+def test_bad_penalty_schedule_is_refused(schedule, match):
+    X, y = _data(n=50)
+    with pytest.raises(ValueError, match=match):
+        LogisticFalkonClassifier(n_centers=10, penalty=1e-6, penalty_schedule=schedule).fit(X, y)
+
+
+def test_penalty_path_follows_falkon_rule():
+    assert penalty_path(1e-6, "auto", 2) == [(1e-2, False), (1e-4, False), (1e-6, True), (1e-6, True)]
+    assert penalty_path(0.1, "auto", 1) == [(0.1, True)]
+
+
+# ---------------------------------------------------------------- the least-squares classifier
+def test_falkon_classifier_calibrated_probabilities():
+    from sklearn.calibration import CalibratedClassifierCV
+    from sklearn.metrics import log_loss
+
+    X, y = _data(n=600, classes=3)
+    calibrated = CalibratedClassifierCV(FalkonClassifier(n_centers=40, penalty=1e-4, random_state=0),
+                                        cv=3, method="sigmoid").fit(X, y)
+    P = calibrated.predict_proba(X)
+    assert P.shape == (600, 3) and np.allclose(P.sum(axis=1), 1.0)
+    assert log_loss(y, P) < log_loss(y, np.full((600, 3), 1 / 3))
+    assert not hasattr(FalkonClassifier(), "predict_proba")
