@@ -37,7 +37,7 @@ def test_sklearn_compatible(estimator, check):
 def test_n_centers_above_rows_is_clamped_with_a_warning(name):
     rng = np.random.default_rng(0)
     X = rng.normal(size=(15, 2))
-    y = np.arange(15) % 2 if name == "classifier" else X[:, 0]
+    y = np.arange(15) % 2 if name in ("classifier", "logistic") else X[:, 0]
     model = ESTIMATORS[name](n_centers=50, random_state=0)
     with pytest.warns(UserWarning, match=r"n_centers=50 is larger than the number of training rows \(15\)"):
         model.fit(X, y)

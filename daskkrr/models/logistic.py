@@ -41,7 +41,7 @@ LOGISTIC_PARAM_DOCS = {
     is FALKON's rule of thumb: from 1e-2, divided by 100 while above
     ``penalty`` (``[1e-2, 1e-4]`` for ``penalty=1e-6``; none for
     ``penalty >= 1e-2``).""",
-    "newton_iterations": """newton_iterations : int, default=6
+    "newton_iterations": """newton_iterations : int, default=8
     Most Newton steps at the target penalty (they stop earlier at ``tol``).""",
 }
 
@@ -189,7 +189,7 @@ class LogisticFalkonClassifier(FalkonClassifier):
         strategy: str = "auto",
         fit_intercept: bool = True,
         penalty_schedule: Any = "auto",
-        newton_iterations: int = 6,
+        newton_iterations: int = 8,
     ):
         self.kernel = kernel
         self.sigma = sigma

@@ -115,6 +115,8 @@ def newton(ctx: FitContext) -> None:
     """The Newton loop along the penalty path (see :func:`~daskkrr.solvers.logistic.newton_solve`)."""
     p = ctx.params
     Z = ctx.centers
+    if Z is None:
+        raise RuntimeError("the centers are not chosen yet; run choose_centers first")
     t = int(ctx.Y.shape[1])
     Z64 = Z.astype(np.float64)
     factor = CenterFactor.from_kernel_matrix(
@@ -142,10 +144,10 @@ def newton(ctx: FitContext) -> None:
     st = result.state
     ctx.n_iter, ctx.converged = int(st.step), bool(result.converged)
     if not result.converged:
+        ratio = float(np.max(st.decrements[-1] / np.maximum(st.history[-1], 1e-300))) if len(st.history) else np.nan
         warnings.warn(
             f"the Newton method did not reach tol={float(p.tol):g} in newton_iterations={int(p.newton_iterations)}"
-            f" steps at the target penalty (largest squared Newton decrement / objective: "
-            f"{float(np.max(st.decrements[-1] / np.maximum(st.history[-1], 1e-300))) if len(st.history) else np.nan:.3g})."
+            f" steps at the target penalty (largest squared Newton decrement / objective: {ratio:.3g})."
             " The model is usable; raise newton_iterations or max_iter, or raise tol",
             ConvergenceWarning, stacklevel=2,
         )

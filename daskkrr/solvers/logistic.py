@@ -310,7 +310,8 @@ class NewtonState:
                    active=np.ones(t, dtype=bool), history=np.zeros((0, t)), decrements=np.zeros((0, t)))
 
     def copy(self) -> NewtonState:
-        return dataclasses.replace(self, **{k: np.array(getattr(self, k)) for k in self._ARRAYS})
+        arrays: dict[str, Any] = {k: np.array(getattr(self, k)) for k in self._ARRAYS}
+        return dataclasses.replace(self, **arrays)
 
     def to_arrays(self) -> dict[str, np.ndarray]:
         out = {k: np.array(getattr(self, k)) for k in self._ARRAYS}
@@ -345,6 +346,25 @@ class NewtonResult:
     objective: np.ndarray
     converged: bool
     state: NewtonState
+
+
+#: Largest relative CG residual of a Newton step at the target penalty.
+MAX_FORCING = 0.1
+
+
+def forcing_tolerance(state: NewtonState, tol: float) -> float:
+    """CG's relative residual for the next Newton step at the target (an inexact Newton method).
+
+    Far from the optimum an exact Newton direction is wasted work: the tolerance is
+    ``sqrt(lambda^2 / objective)`` of the previous step (at most :data:`MAX_FORCING`,
+    at least ``tol``), which falls as the iterates converge and keeps the
+    convergence superlinear (Eisenstat and Walker's forcing terms).
+    """
+    if not len(state.history) or not len(state.decrements):
+        return max(tol, MAX_FORCING)
+    ratio = state.decrements[-1] / np.maximum(np.abs(state.history[-1]), np.finfo(float).tiny)
+    ratio = ratio[state.active] if state.active.any() else ratio
+    return float(np.clip(np.sqrt(np.max(np.abs(ratio))), tol, MAX_FORCING))
 
 
 GradientPass = Callable[[np.ndarray, np.ndarray], np.ndarray]
@@ -432,7 +452,7 @@ def newton_solve(
             if on_step is not None:
                 on_step(st.cg_iterations + it, float(np.max(rel)))
 
-        result = conjugate_gradient(operator, pre.adjoint(g_s), tol=tol,
+        result = conjugate_gradient(operator, pre.adjoint(g_s), tol=forcing_tolerance(st, tol) if target else tol,
                                     max_iter=max_iter if target else min(max_iter, WARMUP_CG_ITERATIONS),
                                     callback=callback)
         st.cg_iterations += int(result.n_iter)
