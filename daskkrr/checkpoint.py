@@ -11,7 +11,11 @@ file holds plain numpy arrays (loaded with ``allow_pickle=False``):
 * the centers with their row indices and weights, saved once after sampling;
 * ``K_nM^T y``, saved once after the right-hand-side pass;
 * the complete CG state (:class:`daskkrr.solvers.CGState`) every
-  ``checkpoint_every`` iterations and at the end.
+  ``checkpoint_every`` iterations and at the end;
+* or, for logistic FALKON, the Newton state
+  (:class:`daskkrr.solvers.logistic.NewtonState`: the step along the penalty
+  path, coefficients, intercepts) after every Newton step, under keys
+  ``newton_*`` (a solver state names its prefix in ``checkpoint_prefix``).
 
 :class:`FitCheckpoint` is a subscriber of the fit's events
 (:mod:`daskkrr.events`): it saves what the pipeline reports

@@ -176,6 +176,58 @@ def test_zarr_on_a_two_process_cluster_equals_numpy(tmp_path, cluster2):
     assert rel <= 1e-8, rel
 
 
+@pytest.mark.slow
+def test_client_killed_mid_newton_resumes_to_the_same_model(tmp_path, cluster2, capsys):
+    """``daskkrr fit --estimator logistic --checkpoint`` on its own local cluster gets SIGKILL
+    after a few Newton steps (no clean-up at all); resumed on another cluster, the model equals
+    the fit that was never interrupted."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import daskkrr
+    from daskkrr.checkpoint import CHECKPOINT_FILE
+    from daskkrr.cli import main
+    from daskkrr.data import write_zarr
+
+    rng = np.random.default_rng(5)
+    X = rng.normal(size=(2000, 5))
+    y = (X[:, 0] + np.sin(2 * X[:, 1]) + 0.5 * rng.normal(size=2000) > 0).astype(np.float64)
+    store = write_zarr(X, y, tmp_path / "t.zarr", chunk_rows=500)
+    flags = ["--n-centers", "40", "--penalty", "1e-2", "--tol", "1e-9", "--max-iter", "60",
+             "--newton-iterations", "20", "--random-state", "0"]
+    uninterrupted = LogisticFalkonClassifier(n_centers=40, penalty=1e-2, tol=1e-9, max_iter=60,
+                                             newton_iterations=20, random_state=0).fit(store)
+    assert uninterrupted.converged_ and uninterrupted.n_iter_ > 3
+    ckpt, out = tmp_path / "ck", tmp_path / "model"
+    fit = ["fit", "--data", str(store), "--out", str(out), "--estimator", "logistic", *flags,
+           "--checkpoint", str(ckpt)]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "daskkrr.cli", *fit, "--workers", "1", "-q"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.monotonic() + 240
+    step = -1
+    while step < 1:
+        assert proc.poll() is None, f"the fit ended before Newton step 1: {proc.stderr.read()}"
+        assert time.monotonic() < deadline, "timed out waiting for a checkpoint"
+        if (ckpt / CHECKPOINT_FILE).exists():
+            with np.load(ckpt / CHECKPOINT_FILE, allow_pickle=False) as npz:
+                meta = json.loads(str(npz["meta"]))
+            step = meta.get("iteration", -1) if meta.get("stage") == "newton" else -1
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGKILL and not out.exists()
+    assert main([*fit, "--resume", "--scheduler", cluster2.scheduler.address, "-q"]) == 0, capsys.readouterr().err
+    model = daskkrr.load(out)
+    assert model.converged_ and model.n_iter_ == uninterrupted.n_iter_
+    rel = np.linalg.norm(model.coef_ - uninterrupted.coef_) / np.linalg.norm(uninterrupted.coef_)
+    assert rel <= 1e-9, rel
+
+
 # ---------------------------------------------------------------- bad input
 def test_one_class_is_refused():
     X, _ = _data(n=50)

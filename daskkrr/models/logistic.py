@@ -133,15 +133,15 @@ class LogisticFalkonClassifier(FalkonClassifier):
         The unpenalised constants (zeros with ``fit_intercept=False``).
     objective_ : ndarray of shape (1,) or (n_classes,)
         The objective of each binary problem at the fitted model.
-    objective_history_ : ndarray of shape (n_iter_, n_problems)
+    objective_history_ : ndarray of shape (``n_iter_``, n_problems)
         The objective at the start of every Newton step (each at its own penalty).
-    penalty_path_ : ndarray of shape (n_iter_,)
+    penalty_path_ : ndarray of shape (``n_iter_``,)
         The penalty of every Newton step made.
     n_iter_ : int
         Newton steps made.
     cg_iterations_ : int
         CG iterations over all Newton steps (each one pass over the data).
-    residuals_ : ndarray of shape (n_iter_, n_problems)
+    residuals_ : ndarray of shape (``n_iter_``, n_problems)
         The squared Newton decrement of every Newton step.
     converged_ : bool
         Whether every problem reached ``tol`` (otherwise a ``ConvergenceWarning``).
