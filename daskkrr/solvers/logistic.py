@@ -26,6 +26,7 @@ the rows first (the recompute strategy), tile by tile.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Callable, Iterator
 from typing import Any, ClassVar
@@ -35,6 +36,7 @@ import numpy as np
 from daskkrr.kernels.base import Kernel
 from daskkrr.kernels.engine import engine_for
 from daskkrr.utils.linalg import cholesky_jitter, solve_upper
+from daskkrr.utils.threads import blas_threads
 
 #: Bytes of one kernel tile computed at a time by the recompute block tasks.
 TILE_BYTES = 32 * 2**20
@@ -348,6 +350,11 @@ class NewtonResult:
     state: NewtonState
 
 
+#: Below this many centers the client's M x M algebra (a few triangular solves per CG
+#: iteration, a Cholesky factor per class and Newton step) runs on one BLAS thread:
+#: multithreaded BLAS on small matrices costs more in synchronisation than it saves,
+#: badly so on a loaded machine (0.17 s for a 200 x 200 Cholesky measured at load 10 on 2 cores).
+SINGLE_THREAD_CENTERS = 1024
 #: Largest relative CG residual of a Newton step at the target penalty.
 MAX_FORCING = 0.1
 
@@ -398,6 +405,29 @@ def newton_solve(
     target a step that raised the objective is halved (a safeguard; FALKON has none).
     ``on_state`` receives the state after every Newton step; ``state`` continues from one.
     """
+    small = factor.Kmm.shape[0] < SINGLE_THREAD_CENTERS
+    with blas_threads(1) if small else contextlib.nullcontext():
+        return _newton_loop(factor, gradient_pass, hessian_pass, path=path, weight_sum=weight_sum,
+                            intercept0=intercept0, fit_intercept=fit_intercept, tol=tol, max_iter=max_iter,
+                            state=state, on_state=on_state, on_step=on_step, max_halvings=max_halvings)
+
+
+def _newton_loop(
+    factor: CenterFactor,
+    gradient_pass: GradientPass,
+    hessian_pass: HessianPass,
+    *,
+    path: list[tuple[float, bool]],
+    weight_sum: float,
+    intercept0: np.ndarray,
+    fit_intercept: bool,
+    tol: float,
+    max_iter: int,
+    state: NewtonState | None,
+    on_state: Callable[[NewtonState], None] | None,
+    on_step: Callable[[int, float], None] | None,
+    max_halvings: int,
+) -> NewtonResult:
     from daskkrr.solvers.cg import conjugate_gradient
 
     Kmm = factor.Kmm

@@ -246,7 +246,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--falkon-threads", type=int, default=None, help="torch threads of the FALKON child")
     ap.add_argument("--timeout", type=float, default=3600)
     ap.add_argument("--work", default="/tmp/daskkrr-logistic-bench")
-    ap.add_argument("--out", default=None)
+    ap.add_argument("--out", default=None, help="results folder (default: results/ beside this file)")
+    ap.add_argument("--name", default="logistic_vs_baselines", help="results file name (without suffix)")
     ap.add_argument("--child", choices=[m for m in METHODS if m != "falkon-logistic"], help=argparse.SUPPRESS)
     ap.add_argument("--data", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -271,7 +272,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     print_table(rows, ["data", "n_train", "classes", "method", "accuracy", "log_loss", "log_loss_vs_best", "fit_s",
                        "time_vs_falkon", "peak_mb", "target_log_loss", "target_time", "newton_steps",
                        "cg_iterations"], title)
-    write_results(rows, args.out, "logistic_vs_baselines", {"machine": info, "args": vars(args)})
+    write_results(rows, args.out, args.name, {"machine": info, "args": vars(args)})
     return rows
 
 
