@@ -79,7 +79,7 @@ USAGE_ERRORS = [
      "--n-centers 0: n_centers must be an int in the range [1, inf)"),
     (["fit", "--data", "{store}", "--out", "{tmp}/m", "--resume"], "--resume needs --checkpoint DIR"),
     (["fit", "--data", "{store}", "--out", "{tmp}/m", "--estimator", "exact", "--checkpoint", "{tmp}/ck"],
-     "--checkpoint is supported by the falkon and classifier estimators, not by ExactKernelRidge"),
+     "--checkpoint is supported by the falkon, classifier and logistic estimators, not by ExactKernelRidge"),
     (["fit", "--data", "{store}", "--out", "{tmp}/m", "--checkpoint", "{tmp}/ck", "--checkpoint-every", "0"],
      "argument --checkpoint-every: expected an integer >= 1; got '0'"),
     (["fit", "--data", "{store}", "--out", "{tmp}/m", "--cent", "300"], "unrecognized arguments: --cent 300"),
