@@ -15,7 +15,10 @@ second derivative at the centers:
     T^T T = D K_MM D,     A^T A = T (W_M - centring) T^T / M + lambda I,
 
 where ``W_M`` holds ``l''`` at the centers' current predictions (``D`` the importance
-weights of the centers, as in :mod:`daskkrr.solvers.falkon`).
+weights of the centers, as in :mod:`daskkrr.solvers.falkon`). The row weights
+``s_i`` enter the gradient, the Hessian and the ``N`` that scales the penalty, not
+the preconditioner (the centers stand for the rows without their weights): that
+changes how fast CG converges, never the solution.
 
 What touches the data are two per-block products, summed over the row blocks:
 :func:`gradient_terms` (loss, ``K_b^T l'``, ``K_b^T l''`` and their column sums at the
