@@ -13,6 +13,7 @@ import numpy as np
 
 from daskkrr.bandits.bkb import BKB, _check_real
 from daskkrr.bandits.posterior import HallucinatedVariance
+from daskkrr.utils.threads import blas_threads
 
 
 class BatchBKB(BKB):
@@ -95,6 +96,14 @@ class BatchBKB(BKB):
             raise ValueError(f"the previous batch has arms without a reward: {self.pending}; "
                              "tell (or exclude) them before asking for a new batch")
         size = _check_size("batch_size", batch_size) or self.batch_size
+        with blas_threads(1):  # small matrices: see BKB._update
+            batch = self._choose_batch(size)
+        self._batch = batch
+        self._pending.update(batch)
+        self.batch_sizes_.append(len(batch))
+        return batch
+
+    def _choose_batch(self, size: int | None) -> list[int]:
         cap = size or min(self.max_batch_size or self.n_arms, self.n_arms)
         frozen = self.variance_
         hallucinated = HallucinatedVariance(self.posterior_, self.kernel, self._points, self.counts_)
@@ -110,9 +119,6 @@ class BatchBKB(BKB):
             ratio += float(frozen[index])
             if size is None and ratio > self.ratio_threshold:
                 break
-        self._batch = batch
-        self._pending.update(batch)
-        self.batch_sizes_.append(len(batch))
         return batch
 
     def tell(self, index: Any, reward: Any) -> None:
