@@ -274,6 +274,34 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-progress", dest="progress", action="store_false",
                    help="no progress bars on stderr (default: bars)")
     _add_scheduler(p)
+
+    p = command("tune", "tune an estimator's sigma/penalty/n_centers by batched BKB; save the best model and the history")
+    p.add_argument("--data", required=True, help="Zarr store with arrays X and y, or a CSV/TSV table (with --target)")
+    p.add_argument("--target", default=None, help="target column of a CSV/TSV --data (default: none)")
+    p.add_argument("--out", required=True, help="model directory to write (the best candidate refitted on all data)")
+    p.add_argument("--history", default=None, metavar="FILE",
+                   help="search history, CSV or .json (default: OUT.history.csv next to --out)")
+    p.add_argument("--config", default=None, help="TOML file with a [model] table (default: none)")
+    _add_model_flags(p)
+    space = p.add_argument_group("search", "the tuning space (log-uniform) and budget")
+    space.add_argument("--sigma-range", nargs=2, type=float, metavar=("LOW", "HIGH"), default=None,
+                       help="sigma range (default: sqrt(d)/10 to 10 sqrt(d))")
+    space.add_argument("--penalty-range", nargs=2, type=float, metavar=("LOW", "HIGH"), default=None,
+                       help="penalty range (default: 1e-9 to 1e-1)")
+    space.add_argument("--centers-range", nargs=2, type=_positive_int, metavar=("LOW", "HIGH"), default=None,
+                       help="n_centers range (default: n_centers not tuned)")
+    space.add_argument("--ard", action="store_true", help="one sigma per feature (the estimator must accept it)")
+    space.add_argument("--candidates", type=_positive_int, default=256, help="candidates drawn in the space")
+    space.add_argument("--budget-fits", type=_positive_int, default=40, help="model fits at most")
+    space.add_argument("--budget-seconds", type=float, default=None,
+                       help="no new batch of fits after this many seconds (default: no limit)")
+    space.add_argument("--batch-size", type=_positive_int, default=None,
+                       help="candidates fitted in parallel per round (default: the cluster's slots per split)")
+    space.add_argument("--cv", type=_scalar, default=0.25,
+                       help="validation fraction of one holdout split (0 < f < 1), or K >= 2 folds")
+    space.add_argument("--scoring", default=None, help="scikit-learn scoring name (default: the estimator's score)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing model directory and history")
+    _add_scheduler(p)
     return parser
 
 
@@ -321,6 +349,43 @@ def _cmd_fit(args: argparse.Namespace) -> None:
     print(f"fitted {type(model).__name__} with {model.centers_.shape[0]} centers in "
           f"{time.perf_counter() - t0:.1f}s ({model.n_iter_} CG iterations, {convergence_note(model)}); "
           f"wrote {args.out}")
+
+
+def _cmd_tune(args: argparse.Namespace) -> None:
+    from daskkrr.config import read_config
+    from daskkrr.parallel import cluster_client
+    from daskkrr.tune import BKBSearchCV
+    from daskkrr.tune.outputs import read_training_data, write_history
+    from daskkrr.utils.atomic import check_destination
+
+    history = args.history or f"{str(args.out).rstrip('/')}.history.csv"
+    check_destination(args.out, args.overwrite)  # fail before the work, not after
+    check_destination(history, args.overwrite)
+    if args.budget_seconds is not None and not args.budget_seconds > 0:
+        raise UsageError(f"--budget-seconds must be > 0; got {args.budget_seconds!r}")
+    config = read_config(args.config) if args.config else {}
+    if args.estimator:
+        config["estimator"] = args.estimator
+    model = _build_from_flags(config, _model_overrides(args), verbose=bool(args.verbose))
+    space = {name: tuple(r) for name, r in (("sigma", args.sigma_range), ("penalty", args.penalty_range),
+                                           ("n_centers", args.centers_range)) if r is not None}
+    X, y = read_training_data(args.data, args.target)
+    seed = getattr(model, "random_state", None)
+    search = BKBSearchCV(model, space or None, n_candidates=args.candidates, budget_fits=args.budget_fits,
+                         budget_seconds=args.budget_seconds, batch_size=args.batch_size, cv=args.cv,
+                         scoring=args.scoring, ard=args.ard, random_state=seed if seed is not None else 0)
+    if search.param_space is not None and search.ard and "sigma" not in space:
+        raise UsageError("--ard tunes sigma per feature: give --sigma-range")
+    with cluster_client(args.scheduler, n_workers=args.workers):  # the fits' cluster
+        t0 = time.perf_counter()
+        search.fit(X, y)
+        search.best_estimator_.save(args.out, overwrite=args.overwrite)
+    write_history(search.history_, history)
+    best = ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in search.best_params_.items()
+                     if not hasattr(v, "__len__"))
+    print(f"tuned {type(model).__name__} in {time.perf_counter() - t0:.1f}s: {search.n_fits_} fits "
+          f"({search.stop_reason_}), best validation score {search.best_score_:.4g} with {best or 'ARD sigma'}; "
+          f"wrote {args.out} and {history}")
 
 
 def convergence_note(model: Any) -> str:
@@ -489,6 +554,7 @@ _COMMANDS = {
     "score": _cmd_score,
     "quickstart": _cmd_quickstart,
     "run": _cmd_run,
+    "tune": _cmd_tune,
 }
 
 
