@@ -300,6 +300,7 @@ def _parser() -> argparse.ArgumentParser:
     space.add_argument("--cv", type=_scalar, default=0.25,
                        help="validation fraction of one holdout split (0 < f < 1), or K >= 2 folds")
     space.add_argument("--scoring", default=None, help="scikit-learn scoring name (default: the estimator's score)")
+    space.add_argument("--search-seed", type=int, default=0, help="seeds the candidates, splits and bandit")
     p.add_argument("--overwrite", action="store_true", help="replace an existing model directory and history")
     _add_scheduler(p)
     return parser
@@ -370,10 +371,9 @@ def _cmd_tune(args: argparse.Namespace) -> None:
     space = {name: tuple(r) for name, r in (("sigma", args.sigma_range), ("penalty", args.penalty_range),
                                            ("n_centers", args.centers_range)) if r is not None}
     X, y = read_training_data(args.data, args.target)
-    seed = getattr(model, "random_state", None)
     search = BKBSearchCV(model, space or None, n_candidates=args.candidates, budget_fits=args.budget_fits,
                          budget_seconds=args.budget_seconds, batch_size=args.batch_size, cv=args.cv,
-                         scoring=args.scoring, ard=args.ard, random_state=seed if seed is not None else 0)
+                         scoring=args.scoring, ard=args.ard, random_state=args.search_seed)
     if search.param_space is not None and search.ard and "sigma" not in space:
         raise UsageError("--ard tunes sigma per feature: give --sigma-range")
     with cluster_client(args.scheduler, n_workers=args.workers):  # the fits' cluster
