@@ -275,7 +275,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="no progress bars on stderr (default: bars)")
     _add_scheduler(p)
 
-    p = command("tune", "tune an estimator's sigma/penalty/n_centers by batched BKB; save the best model and the history")
+    p = command("tune", "tune sigma/penalty/n_centers by batched BKB; save the best model and the history")
     p.add_argument("--data", required=True, help="Zarr store with arrays X and y, or a CSV/TSV table (with --target)")
     p.add_argument("--target", default=None, help="target column of a CSV/TSV --data (default: none)")
     p.add_argument("--out", required=True, help="model directory to write (the best candidate refitted on all data)")

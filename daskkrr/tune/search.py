@@ -152,7 +152,7 @@ class BKBSearchCV(MetaEstimatorMixin, BaseEstimator):
                 continue
             integral = name == "budget_fits"
             kind = Integral if integral else Real
-            if isinstance(value, bool) or not isinstance(value, kind) or not value > 0 or not math.isfinite(value):
+            if isinstance(value, bool) or not isinstance(value, kind) or not (math.isfinite(value) and float(value) > 0):
                 raise ValueError(f"{name} must be {'an integer' if integral else 'a number of seconds'} > 0 "
                                  f"or None; got {value!r}")
         for name in ("n_candidates", "batch_size"):
@@ -165,7 +165,7 @@ class BKBSearchCV(MetaEstimatorMixin, BaseEstimator):
     def _splitter(self) -> Any:
         cv = self.cv
         if isinstance(cv, Real) and not isinstance(cv, (bool, Integral)):
-            if not 0 < cv < 1:
+            if not 0 < float(cv) < 1:
                 raise ValueError(f"cv as a holdout fraction must be in (0, 1); got {cv!r}")
             return ShuffleSplit(n_splits=1, test_size=float(cv), random_state=self.random_state)
         if isinstance(cv, Integral) and not isinstance(cv, bool):
@@ -244,13 +244,12 @@ class BKBSearchCV(MetaEstimatorMixin, BaseEstimator):
                 for k, i in enumerate(new):
                     mine = outcomes[k * self.n_splits_ : (k + 1) * self.n_splits_]
                     error = next((o.error for o in mine if not o.ok), None)
-                    row = {"round": rounds, "arm": i, "params": cands.params[i], "elapsed": elapsed,
-                           "error": None if error is None else f"{type(error).__name__}: {error}",
-                           "fit_times": [o.seconds for o in mine]}
-                    row["split_scores"] = [o.value if o.ok else np.nan for o in mine]
-                    rows.append(row)
+                    split_scores = [o.value if o.ok else np.nan for o in mine]
+                    rows.append({"round": rounds, "arm": i, "params": cands.params[i], "elapsed": elapsed,
+                                 "error": None if error is None else f"{type(error).__name__}: {error}",
+                                 "fit_times": [o.seconds for o in mine], "split_scores": split_scores})
                     if error is None:
-                        scores[i] = float(np.mean(row["split_scores"]))
+                        scores[i] = float(np.mean(split_scores))
                 told = [i for i in asked if i in scores]
                 if told:
                     bandit.tell_many(told, [max(scores[i], REWARD_FLOOR) for i in told])
