@@ -152,7 +152,8 @@ class BKBSearchCV(MetaEstimatorMixin, BaseEstimator):
                 continue
             integral = name == "budget_fits"
             kind = Integral if integral else Real
-            if isinstance(value, bool) or not isinstance(value, kind) or not (math.isfinite(value) and float(value) > 0):
+            good = isinstance(value, kind) and not isinstance(value, bool) and math.isfinite(value) and float(value) > 0
+            if not good:
                 raise ValueError(f"{name} must be {'an integer' if integral else 'a number of seconds'} > 0 "
                                  f"or None; got {value!r}")
         for name in ("n_candidates", "batch_size"):
