@@ -245,6 +245,15 @@ def test_batch_needs_its_rewards_before_the_next_batch():
     assert bandit.n_rounds_ == 1 and batch[1] not in bandit.ask(3)
 
 
+def test_asking_with_every_arm_excluded_is_refused():
+    bandit = BKB(np.eye(2), sigma=0.5, random_state=0)
+    bandit.exclude(0)
+    bandit.exclude(1)
+    assert bandit.n_arms_left == 0
+    with pytest.raises(ValueError, match="every arm is excluded"):
+        bandit.ask()
+
+
 @pytest.mark.parametrize("bad", [{"penalty": 0.0}, {"delta": 1.0}, {"qbar": -1}, {"epsilon": 1.0},
                                  {"noise_bound": float("nan")}])
 def test_bad_parameters_are_refused(bad):

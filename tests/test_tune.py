@@ -7,6 +7,8 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
+from sklearn.base import BaseEstimator, RegressorMixin
+from sklearn.kernel_ridge import KernelRidge
 from sklearn.model_selection import GridSearchCV, ShuffleSplit
 
 from daskkrr import ExactKernelRidge
@@ -120,3 +122,32 @@ def test_cli_tune_on_a_two_worker_cluster(tmp_path, cluster2, capsys):
     assert load(out).score(X, y) > 0.5
     assert main(argv) == 1  # outputs exist: refused without --overwrite
     assert "--overwrite" in capsys.readouterr().err
+
+
+class _Picky(RegressorMixin, BaseEstimator):
+    """scikit-learn KernelRidge that refuses wide kernels: a stand-in for fits that fail."""
+
+    def __init__(self, sigma: float = 1.0, penalty: float = 1e-3):
+        self.sigma = sigma
+        self.penalty = penalty
+
+    def fit(self, X, y):
+        if self.sigma > 2.0:
+            raise ValueError("sigma too wide")
+        self.model_ = KernelRidge(alpha=self.penalty, kernel="rbf", gamma=0.5 / self.sigma**2).fit(X, y)
+        return self
+
+    def predict(self, X):
+        return self.model_.predict(X)
+
+
+def test_failed_candidates_are_excluded_and_reported():
+    X, y = _data(120, 0)
+    s = BKBSearchCV(_Picky(), {"sigma": (0.1, 20.0), "penalty": (1e-4, 1e-1)}, budget_fits=12, batch_size=4,
+                    random_state=0).fit(X, y)
+    failed = s.history_[s.history_["error"].notna()]
+    assert len(failed) > 0 and failed["error"].str.contains("sigma too wide").all()
+    assert np.isnan(s.cv_results_["mean_test_score"][failed.index]).all()
+    assert s.best_params_["sigma"] <= 2.0
+    assert not set(failed["arm"]) & set(s.bandit_.pending)
+    assert all(s.bandit_._excluded[i] for i in failed["arm"])

@@ -96,6 +96,7 @@ class BatchBKB(BKB):
             raise ValueError(f"the previous batch has arms without a reward: {self.pending}; "
                              "tell (or exclude) them before asking for a new batch")
         size = _check_size("batch_size", batch_size) or self.batch_size
+        self._check_arms_left()
         with blas_threads(1):  # small matrices: see BKB._update
             batch = self._choose_batch(size)
         self._batch = batch

@@ -220,6 +220,7 @@ class BKB:
 
     def ask(self) -> int:
         """The index of the arm to evaluate next (the largest UCB; ties broken at random)."""
+        self._check_arms_left()
         index = self._argmax(self.ucb())
         self._pending[index] += 1
         return index
@@ -244,8 +245,11 @@ class BKB:
         i = self._check_index(index)
         self._excluded[i] = True
         self._pending.pop(i, None)
-        if self._excluded.all():
-            raise ValueError("every arm is excluded: no valid arm is left to ask")
+
+    @property
+    def n_arms_left(self) -> int:
+        """Arms not excluded."""
+        return int(self.n_arms - self._excluded.sum())
 
     @property
     def pending(self) -> list[int]:
@@ -253,6 +257,10 @@ class BKB:
         return sorted(self._pending.elements())
 
     # -------------------------------------------------------------- internals
+    def _check_arms_left(self) -> None:
+        if self._excluded.all():
+            raise ValueError("every arm is excluded: no valid arm is left to ask")
+
     def _argmax(self, u: np.ndarray) -> int:
         best = np.flatnonzero(u == u.max())
         return int(best[0] if best.size == 1 else self.rng.choice(best))

@@ -110,7 +110,10 @@ class BKBSearchCV(MetaEstimatorMixin, BaseEstimator):
     Notes
     -----
     The bandit's reward is the mean validation score, floored at -1 (:data:`REWARD_FLOOR`)
-    so that one diverged fit does not distort the model of the others. A candidate
+    for the estimator's own score (R^2, accuracy), so that one diverged fit does not
+    distort the model of the others. The bandit's defaults (:data:`DEFAULT_BANDIT`)
+    suit scores of that scale; for a ``scoring`` on another scale (an error in the
+    target's units), scale ``bandit_params``' ``noise_bound`` and ``norm_bound`` with it. A candidate
     whose fit fails is excluded from the arm set and reported with its error; a
     candidate asked again is told its recorded score without a new fit.
     """
@@ -186,7 +189,7 @@ class BKBSearchCV(MetaEstimatorMixin, BaseEstimator):
         for i, params in enumerate(found.params):
             try:
                 model = clone(self.estimator).set_params(**params)
-                if hasattr(model, "_validate_params"):
+                if hasattr(model, "_parameter_constraints"):  # scikit-learn style parameter checks
                     model._validate_params()
             except (ValueError, TypeError) as exc:
                 first_error = first_error or exc
@@ -216,6 +219,7 @@ class BKBSearchCV(MetaEstimatorMixin, BaseEstimator):
         self.bandit_ = bandit
         rows: list[dict[str, Any]] = []
         scores: dict[int, float] = {}
+        floor = REWARD_FLOOR if self.scoring is None else -math.inf
         n_fits, rounds, t0 = 0, 0, time.perf_counter()
         stop = "candidates"
         try:
@@ -226,7 +230,7 @@ class BKBSearchCV(MetaEstimatorMixin, BaseEstimator):
                 if self.budget_seconds is not None and time.perf_counter() - t0 >= self.budget_seconds:
                     stop = "budget_seconds"
                     break
-                if bandit._excluded.all() or len(scores) >= len(cands.params):
+                if bandit.n_arms_left == 0 or len(scores) >= len(cands.params):
                     break
                 size = batch
                 if self.budget_fits is not None:
@@ -234,7 +238,7 @@ class BKBSearchCV(MetaEstimatorMixin, BaseEstimator):
                 asked = bandit.ask(size)
                 new = list(dict.fromkeys(i for i in asked if i not in scores))
                 if not new:  # only candidates already evaluated: the bandit has settled
-                    bandit.tell_many(asked, [max(scores[i], REWARD_FLOOR) for i in asked])
+                    bandit.tell_many(asked, [max(scores[i], floor) for i in asked])
                     stop = "converged"
                     break
                 rounds += 1
@@ -253,7 +257,7 @@ class BKBSearchCV(MetaEstimatorMixin, BaseEstimator):
                         scores[i] = float(np.mean(split_scores))
                 told = [i for i in asked if i in scores]
                 if told:
-                    bandit.tell_many(told, [max(scores[i], REWARD_FLOOR) for i in told])
+                    bandit.tell_many(told, [max(scores[i], floor) for i in told])
                 for i in set(asked) - set(scores):
                     bandit.exclude(i)  # its fit failed: never asked again
         finally:
@@ -276,7 +280,7 @@ class BKBSearchCV(MetaEstimatorMixin, BaseEstimator):
         failed = np.array([r["error"] is not None for r in rows])
         mean = np.where(failed, np.nan, split.mean(axis=1) if n else np.zeros(0))
         std = np.where(failed, np.nan, split.std(axis=1) if n else np.zeros(0))
-        order = np.argsort(np.where(np.isnan(mean), -np.inf, -mean), kind="stable")
+        order = np.argsort(np.where(np.isnan(mean), np.inf, -mean), kind="stable")  # failed rows last
         rank = np.empty(n, dtype=np.int32)
         rank[order] = np.arange(1, n + 1)
         results: dict[str, Any] = {"params": [r["params"] for r in rows]}
