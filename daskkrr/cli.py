@@ -287,7 +287,7 @@ def _parser() -> argparse.ArgumentParser:
     space.add_argument("--sigma-range", nargs=2, type=float, metavar=("LOW", "HIGH"), default=None,
                        help="sigma range (default: sqrt(d)/10 to 10 sqrt(d))")
     space.add_argument("--penalty-range", nargs=2, type=float, metavar=("LOW", "HIGH"), default=None,
-                       help="penalty range (default: 1e-9 to 1e-1)")
+                       help="penalty range (default: 1e-8 to 1e-1)")
     space.add_argument("--centers-range", nargs=2, type=_positive_int, metavar=("LOW", "HIGH"), default=None,
                        help="n_centers range (default: n_centers not tuned)")
     space.add_argument("--ard", action="store_true", help="one sigma per feature (the estimator must accept it)")

@@ -139,6 +139,10 @@ class BKB:
     epsilon : float, default=0.5
         ``eps`` in [0, 1), the accuracy of the Nystrom approximation that ``beta~``
         allows for (``alpha = (1 + eps) / (1 - eps)``); 0 gives exact GP-UCB's width.
+    beta_scale : float, default=1.0
+        Factor on ``beta~_t``: 1 is the paper's width; the theoretical widths
+        over-explore, and GP-UCB's practice shrinks them (Srinivas et al. 2010
+        divide by 5 in their experiments).
     random_state : int, numpy Generator or None, default=None
         Seeds the dictionary draws and the breaking of ties between arms.
 
@@ -151,7 +155,7 @@ class BKB:
     dictionary_size_ : list of int
         ``|S_t|`` after each update (one entry per update).
     beta_ : float
-        The current ``beta~_t`` (see :func:`confidence_width`).
+        The current ``beta~_t`` (:func:`confidence_width` times ``beta_scale``).
     mean_, variance_ : ndarray of shape (A,)
         Posterior mean ``f~_t`` and variance ``sigma~_t^2`` of every arm.
     counts_, reward_sums_ : ndarray of shape (A,)
@@ -182,6 +186,7 @@ class BKB:
         noise_bound: float = 1.0,
         norm_bound: float = 1.0,
         epsilon: float = 0.5,
+        beta_scale: float = 1.0,
         random_state: Any = None,
     ):
         self.arms = check_arms(arms)
@@ -191,6 +196,7 @@ class BKB:
         self.noise_bound = _check_real("noise_bound", noise_bound, low=0.0, closed_low=True)
         self.norm_bound = _check_real("norm_bound", norm_bound, low=0.0, closed_low=True)
         self.epsilon = _check_real("epsilon", epsilon, low=0.0, high=1.0, closed_low=True)
+        self.beta_scale = _check_real("beta_scale", beta_scale, low=0.0)
         self.kernel, scale = scaled_kernel(kernel, sigma, self.arms.shape[1])
         self._points = self.arms if scale is None else self.arms * scale
         self.rng = np.random.default_rng(random_state)
@@ -319,7 +325,7 @@ class BKB:
         self.variance_ = self.posterior_.variance
 
     def _update_beta(self, ratio: float = 1.0) -> None:
-        self.beta_ = confidence_width(
+        self.beta_ = self.beta_scale * confidence_width(
             variance_sum=float(self.variance_ @ self.counts_), t=self.t_, kappa2=self.kappa2_,
             penalty=self.penalty, noise_bound=self.noise_bound, norm_bound=self.norm_bound,
             delta=self.delta, epsilon=self.epsilon, ratio=ratio,

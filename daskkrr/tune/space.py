@@ -83,9 +83,10 @@ def parse_space(space: Mapping[str, Any], n_features: int, *, ard: bool) -> list
 
 def default_space(n_features: int) -> dict[str, tuple[float, float]]:
     """sigma around the estimators' default ``sqrt(d)`` (for standardised features) and
-    penalty from 1e-9 to 1e-1."""
+    penalty from 1e-8 to 1e-1 (below, wide kernels are too ill-conditioned: a fit that
+    validates well can still blow up on new rows)."""
     root = math.sqrt(n_features)
-    return {"sigma": (root / 10, root * 10), "penalty": (1e-9, 1e-1)}
+    return {"sigma": (root / 10, root * 10), "penalty": (1e-8, 1e-1)}
 
 
 @dataclasses.dataclass

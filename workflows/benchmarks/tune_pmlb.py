@@ -10,7 +10,7 @@ Methods, each (set, seed, method) in a fresh process:
 
 - ``tune-N``: :class:`daskkrr.tune.BKBSearchCV` on ``FalkonRegressor(n_centers=M)``
   with a budget of N fits, one 25% holdout split, over sigma in
-  [sqrt(d)/10, 10 sqrt(d)] and penalty in [1e-9, 1e-1] (log-uniform, 256
+  [sqrt(d)/10, 10 sqrt(d)] and penalty in [1e-8, 1e-1] (log-uniform, 256
   candidates), per-feature sigma (ARD) with ``--ard`` when the estimator takes
   it; the best candidate refitted on the whole training part;
 - ``grid-N``: scikit-learn ``GridSearchCV`` on the same estimator and holdout split
