@@ -96,5 +96,7 @@ class TaskRunner:
     def close(self) -> None:
         """Free the scattered data on the workers."""
         if self._handle is not None:
-            self.backend.release([self._handle])
+            # Scattering a tuple gives a tuple of futures, one per element.
+            handles = self._handle if isinstance(self._handle, (list, tuple)) else [self._handle]
+            self.backend.release(list(handles))
             self._handle = None
