@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Any
 
 from daskkrr.kernels.base import Kernel
 from daskkrr.kernels.dot import LinearKernel, PolynomialKernel
@@ -31,7 +32,14 @@ class KernelSpec:
 
 
 def kernel_spec(kernel: Kernel) -> KernelSpec | None:
-    """The :class:`KernelSpec` of a built-in kernel, or None (then use the numpy reference)."""
+    """The :class:`KernelSpec` of a built-in kernel, or None (then use the numpy reference).
+
+    A stationary kernel with one length scale per feature (ARD) has the spec of its
+    isotropic version (``sigma = 1``): the loops see inputs already divided by the
+    length scales (:func:`ard_inputs`).
+    """
+    if isinstance(kernel, (GaussianKernel, LaplacianKernel, MaternKernel)) and kernel.is_ard:
+        kernel = kernel.isotropic()
     # `type(kernel) is C` (not isinstance: subclasses may change the formula) also narrows the type.
     if type(kernel) is GaussianKernel:
         return KernelSpec(GAUSSIAN, 0.5 / kernel.sigma**2)
@@ -47,6 +55,13 @@ def kernel_spec(kernel: Kernel) -> KernelSpec | None:
     if type(kernel) is LinearKernel:
         return KernelSpec(LINEAR)
     return None
+
+
+def ard_inputs(kernel: Kernel, Xb: Any, Z: Any) -> tuple[Any, Any]:
+    """``(Xb, Z)`` divided column by column by the length scales of an ARD kernel; as they are otherwise."""
+    if isinstance(kernel, (GaussianKernel, LaplacianKernel, MaternKernel)) and kernel.is_ard:
+        return kernel.scale_inputs(Xb), kernel.scale_inputs(Z)
+    return Xb, Z
 
 
 def supports(kernel: Kernel) -> bool:
