@@ -38,18 +38,19 @@ def kernel_spec(kernel: Kernel) -> KernelSpec | None:
     isotropic version (``sigma = 1``): the loops see inputs already divided by the
     length scales (:func:`ard_inputs`).
     """
-    if isinstance(kernel, (GaussianKernel, LaplacianKernel, MaternKernel)) and kernel.is_ard:
-        kernel = kernel.isotropic()
+    sigma = 1.0
+    if isinstance(kernel, (GaussianKernel, LaplacianKernel, MaternKernel)) and not kernel.is_ard:
+        sigma = float(kernel.length_scales[0])
     # `type(kernel) is C` (not isinstance: subclasses may change the formula) also narrows the type.
     if type(kernel) is GaussianKernel:
-        return KernelSpec(GAUSSIAN, 0.5 / kernel.sigma**2)
+        return KernelSpec(GAUSSIAN, 0.5 / sigma**2)
     if type(kernel) is LaplacianKernel:
-        return KernelSpec(LAPLACIAN, 1.0 / kernel.sigma)
+        return KernelSpec(LAPLACIAN, 1.0 / sigma)
     if type(kernel) is MaternKernel:
         kind, c = {0.5: (MATERN05, 1.0), 1.5: (MATERN15, math.sqrt(3.0)), 2.5: (MATERN25, math.sqrt(5.0))}[
             kernel.nu
         ]
-        return KernelSpec(kind, c / kernel.sigma)
+        return KernelSpec(kind, c / sigma)
     if type(kernel) is PolynomialKernel:
         return KernelSpec(POLYNOMIAL, float(kernel.gamma), float(kernel.coef0), int(kernel.degree))
     if type(kernel) is LinearKernel:

@@ -78,7 +78,7 @@ class _Stationary(Kernel):
     def _block(self, A: np.ndarray, B: np.ndarray) -> np.ndarray:
         if self.is_ard:
             return self._scaled_block(self.scale_inputs(A), self.scale_inputs(B), 1.0)
-        return self._scaled_block(A, B, float(self.sigma))  # type: ignore[arg-type]  # a number here
+        return self._scaled_block(A, B, float(self.length_scales[0]))
 
     @abstractmethod
     def _scaled_block(self, A: np.ndarray, B: np.ndarray, sigma: float) -> np.ndarray:
