@@ -162,7 +162,7 @@ _FITTED_DOC = """
         Wall-clock seconds of the fit.
     posterior_ : PosteriorVariance or None
         What ``predict(X, return_std=True)`` needs (with ``compute_std=True``;
-        None otherwise): see :class:`daskkrr.solvers.variance.PosteriorVariance`.
+        None otherwise): see :class:`daskkrr.solvers.PosteriorVariance`.
         ``posterior_.prior_variance`` and ``posterior_.noise_variance`` are the
         GP's signal and noise variances per target, in squared units of ``y``.
     feature_names_in_ : ndarray of shape (n_features,) of str
