@@ -101,14 +101,16 @@ def _dense_dtc_std(kernel, X, y, Z, Xt, penalty, intercept):
     return Ft @ theta, np.sqrt(s2 * v)
 
 
-@pytest.mark.parametrize("cls, strategy", [(NystromRegressor, "auto"), (FalkonRegressor, "recompute"),
-                                           (FalkonRegressor, "gram")])
+@pytest.mark.parametrize("cls, strategy, sampler", [
+    (NystromRegressor, "auto", "uniform"), (FalkonRegressor, "recompute", "uniform"),
+    (FalkonRegressor, "gram", "uniform"), (NystromRegressor, "auto", "rls"),  # rls: weighted centers
+])
 @pytest.mark.parametrize("intercept", [False, True])
-def test_fewer_centers_match_the_dense_dtc_formula(cls, strategy, intercept):
+def test_fewer_centers_match_the_dense_dtc_formula(cls, strategy, sampler, intercept):
     X, y, Xt = _data(2, n=300)
     extra = {"tol": 1e-10, "max_iter": 300} if cls is FalkonRegressor else {}
     model = cls(n_centers=60, sigma=0.7, penalty=PENALTY, standardize=False, fit_intercept=intercept,
-                strategy=strategy, compute_std=True, random_state=0, **extra).fit(X, y)
+                strategy=strategy, sampler=sampler, compute_std=True, random_state=0, **extra).fit(X, y)
     mean, std = model.predict(Xt, return_std=True)
     ref_mean, ref_std = _dense_dtc_std(model.kernel_, X, y, model.centers_, Xt, PENALTY, intercept)
     np.testing.assert_allclose(mean, ref_mean, rtol=1e-6, atol=1e-7)

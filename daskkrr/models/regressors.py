@@ -312,8 +312,9 @@ class FalkonRegressor(_RegressorMixin, NystromModelBase):
         resume : bool, default=False
             Continue from the checkpoint in ``checkpoint`` (if there is one) after
             an interrupted fit; the result equals the uninterrupted fit's. The
-            data and parameters must be those of the interrupted fit (``max_iter``
-            and ``tol`` may change). Without it an existing checkpoint is an error.
+            data and parameters must be those of the interrupted fit (``max_iter``,
+            ``tol`` and ``compute_std`` may change). Without it an existing
+            checkpoint is an error.
         """
         return self._fit_nystrom(X, y, checkpoint=checkpoint, checkpoint_every=checkpoint_every, resume=resume)
 

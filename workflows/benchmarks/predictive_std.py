@@ -112,7 +112,8 @@ def measure(method: str, args: argparse.Namespace) -> dict[str, Any]:
         return float(statistics.median(r[key] for r in runs[flag]))
 
     return {
-        "method": method, "n_train": runs[False][0]["n_train"], "M": args.centers, "strategy": runs[True][0]["strategy"],
+        "method": method, "n_train": runs[False][0]["n_train"], "M": args.centers,
+        "strategy": runs[True][0]["strategy"],
         "fit_s": med(False, "fit_s"), "fit_std_s": med(True, "fit_s"),
         "fit_ratio": med(True, "fit_s") / med(False, "fit_s"),
         "peak_mb": med(False, "peak_mb"), "peak_std_mb": med(True, "peak_mb"),
@@ -144,7 +145,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     rows = [measure(method, args) for method in METHODS]
     print_table(rows, COLUMNS, title=f"predictive std cost, {args.dataset}, {'quick' if args.quick else 'full'}")
     meta = {"machine": machine(), "args": {k: v for k, v in vars(args).items() if k != "child"}}
-    write_results(rows, args.out, "predictive_std", meta)
+    name = "predictive_std" if args.penalty == 1e-6 else f"predictive_std_penalty{args.penalty:g}"
+    write_results(rows, args.out, name, meta)
     print(json.dumps(meta["machine"]), flush=True)
     return rows
 
