@@ -297,8 +297,8 @@ class BKBSearchCV(MetaEstimatorMixin, BaseEstimator):
             results[f"split{k}_test_score"] = split[:, k]
         results.update({
             "mean_test_score": mean, "std_test_score": std, "rank_test_score": rank,
-            "mean_fit_time": np.nanmean(times, axis=1) if n else np.zeros(0),
-            "std_fit_time": np.nanstd(times, axis=1) if n else np.zeros(0),
+            "mean_fit_time": np.where(failed, np.nan, np.nan_to_num(times).mean(axis=1) if n else np.zeros(0)),
+            "std_fit_time": np.where(failed, np.nan, np.nan_to_num(times).std(axis=1) if n else np.zeros(0)),
             "round": np.array([r["round"] for r in rows]), "arm": np.array([r["arm"] for r in rows]),
         })
         self.cv_results_ = results
