@@ -170,7 +170,7 @@ class BKB:
     >>> for _ in range(30):
     ...     i = bandit.ask()
     ...     bandit.tell(i, -(arms[i, 0] - 0.3) ** 2)
-    >>> abs(arms[int(np.argmax(bandit.mean_)), 0] - 0.3) < 0.05
+    >>> bool(abs(arms[int(np.argmax(bandit.mean_)), 0] - 0.3) < 0.05)
     True
     """
 
