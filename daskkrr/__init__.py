@@ -17,6 +17,8 @@ _LAZY = {
     "ExactKernelRidge": "daskkrr.models",
     "FalkonClassifier": "daskkrr.models",
     "FalkonRegressor": "daskkrr.models",
+    "NystromKernelKMeans": "daskkrr.models",
+    "NystromKernelPCA": "daskkrr.models",
     "NystromRegressor": "daskkrr.models",
     "load": ("daskkrr.models.loading", "load_model"),
     "open_dataset": "daskkrr.data",

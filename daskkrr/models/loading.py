@@ -21,7 +21,10 @@ from daskkrr.models.persistence import (
     METADATA_FILE,
     ModelFormatError,
 )
-from daskkrr.models.registry import classes_by_class_name
+from daskkrr.models.registry import UNSUPERVISED, classes_by_class_name
+from daskkrr.models.unsupervised_persistence import load_unsupervised
+
+UNSUPERVISED_NAMES = {cls.__name__ for cls in UNSUPERVISED.values()}
 
 
 def _estimator_classes() -> dict[str, type]:
@@ -71,7 +74,10 @@ def load_model(path: str | os.PathLike) -> Any:
     except (OSError, EOFError, zipfile.BadZipFile) as exc:
         raise ModelFormatError(f"{path / ARRAYS_FILE} cannot be read: {exc}") from exc
     try:
-        model = _build(classes[name], meta, arrays, path)
+        if name in UNSUPERVISED_NAMES:
+            model = load_unsupervised(classes[name], meta, arrays, path)
+        else:
+            model = _build(classes[name], meta, arrays, path)
     except ModelFormatError:
         raise
     except (TypeError, ValueError, KeyError) as exc:
