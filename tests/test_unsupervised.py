@@ -163,6 +163,35 @@ def test_two_process_cluster_from_zarr_equals_numpy(tmp_path, cluster2):
     np.testing.assert_allclose(km_cl.inertia_, km_np.inertia_, rtol=1e-8)
 
 
+def test_cli_embed_and_cluster_write_stores_and_nothing_on_errors(tmp_path, cluster2):
+    import zarr
+
+    from daskkrr.cli import main
+
+    rng = np.random.default_rng(1)
+    X = np.concatenate([rng.normal(size=(150, 3)) + 4 * c for c in range(2)])
+    store = write_zarr(X, X[:, 0], tmp_path / "in.zarr", chunk_rows=100)
+    at = ["--scheduler", cluster2.scheduler.address, "--no-progress"]
+    emb, lab, model = tmp_path / "emb.zarr", tmp_path / "lab.zarr", tmp_path / "kpca"
+    assert main(["embed", "--data", str(store), "--out", str(emb), "--n-components", "2", "--n-centers", "50",
+                 "--random-state", "0", "--save-model", str(model), *at]) == 0
+    group = zarr.open_group(str(emb), mode="r")
+    expected = NystromKernelPCA(n_components=2, n_centers=50, random_state=0).fit(X).transform(X)
+    np.testing.assert_allclose(group["X"][:], expected, atol=1e-8)
+    np.testing.assert_array_equal(group["y"][:], X[:, 0])
+    assert main(["cluster", "--data", str(emb), "--out", str(lab), "--n-clusters", "2", "--n-centers", "50",
+                 "--random-state", "0", *at]) == 0
+    labels = zarr.open_group(str(lab), mode="r")["labels"][:]
+    assert adjusted_rand_score(np.repeat([0, 1], 150), labels) == 1.0
+    # errors: a clear line, exit 1, nothing written
+    for argv in (["cluster", "--data", str(store), "--out", str(tmp_path / "a.zarr"), "--n-clusters", "301"],
+                 ["embed", "--data", str(store), "--out", str(tmp_path / "b.zarr"), "--n-components", "60",
+                  "--n-centers", "50"],
+                 ["embed", "--data", str(store), "--out", str(tmp_path / "c.zarr"), "--model", str(tmp_path)]):
+        assert main([*argv, *at]) != 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["emb.zarr", "in.zarr", "kpca", "lab.zarr"]
+
+
 # --------------------------------------------------------------------------- bad input
 def test_bad_input_gives_clear_errors():
     rng = np.random.default_rng(0)

@@ -9,12 +9,12 @@ names (and a flag for every parameter of its classes), and
 from __future__ import annotations
 
 from daskkrr.models.classifier import FalkonClassifier
-from daskkrr.models.unsupervised import NystromKernelKMeans, NystromKernelPCA
 from daskkrr.models.regressors import (
     ExactKernelRidge,
     FalkonRegressor,
     NystromRegressor,
 )
+from daskkrr.models.unsupervised import NystromKernelKMeans, NystromKernelPCA
 
 #: name -> estimator class.
 ESTIMATORS: dict[str, type] = {

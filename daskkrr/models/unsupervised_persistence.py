@@ -46,7 +46,7 @@ def save_unsupervised(model: Any, path: str | os.PathLike, *, overwrite: bool = 
     return Path(path)
 
 
-def load_unsupervised(cls: type, meta: dict[str, Any], arrays: dict[str, np.ndarray], path: Path) -> Any:
+def load_unsupervised(cls: Any, meta: dict[str, Any], arrays: dict[str, np.ndarray], path: Path) -> Any:
     """The estimator of class ``cls`` from checked metadata and arrays (no code from the file runs)."""
     from daskkrr.data import Standardizer
     from daskkrr.kernels import kernel_from_dict

@@ -150,7 +150,7 @@ def kpca_solve(ctx: FitContext, state: EmbeddingState) -> None:
     k = r if p.n_components is None else int(p.n_components)
     if k > r:
         raise ValueError(
-            f"n_components={k} is larger than the dimension of the Nystrom embedding: M={ctx.centers.shape[0]}"
+            f"n_components={k} is larger than the dimension of the Nystrom embedding: M={P.shape[0]}"
             f" centers whose kernel matrix has numerical rank {r}; ask for at most {r} components or use"
             " more centers (n_centers)"
         )
@@ -328,7 +328,7 @@ def lloyd_solve(ctx: FitContext, state: EmbeddingState) -> None:
     if ctx.in_memory:
         labels: Any = np.concatenate(passes.map(labels_block, ctx.kernel, Zb, A, c_sq, name="labels"))
     else:
-        labels = lazy_labels(ctx.X, ctx.kernel, ctx.centers, A, c_sq)
+        labels = lazy_labels(ctx.X, ctx.kernel, chosen_centers(ctx), A, c_sq)
     ctx.fitted.update(
         cluster_centers_=C, inertia_=float(inertia), n_iter_=n_iter, converged_=converged, labels_=labels,
         strategy_="cache" if kept is not None else "recompute", n_data_passes_=passes.n_passes + 1,
@@ -358,9 +358,17 @@ def kmeans_stages() -> tuple[Stage, ...]:
     )
 
 
+def chosen_centers(ctx: FitContext) -> np.ndarray:
+    """The chosen centers (after :func:`choose_centers`)."""
+    if ctx.centers is None:
+        raise RuntimeError("the centers are not chosen yet; run choose_centers first")
+    return ctx.centers
+
+
 def lazy_labels(X: da.Array, kernel: Any, Z: np.ndarray, A: np.ndarray, c_sq: np.ndarray) -> da.Array:
     """Nearest centroid of every row of the (scaled) dask array ``X``, lazily."""
-    return X.map_blocks(labels_block, kernel, Z, A, c_sq, drop_axis=1, dtype=np.int64,
+    block: Any = labels_block
+    return X.map_blocks(block, kernel, Z, A, c_sq, drop_axis=1, dtype=np.int64,
                         meta=np.empty(0, dtype=np.int64))
 
 

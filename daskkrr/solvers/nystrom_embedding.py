@@ -73,11 +73,16 @@ def tile_rows(n_centers: int, width: int, tile_bytes: int = TILE_BYTES) -> int:
 
 def embedded_tiles(Xb: np.ndarray, kernel: Kernel, Z: np.ndarray, P: np.ndarray,
                    tile_bytes: int = TILE_BYTES) -> Iterator[tuple[int, np.ndarray]]:
-    """``(first_row, phi_M(X_tile))`` over row tiles of ``Xb`` (float64, ``(rows, r)``)."""
+    """``(first_row, phi_M(X_tile))`` over row tiles of ``Xb`` (float64, ``(rows, r)``).
+
+    The kernel tile is materialised and multiplied by BLAS: with ``r`` columns a
+    GEMM beats the engines' fused products, which are built for a few columns.
+    """
     engine = engine_for(kernel)
     step = tile_rows(Z.shape[0], P.shape[1], tile_bytes)
     for start in range(0, Xb.shape[0], step):
-        yield start, engine.matvec(kernel, Xb[start : start + step], Z, P, max_tile_bytes=tile_bytes)
+        K = engine.kernel_block(kernel, Xb[start : start + step], Z)
+        yield start, np.asarray(K, dtype=np.float64) @ P
 
 
 def kernel_tiles(Xb: np.ndarray, kernel: Kernel, Z: np.ndarray,
@@ -161,8 +166,10 @@ def projection(P: np.ndarray, result: KernelPCAResult, n_components: int) -> tup
 
 def transform_block(Xb: np.ndarray, kernel: Kernel, Z: np.ndarray, W: np.ndarray, offset: np.ndarray) -> np.ndarray:
     """Kernel PCA scores of a block: ``k(Xb, Z) W - offset``, float64 ``(n_b, n_components)``."""
-    out = engine_for(kernel).matvec(kernel, Xb, Z, W)
-    return out.reshape(Xb.shape[0], -1) - offset
+    out = np.empty((Xb.shape[0], W.shape[1]))
+    for start, E in embedded_tiles(Xb, kernel, Z, W):
+        out[start : start + E.shape[0]] = E
+    return out - offset
 
 
 def center_shift(K_MM: np.ndarray, P: np.ndarray) -> np.ndarray:
