@@ -398,8 +398,26 @@ def _progress_bar(args: argparse.Namespace) -> bool:
 
 
 def _cmd_run(args: argparse.Namespace) -> None:
-    from daskkrr.workflow import run_workflow
+    import tomllib
 
+    from daskkrr.workflow import run_workflow
+    from daskkrr.workflow.unsupervised import is_unsupervised, run_unsupervised_workflow
+
+    try:
+        with open(args.workflow, "rb") as fh:
+            unsupervised = is_unsupervised(tomllib.load(fh))
+    except (OSError, tomllib.TOMLDecodeError):
+        unsupervised = False  # run_workflow reports the problem
+    if unsupervised:
+        done = run_unsupervised_workflow(args.workflow, overrides=args.overrides, runs_dir=args.runs_dir,
+                                         scheduler=args.scheduler, n_workers=args.workers,
+                                         progress=_progress_bar(args))
+        parts = [f"{name}: " + ", ".join(f"{k} {v:.4g}" for k, v in done.metrics[name].items()
+                                         if k in ("inertia", "ari", "nmi", "seconds") and isinstance(v, float))
+                 for name in ("kpca", "kmeans") if name in done.metrics]
+        print(f"run {done.run_id} succeeded in {done.metrics.get('seconds', 0):.1f}s ({'; '.join(parts)}); "
+              f"wrote {done.run_dir}")
+        return
     result = run_workflow(args.workflow, overrides=args.overrides, runs_dir=args.runs_dir,
                           scheduler=args.scheduler, n_workers=args.workers,
                           progress=_progress_bar(args))

@@ -192,6 +192,26 @@ def test_cli_embed_and_cluster_write_stores_and_nothing_on_errors(tmp_path, clus
     assert sorted(p.name for p in tmp_path.iterdir()) == ["emb.zarr", "in.zarr", "kpca", "lab.zarr"]
 
 
+def test_unsupervised_workflow_file_runs_both_models(tmp_path, cluster2):
+    from pathlib import Path
+
+    from daskkrr.workflow.spec import WorkflowError
+    from daskkrr.workflow.unsupervised import run_unsupervised_workflow
+
+    example = Path(__file__).resolve().parents[1] / "workflows" / "examples" / "unsupervised.toml"
+    text = example.read_text().replace("n = 20_000", "n = 600").replace("chunk_rows = 5_000", "chunk_rows = 200")
+    wf = tmp_path / "wf.toml"
+    wf.write_text(text.replace('runs_dir = "../../runs/unsupervised"', 'runs_dir = "runs"'))
+    result = run_unsupervised_workflow(wf, client=cluster2, overrides=["kmeans.n_centers=100", "kpca.n_centers=100"])
+    assert result.status == "succeeded"
+    m = result.metrics
+    assert m["kpca"]["n_components"] == 8 and m["kmeans"]["n_centers"] == 100 and 0 <= m["kmeans"]["nmi"] <= 1
+    for name in ("embedding.zarr", "labels.zarr", "kpca", "kmeans", "metrics.json"):
+        assert (result.run_dir / name).exists()
+    with pytest.raises(WorkflowError, match=r"\[kmeans\].*n_clusters"):
+        run_unsupervised_workflow(wf, client=cluster2, overrides=["kmeans.n_clusters=0"])
+
+
 # --------------------------------------------------------------------------- bad input
 def test_bad_input_gives_clear_errors():
     rng = np.random.default_rng(0)
