@@ -56,7 +56,7 @@ from daskkrr.workflow.spec import WorkflowError, apply_overrides
 
 logger = logging.getLogger("daskkrr")
 
-_TABLES = {
+_TABLES: dict[str, dict[str, Any]] = {
     "workflow": {"name": None, "runs_dir": None, "description": ""},
     "data": {"store": None, "table": None, "target": None, "sep": None, "cache": None, "generate": None},
     "preprocess": {"max_rows": None, "chunk_rows": None},
