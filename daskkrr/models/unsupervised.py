@@ -200,8 +200,8 @@ class NystromKernelPCA(TransformerMixin, NystromUnsupervisedBase):
         Numerical rank of ``K_MM``: the dimension of the embedding.
     centers_, center_indices_, center_weights_ : ndarrays
         The M centers (in standardised feature space), their training rows and weights.
-    basis_ : ndarray of shape (M, rank_)
-        ``K_MM^{{+1/2}}``: the embedding is ``k(x, centers_) @ basis_``.
+    basis_ : ndarray of shape (M, r)
+        ``K_MM^{{+1/2}}`` with ``r = rank_`` columns: the embedding is ``k(x, centers_) @ basis_``.
     kernel_, scaler_, n_features_in_, n_data_passes_, fit_time_
         As in :class:`daskkrr.FalkonRegressor`.
 
@@ -282,8 +282,8 @@ class NystromKernelKMeans(ClusterMixin, NystromUnsupervisedBase):
           "chunks", "random_state", "verbose")}
     Attributes
     ----------
-    cluster_centers_ : ndarray of shape (n_clusters, rank_)
-        Centroids in the Nystrom embedding (``phi_M(x) = k(x, centers_) @ basis_``).
+    cluster_centers_ : ndarray of shape (n_clusters, r)
+        Centroids in the Nystrom embedding (``phi_M(x) = k(x, centers_) @ basis_``, r coordinates).
     labels_ : ndarray of shape (n_samples,) or dask array
         Cluster of every training row: numpy for in-memory input, a lazy dask
         array for dask, xarray or Zarr input (computing it reads the data again).
