@@ -14,7 +14,6 @@ import gzip
 from pathlib import Path
 
 import numpy as np
-
 from fit_tools import SHARED_DATA  # type: ignore[import-not-found]
 
 

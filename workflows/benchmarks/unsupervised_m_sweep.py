@@ -60,7 +60,8 @@ def nystrom_kpca_error(model: object, X: np.ndarray, centred_diag: np.ndarray) -
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="2 000 rows, M up to 1 000, one seed")
+    parser.add_argument("--quick", action="store_true",
+                        help="2 000 rows, M up to 1 000, one seed")
     parser.add_argument("--n", type=int, default=None, help="rows of the subset (default 10 000)")
     parser.add_argument("--repeats", type=int, default=None, help="seeds per M (default 3)")
     parser.add_argument("--max-m", type=int, default=5000, help="largest M of the grid")
@@ -70,7 +71,8 @@ def main() -> None:
     args = parser.parse_args()
     n = args.n or (2000 if args.quick else 10_000)
     repeats = args.repeats or (1 if args.quick else 3)
-    grid = [m for m in (50, 100, 200, 500, 1000, 2000, 5000) if m <= min(n, args.max_m) and (not args.quick or m <= 1000)]
+    largest = min(n, args.max_m, 1000 if args.quick else args.max_m)
+    grid = [m for m in (50, 100, 200, 500, 1000, 2000, 5000) if m <= largest]
     from daskkrr import NystromKernelKMeans, NystromKernelPCA
 
     X_all, y_all = fashion_mnist()

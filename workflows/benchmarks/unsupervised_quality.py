@@ -19,6 +19,7 @@ during the method, ARI and NMI, and kernel k-means' ARI gain over linear k-means
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 import time
 from pathlib import Path
@@ -59,6 +60,28 @@ def scores(y: np.ndarray, labels: np.ndarray) -> tuple[float, float]:
     return float(adjusted_rand_score(y, labels)), float(normalized_mutual_info_score(y, labels))
 
 
+def kernel_kmeans(d: dict, m: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    from daskkrr import NystromKernelKMeans
+
+    model = NystromKernelKMeans(n_clusters=d["k"], sigma=d["sigma"], n_centers=m, standardize=d["standardize"],
+                                random_state=seed).fit(d["X"])
+    return d["y"], model.labels_
+
+
+def linear(d: dict, Xs: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    from sklearn.cluster import KMeans
+
+    return d["y"], KMeans(n_clusters=d["k"], n_init=10, random_state=seed).fit_predict(Xs)
+
+
+def spectral(d: dict, S: np.ndarray, ys: np.ndarray, sigma: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    from sklearn.cluster import SpectralClustering
+
+    model = SpectralClustering(n_clusters=d["k"], affinity="rbf", gamma=1 / (2 * sigma**2), random_state=seed,
+                               assign_labels="cluster_qr")
+    return ys, model.fit_predict(S)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smaller data, one seed")
@@ -67,10 +90,7 @@ def main() -> None:
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     repeats = args.repeats or (1 if args.quick else 3)
-    from sklearn.cluster import KMeans, SpectralClustering
     from sklearn.preprocessing import StandardScaler
-
-    from daskkrr import NystromKernelKMeans
 
     rows = []
     for name, d in datasets(args.quick).items():
@@ -81,22 +101,10 @@ def main() -> None:
         sig = d["sigma"] if d["sigma"] is not None else float(np.sqrt(X.shape[1]))
         S, ys = subset(Xs, y, args.spectral_rows, seed=2)
 
-        def kernel_kmeans(seed: int) -> tuple[np.ndarray, np.ndarray]:
-            model = NystromKernelKMeans(n_clusters=k, sigma=d["sigma"], n_centers=m, standardize=d["standardize"],
-                                        random_state=seed).fit(X)
-            return y, model.labels_
-
-        def linear(seed: int) -> tuple[np.ndarray, np.ndarray]:
-            return y, KMeans(n_clusters=k, n_init=10, random_state=seed).fit_predict(Xs)
-
-        def spectral(seed: int) -> tuple[np.ndarray, np.ndarray]:
-            model = SpectralClustering(n_clusters=k, affinity="rbf", gamma=1 / (2 * sig**2), random_state=seed,
-                                       assign_labels="cluster_qr")
-            return ys, model.fit_predict(S)
-
-        for method, run, rows_used in ((f"NystromKernelKMeans M={m}", kernel_kmeans, n),
-                                       ("sklearn KMeans (raw)", linear, n),
-                                       (f"SpectralClustering (subsample)", spectral, len(S))):
+        methods = ((f"NystromKernelKMeans M={m}", functools.partial(kernel_kmeans, d, m), n),
+                   ("sklearn KMeans (raw)", functools.partial(linear, d, Xs), n),
+                   ("SpectralClustering (subsample)", functools.partial(spectral, d, S, ys, sig), len(S)))
+        for method, run, rows_used in methods:
             aris, nmis, secs = [], [], []
             with PeakMemory() as mem:
                 for seed in range(repeats):
