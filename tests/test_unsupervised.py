@@ -147,7 +147,7 @@ def test_two_process_cluster_from_zarr_equals_numpy(tmp_path, cluster2):
     X = np.concatenate([rng.normal(size=(200, 4)) + 3 * c for c in range(3)])
     store = write_zarr(X, None, tmp_path / "x.zarr", chunk_rows=128)
     kp = dict(n_components=4, n_centers=100, random_state=2)
-    kk = dict(n_clusters=3, n_centers=100, random_state=2)
+    kk = dict(n_clusters=3, n_centers=100, random_state=2, init_rounds=2)
     pca_np, km_np = NystromKernelPCA(**kp).fit(X), NystromKernelKMeans(**kk).fit(X)
     from distributed import Client
 
