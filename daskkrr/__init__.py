@@ -18,6 +18,7 @@ _LAZY = {
     "FalkonClassifier": "daskkrr.models",
     "FalkonRegressor": "daskkrr.models",
     "NystromRegressor": "daskkrr.models",
+    "OnlineKernelRidge": "daskkrr.models",
     "load": ("daskkrr.models.loading", "load_model"),
     "open_dataset": "daskkrr.data",
     "write_zarr": "daskkrr.data",

@@ -4,6 +4,7 @@ from daskkrr.models.base import NystromModelBase
 from daskkrr.models.classifier import FalkonClassifier
 from daskkrr.models.kernel_model import KernelModelBase
 from daskkrr.models.loading import load_model
+from daskkrr.models.online import OnlineKernelRidge
 from daskkrr.models.persistence import save_model
 from daskkrr.models.registry import ESTIMATORS, estimator_class
 from daskkrr.models.regressors import (
@@ -20,6 +21,7 @@ __all__ = [
     "KernelModelBase",
     "NystromModelBase",
     "NystromRegressor",
+    "OnlineKernelRidge",
     "estimator_class",
     "load_model",
     "save_model",
