@@ -313,3 +313,35 @@ def test_state_fields_round_trip():
             np.testing.assert_array_equal(value, getattr(model.state_, field.name))
         else:
             assert value == getattr(model.state_, field.name)
+
+
+# ------------------------------------------------------------------------ workflow
+def test_incremental_nightly_workflow_over_three_nights(cluster2, tmp_path):
+    import json
+    from pathlib import Path
+
+    from daskkrr.workflow import WorkflowRunError, run_workflow
+
+    example = Path(__file__).resolve().parents[1] / "workflows" / "examples" / "nightly_online.toml"
+    X, y = _stream(13, 900, d=4)
+    store, runs = tmp_path / "growing.zarr", tmp_path / "runs"
+    write_zarr(X[:300], y[:300], store, chunk_rows=100)
+    overrides = [f"data.store={store}", "model.batch_size=300"]
+    seen = []
+    for night in range(3):
+        if night:
+            append_rows(store, X[300 * night:300 * (night + 1)], y[300 * night:300 * (night + 1)])
+        result = run_workflow(example, overrides=overrides, runs_dir=runs, client=cluster2)
+        metrics = json.loads((result.run_dir / "metrics.json").read_text())
+        seen.append((metrics["metrics"]["n_new_rows"], metrics["metrics"]["n_rows_seen"]))
+        if night:  # the new rows, scored by last night's model before it learnt them
+            assert metrics["evaluation"] == "prequential" and metrics["metrics"]["r2"] > 0.5
+    assert seen == [(300, 300), (300, 600), (300, 900)]
+    final = load(runs / "latest" / "model")
+    reference = OnlineKernelRidge(penalty=1.0, c=4.0, batch_size=300, random_state=0).fit(X, y)
+    np.testing.assert_array_equal(final.state_.landmark_rows, reference.state_.landmark_rows)
+    np.testing.assert_allclose(final.predict(X[:50]), reference.predict(X[:50]), atol=1e-10)
+    write_zarr(X[:100], y[:100], store, chunk_rows=100, overwrite=True)  # the store shrank
+    with pytest.raises(WorkflowRunError, match="shrank"):
+        run_workflow(example, overrides=overrides, runs_dir=runs, client=cluster2)
+    np.testing.assert_array_equal(load(runs / "latest" / "model").coef_, final.coef_)
