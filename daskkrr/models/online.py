@@ -11,7 +11,9 @@ Where the work runs
     A batch of ``batch_size`` rows is scored against the current dictionary in
     one blockwise computation (:func:`daskkrr.solvers.online.batch_projections`
     over the batch's row blocks; for a Zarr store or a dask array it is a
-    :meth:`~daskkrr.parallel.executor.BlockPasses.map` on the Dask workers). The
+    :meth:`~daskkrr.parallel.executor.BlockPasses.map` on the Dask workers):
+    ``O(b m (d + m))`` flops for ``m`` landmarks, two triangular solves per row --
+    the dominant cost once the dictionary has a few thousand landmarks. The
     sequential part -- accept or reject each row, in arrival order, and the
     rank-``b`` update of the statistics -- runs on the client. It holds the
     batch's rows and its coordinates against the dictionary: about

@@ -3,7 +3,7 @@
 Part 1. One stream per ridge ``lam`` (a smaller ``lam`` keeps more landmarks):
 the seconds of each ``partial_fit`` batch against the dictionary size it ended with.
 
-Part 2. A stream of ``n`` rows (1e6 full, 1e5 quick) in batches of ``b`` (10 000
+Part 2. A stream of ``n`` rows (1e6 full, 5e4 quick) in batches of ``b`` (10 000
 full, 5 000 quick), learnt by ``partial_fit``, against refitting from scratch on
 all rows seen after every batch: daskkrr ``FalkonRegressor`` and, when
 ``$FALKON_PYTHON`` (default ``../falkon-venv/bin/python`` from the repository
@@ -37,7 +37,7 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
-D, SIGMA, LAM = 8, 3.0, 1.0
+D, SIGMA, LAM = 8, 3.0, 30.0
 
 
 def stream(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -158,23 +158,25 @@ def main() -> None:
     sys.path.insert(0, str(HERE))
     from fit_tools import machine, print_table, write_results
 
-    n, batch = (100_000, 5_000) if args.quick else (1_000_000, 10_000)
+    n, batch = (50_000, 5_000) if args.quick else (1_000_000, 10_000)
     n_batches = n // batch
     me = [str(Path(__file__).resolve())]
 
     # Part 1: per-batch time vs dictionary size.
     size_rows = []
-    sizes_n = 30_000 if args.quick else 100_000
-    for lam in (10.0, 1.0, 0.1):
-        res = _run([*me, "--child", "online", "--n", str(sizes_n), "--batch", str(batch), "--lam", str(lam)], 1)[0]
+    sizes_n, sizes_batch = (20_000, 2_000) if args.quick else (100_000, batch)
+    for lam in (100.0, 30.0, 10.0):
+        res = _run([*me, "--child", "online", "--n", str(sizes_n), "--batch", str(sizes_batch), "--lam",
+                    str(lam)], 1)[0]
         for k, (m, s) in enumerate(res.get("per_batch", [])):
-            size_rows.append({"part": "per-batch", "lam": lam, "batch_index": k + 1, "rows_seen": (k + 1) * batch,
+            size_rows.append({"part": "per-batch", "lam": lam, "batch_index": k + 1,
+                              "rows_seen": (k + 1) * sizes_batch,
                               "landmarks": m, "seconds": round(s, 4)})
         if "error" in res:
             print(res["error"])
     print_table([r for r in size_rows if r["batch_index"] in (1, 2, 3) or r["rows_seen"] == sizes_n],
                 ["lam", "batch_index", "rows_seen", "landmarks", "seconds"],
-                title=f"Per-batch update time vs dictionary size (batches of {batch}, d={D})")
+                title=f"Per-batch update time vs dictionary size (batches of {sizes_batch}, d={D})")
 
     # Part 2: the whole stream vs refitting after every batch.
     online = _run([*me, "--child", "online", "--n", str(n), "--batch", str(batch)], args.repeats)
