@@ -316,7 +316,16 @@ def test_state_fields_round_trip():
 
 
 # ------------------------------------------------------------------------ workflow
-def test_incremental_nightly_workflow_over_three_nights(cluster2, tmp_path):
+@pytest.fixture
+def threaded_client():
+    """An in-process distributed client: the workflow needs one, and its workers share our imports."""
+    from distributed import Client
+
+    with Client(processes=False, n_workers=1, threads_per_worker=2, dashboard_address=None) as client:
+        yield client
+
+
+def test_incremental_nightly_workflow_over_three_nights(threaded_client, tmp_path):
     import json
     from pathlib import Path
 
@@ -331,7 +340,7 @@ def test_incremental_nightly_workflow_over_three_nights(cluster2, tmp_path):
     for night in range(3):
         if night:
             append_rows(store, X[300 * night:300 * (night + 1)], y[300 * night:300 * (night + 1)])
-        result = run_workflow(example, overrides=overrides, runs_dir=runs, client=cluster2)
+        result = run_workflow(example, overrides=overrides, runs_dir=runs, client=threaded_client)
         metrics = json.loads((result.run_dir / "metrics.json").read_text())
         seen.append((metrics["metrics"]["n_new_rows"], metrics["metrics"]["n_rows_seen"]))
         if night:  # the new rows, scored by last night's model before it learnt them
@@ -343,5 +352,5 @@ def test_incremental_nightly_workflow_over_three_nights(cluster2, tmp_path):
     np.testing.assert_allclose(final.predict(X[:50]), reference.predict(X[:50]), atol=1e-10)
     write_zarr(X[:100], y[:100], store, chunk_rows=100, overwrite=True)  # the store shrank
     with pytest.raises(WorkflowRunError, match="shrank"):
-        run_workflow(example, overrides=overrides, runs_dir=runs, client=cluster2)
+        run_workflow(example, overrides=overrides, runs_dir=runs, client=threaded_client)
     np.testing.assert_array_equal(load(runs / "latest" / "model").coef_, final.coef_)
