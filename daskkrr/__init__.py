@@ -20,6 +20,7 @@ _LAZY = {
     "NystromKernelKMeans": "daskkrr.models",
     "NystromKernelPCA": "daskkrr.models",
     "NystromRegressor": "daskkrr.models",
+    "OnlineKernelRidge": "daskkrr.models",
     "load": ("daskkrr.models.loading", "load_model"),
     "open_dataset": "daskkrr.data",
     "write_zarr": "daskkrr.data",

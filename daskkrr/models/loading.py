@@ -20,6 +20,7 @@ from daskkrr.models.persistence import (
     FORMAT_VERSION,
     METADATA_FILE,
     POSTERIOR_PREFIX,
+    STATE_PREFIX,
     ModelFormatError,
 )
 from daskkrr.models.registry import UNSUPERVISED, classes_by_class_name
@@ -137,6 +138,11 @@ def _build(cls: type, meta: dict[str, Any], arrays: dict[str, np.ndarray], path:
             )
         model.feature_names_in_ = np.asarray(names, dtype=object)
     model.sampler_info_ = meta.get("sampler_info", {})
+    restore = getattr(model, "_restore_saved_state", None)
+    if restore is not None:
+        if not isinstance(meta.get("state"), dict):
+            raise ModelFormatError(f"{path / METADATA_FILE}: {cls.__name__} needs its stream 'state'")
+        restore(meta["state"], {k[len(STATE_PREFIX):]: v for k, v in arrays.items() if k.startswith(STATE_PREFIX)})
     if "classes" in arrays:
         model.classes_ = arrays["classes"]
     elif "classes" in meta:

@@ -9,6 +9,7 @@ names (and a flag for every parameter of its classes), and
 from __future__ import annotations
 
 from daskkrr.models.classifier import FalkonClassifier
+from daskkrr.models.online import OnlineKernelRidge
 from daskkrr.models.regressors import (
     ExactKernelRidge,
     FalkonRegressor,
@@ -22,6 +23,7 @@ ESTIMATORS: dict[str, type] = {
     "nystrom": NystromRegressor,
     "exact": ExactKernelRidge,
     "classifier": FalkonClassifier,
+    "online": OnlineKernelRidge,
 }
 
 #: name -> unsupervised estimator class (``daskkrr embed`` / ``daskkrr cluster``; no target).
