@@ -102,6 +102,10 @@ def _evaluate_variant(
 
 
 def _execute(config: dict[str, Any], run: rd.RunDirectory) -> dict[str, Any]:
+    from daskkrr.workflow.online import ONLINE_ESTIMATOR, execute_online
+
+    if config["model"].get("estimator") == ONLINE_ESTIMATOR:  # update the last run's model, no refit
+        return execute_online(config, run)
     ev, outputs = config["evaluation"], config["outputs"]
     X, y, store = load_data(config)
     logger.info("data: %s, %d rows x %d features in %d blocks", store, X.shape[0], X.shape[1], X.numblocks[0])
