@@ -321,8 +321,9 @@ def _parser() -> argparse.ArgumentParser:
     space.add_argument("--budget-fits", type=_positive_int, default=40, help="model fits at most")
     space.add_argument("--budget-seconds", type=float, default=None,
                        help="no new batch of fits after this many seconds (default: no limit)")
-    space.add_argument("--batch-size", type=_positive_int, default=None,
-                       help="candidates fitted in parallel per round (default: the cluster's slots per split)")
+    space.add_argument("--round-size", type=_positive_int, default=None,
+                       help="candidates fitted in parallel per round, BKBSearchCV's batch_size (default: the "
+                            "cluster's slots per split)")
     space.add_argument("--cv", type=_scalar, default=0.25,
                        help="validation fraction of one holdout split (0 < f < 1), or K >= 2 folds")
     space.add_argument("--scoring", default=None, help="scikit-learn scoring name (default: the estimator's score)")
@@ -398,7 +399,7 @@ def _cmd_tune(args: argparse.Namespace) -> None:
                                            ("n_centers", args.centers_range)) if r is not None}
     X, y = read_training_data(args.data, args.target)
     search = BKBSearchCV(model, space or None, n_candidates=args.candidates, budget_fits=args.budget_fits,
-                         budget_seconds=args.budget_seconds, batch_size=args.batch_size, cv=args.cv,
+                         budget_seconds=args.budget_seconds, batch_size=args.round_size, cv=args.cv,
                          scoring=args.scoring, ard=args.ard, random_state=args.search_seed)
     if search.param_space is not None and search.ard and "sigma" not in space:
         raise UsageError("--ard tunes sigma per feature: give --sigma-range")

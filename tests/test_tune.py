@@ -111,7 +111,7 @@ def test_cli_tune_on_a_two_worker_cluster(tmp_path, cluster2, capsys):
     pd.DataFrame(np.column_stack([X, y]), columns=["a", "b", "c", "target"]).to_csv(table, index=False)
     out, history = tmp_path / "model", tmp_path / "history.json"
     argv = ["tune", "--data", str(table), "--target", "target", "--out", str(out), "--history", str(history),
-            "--estimator", "exact", "--budget-fits", "2", "--batch-size", "2", "--search-seed", "0",
+            "--estimator", "exact", "--budget-fits", "2", "--round-size", "2", "--search-seed", "0",
             "--scheduler", cluster2.scheduler.address, "-q"]
     assert main(argv) == 0
     assert "2 fits" in capsys.readouterr().out
