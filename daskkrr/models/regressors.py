@@ -15,6 +15,7 @@ from daskkrr.data.feature_names import check_feature_names
 from daskkrr.data.inputs import is_in_memory, load_training_data
 from daskkrr.models.base import NystromModelBase
 from daskkrr.models.kernel_model import KernelModelBase, positive
+from daskkrr.models.weights import check_sample_weight
 from daskkrr.parallel import Executor
 from daskkrr.pipeline import run_fit
 from daskkrr.pipeline.stages import exact_stages
@@ -89,7 +90,24 @@ PARAM_DOCS = {
     flops once on the client and save CG iterations, i.e. passes over the data.""",
     "max_samples": """max_samples : int, default=20000
     Largest n accepted (the kernel matrix takes 8 n^2 bytes).""",
+    "class_weight": """class_weight : dict, "balanced" or None, default=None
+    Weights of the classes, multiplied into ``fit``'s ``sample_weight``:
+    None weighs every class 1, a dict ``{label: weight}`` names some classes
+    (the others weigh 1), "balanced" takes scikit-learn's
+    ``n_samples / (n_classes * np.bincount(y))`` (the counts weighted by
+    ``sample_weight`` when there is one), at the cost of one pass over ``y``.""",
 }
+
+
+#: The ``sample_weight`` entry of every ``fit`` docstring.
+SAMPLE_WEIGHT_DOC = """Row weights ``w_i >= 0``: the fit minimises
+            ``sum_i w_i (y_i - f(x_i))^2 + penalty * sum(w) * ||f||^2``, so an integer
+            weight k counts as k copies of the row. numpy or dask (read block by block
+            with the rows), or, when ``X`` is a Zarr store, the name of one of its
+            arrays. NaN, inf, negative weights, all zeros and a length other than
+            the number of rows are refused before any work. The standardisation and
+            the intercept use weighted means. Centers are sampled without looking at
+            the weights (see the user guide, "Sample and class weights")."""
 
 
 def params_doc(*names: str) -> str:
@@ -251,6 +269,7 @@ class FalkonRegressor(_RegressorMixin, NystromModelBase):
         self,
         X: Any,
         y: Any = None,
+        sample_weight: Any = None,
         *,
         checkpoint: Any = None,
         checkpoint_every: int = 5,
@@ -262,6 +281,8 @@ class FalkonRegressor(_RegressorMixin, NystromModelBase):
         ----------
         X, y
             Training data (``y`` may be omitted when ``X`` is a store holding it).
+        sample_weight : array-like of shape (n,), dask array, str or None, default=None
+            {SAMPLE_WEIGHT_DOC}
         checkpoint : str, os.PathLike or None
             Directory in which to save the fit's state as it goes (centers, the
             right-hand side, and the CG state every ``checkpoint_every``
@@ -274,7 +295,10 @@ class FalkonRegressor(_RegressorMixin, NystromModelBase):
             data and parameters must be those of the interrupted fit (``max_iter``
             and ``tol`` may change). Without it an existing checkpoint is an error.
         """
-        return self._fit_nystrom(X, y, checkpoint=checkpoint, checkpoint_every=checkpoint_every, resume=resume)
+        return self._fit_nystrom(X, y, checkpoint=checkpoint, checkpoint_every=checkpoint_every, resume=resume,
+                                 sample_weight=sample_weight)
+
+    fit.__doc__ = (fit.__doc__ or "").replace("{SAMPLE_WEIGHT_DOC}", SAMPLE_WEIGHT_DOC)
 
 
 class NystromRegressor(_RegressorMixin, NystromModelBase):
@@ -319,9 +343,19 @@ class NystromRegressor(_RegressorMixin, NystromModelBase):
         self.strategy = strategy
         self.fit_intercept = fit_intercept
 
-    def fit(self, X: Any, y: Any = None) -> NystromRegressor:
-        """Fit on anything :func:`daskkrr.open_dataset` takes."""
-        return self._fit_nystrom(X, y)
+    def fit(self, X: Any, y: Any = None, sample_weight: Any = None) -> NystromRegressor:
+        """Fit on anything :func:`daskkrr.open_dataset` takes.
+
+        Parameters
+        ----------
+        X, y
+            Training data (``y`` may be omitted when ``X`` is a store holding it).
+        sample_weight : array-like of shape (n,), dask array, str or None, default=None
+            {SAMPLE_WEIGHT_DOC}
+        """
+        return self._fit_nystrom(X, y, sample_weight=sample_weight)
+
+    fit.__doc__ = (fit.__doc__ or "").replace("{SAMPLE_WEIGHT_DOC}", SAMPLE_WEIGHT_DOC)
 
 
 class ExactKernelRidge(_RegressorMixin, KernelModelBase):
@@ -363,11 +397,24 @@ class ExactKernelRidge(_RegressorMixin, KernelModelBase):
         self.max_samples = max_samples
         self.verbose = verbose
 
-    def fit(self, X: Any, y: Any = None) -> ExactKernelRidge:
-        """Fit on anything :func:`daskkrr.open_dataset` takes (gathered to the client)."""
+    def fit(self, X: Any, y: Any = None, sample_weight: Any = None) -> ExactKernelRidge:
+        """Fit on anything :func:`daskkrr.open_dataset` takes (gathered to the client).
+
+        Parameters
+        ----------
+        X, y
+            Training data (``y`` may be omitted when ``X`` is a store holding it).
+        sample_weight : array-like of shape (n,), dask array, str or None, default=None
+            {SAMPLE_WEIGHT_DOC} Solved in the symmetric form
+            ``(W^1/2 K W^1/2 + penalty * sum(w) I) beta = W^1/2 y``, ``coef_ = W^1/2 beta``,
+            so zero weights are allowed (their rows get ``coef_ = 0``).
+        """
         self._validate_params()
         X, y = self._check_fit_input(X, y)
-        ctx = run_fit(self, X, y, exact_stages())
+        sample_weight = check_sample_weight(sample_weight, X)
+        ctx = run_fit(self, X, y, exact_stages(), sample_weight=sample_weight)
         for name, value in ctx.fitted.items():
             setattr(self, name, value)
         return self
+
+    fit.__doc__ = (fit.__doc__ or "").replace("{SAMPLE_WEIGHT_DOC}", SAMPLE_WEIGHT_DOC)
