@@ -123,7 +123,7 @@ def _add_model_flags(p: argparse.ArgumentParser) -> None:
         kwargs: dict[str, Any] = {"dest": name, "default": argparse.SUPPRESS, "help": help_text}
         if spec.types == (bool,) and not spec.nullable:
             group.add_argument(*flags, action=argparse.BooleanOptionalAction, **kwargs)
-        elif dict in spec.types:  # KEY=VALUE pairs; other values too for e.g. class_weight ("balanced")
+        elif spec.types == (dict,) or (dict in spec.types and spec.options):  # class_weight: "balanced" too
             plain = spec if len(spec.types) > 1 else None
             metavar = "|".join(([_metavar(spec).removesuffix("|none")] if plain else []) + ["KEY=VALUE[,KEY=VALUE]"]
                                + (["none"] if spec.nullable else []))

@@ -143,6 +143,17 @@ def test_unit_weights_are_the_unweighted_fit():
     assert _rel(lazy_ones.predict(X), plain.predict(X)) <= 1e-8
 
 
+def test_weighted_score_of_lazy_input_is_scikit_learns():
+    from sklearn.metrics import r2_score
+
+    X, y, w = _data(False)
+    model = FalkonRegressor(n_centers=M, random_state=0).fit(X, y)
+    expected = r2_score(y, model.predict(X), sample_weight=w)
+    lazy = model.score(da.from_array(X, chunks=50), da.from_array(y, chunks=50), sample_weight=da.from_array(w, 64))
+    assert lazy == pytest.approx(expected, rel=1e-12)
+    assert model.score(X, y, sample_weight=w) == pytest.approx(expected, rel=1e-12)
+
+
 def test_zero_weight_rows_of_exact_krr_get_no_coefficient():
     X, y, w = _data(False)
     model = ESTIMATORS["exact"](penalty=1e-3).fit(X, y, sample_weight=w)
@@ -275,7 +286,9 @@ def test_cli_fit_reads_weights_from_the_store_and_class_weight_flag(numpy_cluste
                      "--class-weight", "balanced", *flags]) == 0
     expected = _fit_quietly(FalkonClassifier(n_centers=M, penalty=1e-3, tol=1e-11, max_iter=100, random_state=0,
                                              class_weight="balanced"), X, y, sample_weight=w)
-    assert _rel(load(out).decision_function(X), expected.decision_function(X)) <= 1e-8
+    loaded = load(out)
+    assert _rel(loaded.decision_function(X), expected.decision_function(X)) <= 1e-8
+    np.testing.assert_array_equal(loaded.class_weight_, expected.class_weight_)
     # A missing array or a dict of class weights: refused or taken before any cluster work.
     assert main(["fit", "--data", str(path), "--out", str(tmp_path / "m2"), "--sample-weight", "weights",
                  *flags]) == 1

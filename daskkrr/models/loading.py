@@ -129,6 +129,8 @@ def _build(cls: type, meta: dict[str, Any], arrays: dict[str, np.ndarray], path:
             )
         model.feature_names_in_ = np.asarray(names, dtype=object)
     model.sampler_info_ = meta.get("sampler_info", {})
+    if "class_weight" in arrays:
+        model.class_weight_ = arrays["class_weight"]
     if "classes" in arrays:
         model.classes_ = arrays["classes"]
     elif "classes" in meta:

@@ -13,6 +13,7 @@ from sklearn.utils._param_validation import StrOptions
 
 from daskkrr.data.feature_names import check_feature_names
 from daskkrr.data.inputs import is_in_memory, load_training_data
+from daskkrr.data.sample_weight import open_sample_weight
 from daskkrr.models.base import NystromModelBase
 from daskkrr.models.kernel_model import KernelModelBase, positive
 from daskkrr.models.weights import check_sample_weight
@@ -186,17 +187,24 @@ class _RegressorMixin(RegressorMixin):
         return out
 
     def score(self, X: Any, y: Any, sample_weight: Any = None) -> float:
-        """Coefficient of determination R^2; computed blockwise for dask input."""
-        if is_in_memory(X):
+        """Coefficient of determination R^2 (weighted by ``sample_weight``, as scikit-learn's
+        ``r2_score``); computed blockwise for dask input, whose weights may also be a dask array
+        or the name of an array of the store ``X``."""
+        if is_in_memory(X) and (sample_weight is None or is_in_memory(sample_weight)):
             return super().score(X, y, sample_weight=sample_weight)
-        if sample_weight is not None:
-            raise ValueError("sample_weight is only supported for in-memory input")
         check_feature_names(self, X)  # predict sees only the opened (nameless) dask array
         Xd, yd = load_training_data(X, y, self.chunks)
         pred = self.predict(Xd)
         Y = yd.astype(np.float64)
-        ss_res = ((Y - pred) ** 2).sum(axis=0)
-        ss_tot = ((Y - Y.mean(axis=0)) ** 2).sum(axis=0)
+        w = open_sample_weight(check_sample_weight(sample_weight, X), X, Xd, self.chunks)
+        if w is None:
+            ss_res = ((Y - pred) ** 2).sum(axis=0)
+            ss_tot = ((Y - Y.mean(axis=0)) ** 2).sum(axis=0)
+        else:
+            W = w[:, None] if Y.ndim == 2 else w
+            mean = (W * Y).sum(axis=0) / w.sum()
+            ss_res = (W * (Y - pred) ** 2).sum(axis=0)
+            ss_tot = (W * (Y - mean) ** 2).sum(axis=0)
         res, tot = Executor().compute(ss_res, ss_tot)
         r2 = 1 - np.asarray(res) / np.where(np.asarray(tot) > 0, tot, 1.0)
         return float(np.mean(r2))
