@@ -160,6 +160,19 @@ def test_zero_weight_rows_of_exact_krr_get_no_coefficient():
     assert np.all(model.coef_[w == 0] == 0)
 
 
+def test_a_weighted_checkpoint_resumes_only_with_the_same_weights(tmp_path):
+    from daskkrr.checkpoint import CheckpointError
+
+    X, y, w = _data(False)
+    params = dict(n_centers=M, penalty=1e-3, tol=1e-10, max_iter=60, random_state=0)
+    first = _fit_quietly(FalkonRegressor(**params), X, y, sample_weight=w, checkpoint=tmp_path / "ck")
+    again = _fit_quietly(FalkonRegressor(**params), X, y, sample_weight=w, checkpoint=tmp_path / "ck", resume=True)
+    np.testing.assert_array_equal(again.coef_, first.coef_)
+    other = np.where(np.arange(N) == 0, w + 1, w)  # one weight changed
+    with pytest.raises(CheckpointError, match="sample_weight"):
+        FalkonRegressor(**params).fit(X, y, sample_weight=other, checkpoint=tmp_path / "ck", resume=True)
+
+
 # --------------------------------------------------------------------------- statistics and sketch
 def test_weighted_standardizer_equals_repeated_rows():
     X, y, w = _data(False)

@@ -37,7 +37,9 @@ PARAM_DOCS = {
     "n_centers": """n_centers : int, default=1000
     Number of Nystrom centers M (cost per pass is O(n M d)).""",
     "sampler": """sampler : str or CenterSampler, default="uniform"
-    How centers are chosen (see :mod:`daskkrr.sampling`).""",
+    How centers are chosen (see :mod:`daskkrr.sampling`). The samplers do not
+    look at ``fit``'s ``sample_weight``: centers are drawn from the rows as if
+    unweighted; the weighted problem is then solved exactly on them.""",
     "max_iter": """max_iter : int, default=50
     Maximum CG iterations (each is one pass over the data, or M x M work with
     the "gram" strategy). With the row-sketch preconditioner, ``tol=1e-4`` took
