@@ -309,3 +309,26 @@ def test_cli_fit_reads_weights_from_the_store_and_class_weight_flag(numpy_cluste
     assert main(["fit", "--data", str(path), "--out", str(tmp_path / "m3"), "--class-weight", "0=1,1=2,2=3",
                  *flags]) == 0
     assert load(tmp_path / "m3").class_weight == {"0": 1, "1": 2, "2": 3}
+
+
+def test_workflow_reads_the_weights_named_in_its_data_table(numpy_cluster2, tmp_path):
+    from daskkrr import load
+    from daskkrr.workflow import WorkflowError, run_workflow
+    from daskkrr.workflow.spec import resolve
+
+    X, y, w = _data(False, seed=8)
+    path = tmp_path / "train.zarr"
+    write_zarr(X, y, path, chunk_rows=40)
+    zarr.open_group(str(path), mode="r+").create_array("w", shape=(N,), chunks=(40,), dtype="float64")[:] = w
+    model = dict(estimator="falkon", n_centers=M, penalty=1e-3, tol=1e-11, max_iter=100, random_state=0)
+    workflow = {"workflow": {"name": "weighted", "runs_dir": str(tmp_path / "runs")},
+                "data": {"store": str(path), "sample_weight": "w"}, "model": model,
+                "evaluation": {"method": "holdout", "split": "tail", "test_fraction": 0.25, "metrics": ["rmse"]}}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = run_workflow(workflow, client=numpy_cluster2)
+    params = {k: v for k, v in model.items() if k != "estimator"}
+    expected = _fit_quietly(FalkonRegressor(**params), X[:120], y[:120], sample_weight=w[:120])
+    assert _rel(load(result.run_dir / "model").predict(X), expected.predict(X)) <= 1e-8
+    with pytest.raises(WorkflowError, match="sample_weight names an array of the store"):
+        resolve({**workflow, "data": {"generate": {"n": 100, "d": 2}, "sample_weight": "w"}}, base_dir=tmp_path)
