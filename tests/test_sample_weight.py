@@ -138,8 +138,10 @@ def test_unit_weights_are_the_unweighted_fit():
     params = dict(n_centers=M, penalty=1e-3, tol=1e-11, max_iter=200, random_state=0)
     plain = _fit_quietly(FalkonRegressor(**params), X, y)
     ones = _fit_quietly(FalkonRegressor(**params), X, y, sample_weight=np.ones(N))  # numpy ones: unweighted
-    lazy_ones = _fit_quietly(FalkonRegressor(**params), X, y, sample_weight=da.ones(N, chunks=64))
     np.testing.assert_array_equal(plain.coef_, ones.coef_)
+    # Lazy ones are a weighted fit (their values are seen by the passes only): the same solution on the same centers.
+    params["sampler"] = RowsSampler(plain.center_indices_)
+    lazy_ones = _fit_quietly(FalkonRegressor(**params), X, y, sample_weight=da.ones(N, chunks=64))
     assert _rel(lazy_ones.predict(X), plain.predict(X)) <= 1e-8
 
 
@@ -171,6 +173,29 @@ def test_a_weighted_checkpoint_resumes_only_with_the_same_weights(tmp_path):
     other = np.where(np.arange(N) == 0, w + 1, w)  # one weight changed
     with pytest.raises(CheckpointError, match="sample_weight"):
         FalkonRegressor(**params).fit(X, y, sample_weight=other, checkpoint=tmp_path / "ck", resume=True)
+
+
+# --------------------------------------------------------------------------- the uniform sampler
+def test_weighted_uniform_sampler_draws_rows_in_proportion_to_their_weights():
+    from daskkrr.sampling.weighted_rows import block_best_keys
+
+    w = np.array([[1.0], [1.0], [0.0], [1.0], [2.0], [5.0]])
+    draws = np.array([block_best_keys(w, 0, seed, 1)[0][0] for seed in range(3000)])
+    freq = np.bincount(draws, minlength=6) / draws.size
+    expected = w[:, 0] / w.sum()
+    assert freq[2] == 0  # a zero weight is never drawn
+    assert np.all(np.abs(freq - expected) <= 4 * np.sqrt(expected * (1 - expected) / draws.size))
+
+
+def test_weighted_uniform_centers_skip_zero_weights_and_ignore_the_chunking():
+    X, y, w = _data(False)
+    fits = [_fit_quietly(FalkonRegressor(n_centers=M, random_state=3), da.from_array(X, chunks=c), y,
+                         sample_weight=da.from_array(w, chunks=c)) for c in (40, 70)]
+    np.testing.assert_array_equal(fits[0].center_indices_, fits[1].center_indices_)
+    assert np.all(w[fits[0].center_indices_] > 0) and fits[0].sampler_info_["weighted"]
+    with pytest.warns(UserWarning, match="only 3 rows have a positive sample_weight"):
+        few = FalkonRegressor(n_centers=10, random_state=0).fit(X, y, sample_weight=(np.arange(N) < 3) * 1.0)
+    np.testing.assert_array_equal(few.center_indices_, [0, 1, 2])
 
 
 # --------------------------------------------------------------------------- statistics and sketch

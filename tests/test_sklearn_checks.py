@@ -30,10 +30,10 @@ def small(cls: type) -> Any:
 #: Checks an estimator cannot pass by construction, with the reason (scikit-learn >= 1.6 has no
 #: estimator tag for this: parametrize_with_checks takes them).
 WEIGHT_EQUIVALENCE_REASON = (
-    "fits with integer sample_weight and with repeated rows draw different Nystrom centers (a repeated "
-    "row can be drawn twice, a zero-weight row can be drawn) and CG stops at tol, so the two models agree "
-    "to about tol, not to 1e-7; tests/test_sample_weight.py checks the equivalence to 1e-8 with the same "
-    "centers for every estimator"
+    "fits with integer sample_weight and with repeated rows draw different Nystrom centers (rows drawn in "
+    "proportion to their weights are not the rows drawn from the repeated data, where a row can be drawn "
+    "twice) and CG stops at tol, so the two models agree to about tol, not to 1e-7; "
+    "tests/test_sample_weight.py checks the equivalence to 1e-8 with the same centers for every estimator"
 )
 
 

@@ -37,9 +37,10 @@ PARAM_DOCS = {
     "n_centers": """n_centers : int, default=1000
     Number of Nystrom centers M (cost per pass is O(n M d)).""",
     "sampler": """sampler : str or CenterSampler, default="uniform"
-    How centers are chosen (see :mod:`daskkrr.sampling`). The samplers do not
-    look at ``fit``'s ``sample_weight``: centers are drawn from the rows as if
-    unweighted; the weighted problem is then solved exactly on them.""",
+    How centers are chosen (see :mod:`daskkrr.sampling`). With ``fit``'s
+    ``sample_weight``, "uniform" draws rows in proportion to their weights; the
+    leverage-score samplers choose as if unweighted (the weighted problem is
+    then solved exactly on their centers).""",
     "max_iter": """max_iter : int, default=50
     Maximum CG iterations (each is one pass over the data, or M x M work with
     the "gram" strategy). With the row-sketch preconditioner, ``tol=1e-4`` took
@@ -109,8 +110,9 @@ SAMPLE_WEIGHT_DOC = """Row weights ``w_i >= 0``: the fit minimises
             with the rows), or, when ``X`` is a Zarr store, the name of one of its
             arrays. NaN, inf, negative weights, all zeros and a length other than
             the number of rows are refused before any work. The standardisation and
-            the intercept use weighted means. Centers are sampled without looking at
-            the weights (see the user guide, "Sample and class weights")."""
+            the intercept use weighted means. The uniform sampler draws centers in
+            proportion to the weights (never a row of weight 0); the leverage-score
+            samplers ignore them (see the user guide, "Sample and class weights")."""
 
 
 def params_doc(*names: str) -> str:

@@ -14,6 +14,7 @@ instead of recomputing, and says so in its event (``restored=True``).
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import logging
 import time
 import warnings
@@ -109,7 +110,11 @@ def statistics(ctx: FitContext) -> None:
 
 # --------------------------------------------------------------------------- centers
 def choose_centers(ctx: FitContext) -> None:
-    """The Nystrom centers: the sampler's choice, or the interrupted fit's."""
+    """The Nystrom centers: the sampler's choice, or the interrupted fit's.
+
+    A sampler whose ``select`` takes ``sample_weight`` gets the row weights of a
+    weighted fit (the uniform sampler then draws rows in proportion to them); the
+    others choose as if unweighted."""
     p = ctx.params
     saved = ctx.store.saved_centers()
     if saved is not None:
@@ -118,9 +123,11 @@ def choose_centers(ctx: FitContext) -> None:
     else:
         t0 = time.perf_counter()
         sampler = make_sampler(p.sampler)
+        weighted = ctx.sample_weight is not None and "sample_weight" in inspect.signature(sampler.select).parameters
         dictionary = sampler.select(
             ctx.X, ctx.kernel, n_centers=ctx.n_centers, penalty=float(p.penalty),
             random_state=seed_of(p.random_state), executor=ctx.executor,
+            **({"sample_weight": ctx.sample_weight} if weighted else {}),
         )
         logger.info("selected %d centers with %s in %.2fs", dictionary.size, type(sampler).__name__,
                     time.perf_counter() - t0)
