@@ -280,6 +280,18 @@ def test_bad_weights_are_refused_before_anything_is_written(case, as_dask, tmp_p
     assert not checkpoint.exists() or not any(checkpoint.iterdir())
 
 
+@pytest.mark.parametrize("name", sorted(n for n, cls in ESTIMATORS.items()
+                                         if "compute_std" in inspect.signature(cls.__init__).parameters))
+def test_weights_with_compute_std_are_refused_before_any_work(name, tmp_path):
+    cls = ESTIMATORS[name]
+    X, y, w = _data(is_classifier(cls()))
+    with pytest.raises(ValueError, match="compute_std=True is not supported with sample_weight"):
+        cls(compute_std=True).fit(X, y, sample_weight=w)
+    if "class_weight" in inspect.signature(cls.__init__).parameters:
+        with pytest.raises(ValueError, match="compute_std=True is not supported"):
+            cls(compute_std=True, class_weight="balanced").fit(X, y)
+
+
 # --------------------------------------------------------------------------- cluster
 @pytest.fixture(scope="module")
 def numpy_cluster2():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import dask.array as da
@@ -14,7 +15,7 @@ from sklearn.utils.validation import column_or_1d
 from daskkrr.data.inputs import is_in_memory
 from daskkrr.models.base import NystromModelBase
 from daskkrr.models.regressors import FALKON_PARAMS, SAMPLE_WEIGHT_DOC, FalkonRegressor, params_doc
-from daskkrr.models.weights import check_class_weight, check_sample_weight, class_row_weights
+from daskkrr.models.weights import check_class_weight, check_sample_weight, class_row_weights, refuse_weighted_std
 
 
 def _one_vs_all(yb: np.ndarray, classes: np.ndarray) -> np.ndarray:
@@ -64,7 +65,7 @@ class FalkonClassifier(ClassifierMixin, NystromModelBase):
     def __init__(
         self,
         kernel: Any = "gaussian",
-        sigma: float | None = None,
+        sigma: float | Sequence[float] | np.ndarray | None = None,
         penalty: float = 1e-6,
         n_centers: int = 1000,
         sampler: Any = "uniform",
@@ -79,6 +80,7 @@ class FalkonClassifier(ClassifierMixin, NystromModelBase):
         strategy: str = "auto",
         fit_intercept: bool = True,
         preconditioner_rows: int | str | None = "auto",
+        compute_std: bool = False,
         class_weight: dict | str | None = None,
     ):
         self.kernel = kernel
@@ -97,6 +99,7 @@ class FalkonClassifier(ClassifierMixin, NystromModelBase):
         self.strategy = strategy
         self.fit_intercept = fit_intercept
         self.preconditioner_rows = preconditioner_rows
+        self.compute_std = compute_std
         self.class_weight = class_weight
 
     def _check_params(self) -> None:
@@ -129,6 +132,7 @@ class FalkonClassifier(ClassifierMixin, NystromModelBase):
         self._validate_params()
         X, y = self._check_fit_input(X, y)
         sample_weight = check_sample_weight(sample_weight, X)
+        refuse_weighted_std(self, sample_weight)
         self._labels = None
         if y is not None and is_in_memory(y) and np.asarray(y).dtype.kind not in "biuf":
             # Text labels become integer codes; classes_ maps them back.
@@ -180,8 +184,17 @@ class FalkonClassifier(ClassifierMixin, NystromModelBase):
         t = 1 if len(classes) == 2 else len(classes)
         return da.map_blocks(_one_vs_all, y, classes, dtype=np.float64, chunks=(y.chunks[0], (t,)), new_axis=1)
 
-    def decision_function(self, X: Any) -> Any:
-        """Decision values: shape (n,) for two classes (positive means ``classes_[1]``), else (n, n_classes)."""
+    def decision_function(self, X: Any, return_std: bool = False) -> Any:
+        """Decision values: shape (n,) for two classes (positive means ``classes_[1]``), else (n, n_classes).
+
+        With ``return_std=True`` (a model fitted with ``compute_std=True``), also the
+        posterior standard deviation of each decision value, shaped alike: the
+        regression on the +-1 codes as a Gaussian process (see the user guide,
+        "Predictive uncertainty").
+        """
+        if return_std:
+            mean, std = self._decision_and_std(X)
+            return (mean[:, 0], std[:, 0]) if len(self.classes_) == 2 else (mean, std)
         out = self._raw_decision(X)
         return out[:, 0] if len(self.classes_) == 2 else out
 

@@ -36,6 +36,7 @@ __all__ = [
     "check_class_weight",
     "check_sample_weight",
     "check_weight_values",
+    "refuse_weighted_std",
     "class_row_weights",
     "class_weights",
 ]
@@ -84,6 +85,20 @@ def check_sample_weight(sample_weight: Any, X: Any) -> Any:
         raise ValueError(f"sample_weight must hold numbers (one weight per row): {exc}") from None
     _check_shape(values.shape, n)
     return check_weight_values(values)
+
+
+def refuse_weighted_std(estimator: Any, sample_weight: Any) -> None:
+    """ValueError for ``compute_std=True`` with row weights (``sample_weight`` or ``class_weight``).
+
+    The predictive variance of a weighted fit (a noise variance ``sigma^2 / w_i`` per
+    row) is not implemented; refused before any work rather than computed as if unweighted.
+    """
+    weighted = sample_weight is not None or getattr(estimator, "class_weight", None) is not None
+    if weighted and getattr(estimator, "compute_std", False):
+        raise ValueError(
+            "compute_std=True is not supported with sample_weight or class_weight (the predictive "
+            "variance of a weighted fit is not implemented); fit without weights for predict(return_std=True)"
+        )
 
 
 def _check_shape(shape: tuple[int, ...], n: int | None) -> None:
