@@ -101,24 +101,27 @@ PREDICT_OUTPUTS = ("label", "decision", "proba")
 _FLAG_ALIASES = {"n_centers": ("--centers",), "random_state": ("--seed",)}
 
 
-def _add_model_flags(p: argparse.ArgumentParser) -> None:
+def _add_model_flags(p: argparse.ArgumentParser, classes: dict[str, type] | None = None) -> None:
     """``--estimator`` and one flag per estimator parameter, all from the registry and its schema.
 
     Flags not given stay out of the namespace (default SUPPRESS), so the config
-    file's or the estimator's value holds; see :func:`_model_overrides`.
+    file's or the estimator's value holds; see :func:`_model_overrides`. With
+    ``classes`` (``daskkrr embed`` / ``cluster``) the flags of those classes, without ``--estimator``.
     """
     from daskkrr.models.registry import ESTIMATORS
     from daskkrr.models.schema import union_specs
 
+    registry = ESTIMATORS if classes is None else classes
     group = p.add_argument_group("model", "estimator parameters; a flag given here overrides --config")
-    group.add_argument("--estimator", choices=sorted(ESTIMATORS), default=None,
-                       help="estimator (default: the config's, else falkon)")
-    for name, (spec, defaults) in union_specs(ESTIMATORS).items():
+    if classes is None:
+        group.add_argument("--estimator", choices=sorted(ESTIMATORS), default=None,
+                           help="estimator (default: the config's, else falkon)")
+    for name, (spec, defaults) in union_specs(registry).items():
         flags = (spec.flag, *_FLAG_ALIASES.get(name, ()))
         shown = {repr(v) for v in defaults.values()}
         default = (f"default: {defaults[next(iter(defaults))]!r}" if len(shown) == 1 else
                    "default: " + ", ".join(f"{k} {v!r}" for k, v in defaults.items()))
-        only = "" if len(defaults) == len(ESTIMATORS) else f"; {', '.join(defaults)} only"
+        only = "" if len(defaults) == len(registry) else f"; {', '.join(defaults)} only"
         help_text = f"{spec.help} ({default}{only})".replace("%", "%%")
         kwargs: dict[str, Any] = {"dest": name, "default": argparse.SUPPRESS, "help": help_text}
         if spec.types == (bool,) and not spec.nullable:
@@ -196,12 +199,13 @@ class _KeyValueAction(argparse.Action):
         setattr(namespace, self.dest, current)
 
 
-def _model_overrides(args: argparse.Namespace) -> dict[str, Any]:
+def _model_overrides(args: argparse.Namespace, classes: dict[str, type] | None = None) -> dict[str, Any]:
     """Estimator parameters given as flags (those not given are absent)."""
     from daskkrr.models.registry import ESTIMATORS
     from daskkrr.models.schema import union_specs
 
-    return {name: getattr(args, name) for name in union_specs(ESTIMATORS) if hasattr(args, name)}
+    registry = ESTIMATORS if classes is None else classes
+    return {name: getattr(args, name) for name in union_specs(registry) if hasattr(args, name)}
 
 
 def _flag_of(name: str) -> str:
@@ -274,6 +278,28 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--data", required=True, help="Zarr store with arrays X and y")
     _add_scheduler(p)
 
+    from daskkrr.models.registry import UNSUPERVISED
+
+    for name, help_text, out_help in (
+        ("embed", "Nystrom kernel PCA of a Zarr store's X, written to a Zarr store",
+         "Zarr store to write: array 'X' (the components) and the input's 'y', if it has one"),
+        ("cluster", "Nystrom kernel k-means of a Zarr store's X; the labels written to a Zarr store",
+         "Zarr store to write: array 'labels'"),
+    ):
+        kind = "kpca" if name == "embed" else "kmeans"
+        p = command(name, help_text)
+        p.add_argument("--data", required=True, help="Zarr store with array X")
+        p.add_argument("--out", required=True, help=out_help)
+        p.add_argument("--model", default=None, metavar="DIR",
+                       help="use this saved model instead of fitting one (default: fit on --data)")
+        p.add_argument("--save-model", dest="save_model", default=None, metavar="DIR",
+                       help="also save the fitted model to DIR (default: not saved)")
+        _add_model_flags(p, {kind: UNSUPERVISED[kind]})
+        p.add_argument("--overwrite", action="store_true", help="replace existing outputs")
+        p.add_argument("--no-progress", dest="progress", action="store_false",
+                       help="no progress bar on stderr (default: a bar)")
+        _add_scheduler(p)
+
     p = command("quickstart", "generate data, fit on a local cluster, print the test error")
     p.add_argument("--n", type=_positive_int, default=100_000, help="rows of synthetic data")
     p.add_argument("--d", type=_positive_int, default=8, help="features")
@@ -330,6 +356,10 @@ def _cmd_fit(args: argparse.Namespace) -> None:
     fit_kwargs = _checkpoint_kwargs(args, model)
     _check_before_start(model, args.data)
     if args.sample_weight is not None:
+        import inspect
+
+        if "sample_weight" not in inspect.signature(model.fit).parameters:
+            raise UsageError(f"--sample-weight: {type(model).__name__} takes no sample weights")
         _check_weight_variable(args.data, args.sample_weight)
         fit_kwargs["sample_weight"] = args.sample_weight
     with cluster_client(args.scheduler, n_workers=args.workers) as client:  # the fit's current client
@@ -391,8 +421,26 @@ def _progress_bar(args: argparse.Namespace) -> bool:
 
 
 def _cmd_run(args: argparse.Namespace) -> None:
-    from daskkrr.workflow import run_workflow
+    import tomllib
 
+    from daskkrr.workflow import run_workflow
+    from daskkrr.workflow.unsupervised import is_unsupervised, run_unsupervised_workflow
+
+    try:
+        with open(args.workflow, "rb") as fh:
+            unsupervised = is_unsupervised(tomllib.load(fh))
+    except (OSError, tomllib.TOMLDecodeError):
+        unsupervised = False  # run_workflow reports the problem
+    if unsupervised:
+        done = run_unsupervised_workflow(args.workflow, overrides=args.overrides, runs_dir=args.runs_dir,
+                                         scheduler=args.scheduler, n_workers=args.workers,
+                                         progress=_progress_bar(args))
+        parts = [f"{name}: " + ", ".join(f"{k} {v:.4g}" for k, v in done.metrics[name].items()
+                                         if k in ("inertia", "ari", "nmi", "seconds") and isinstance(v, float))
+                 for name in ("kpca", "kmeans") if name in done.metrics]
+        print(f"run {done.run_id} succeeded in {done.metrics.get('seconds', 0):.1f}s ({'; '.join(parts)}); "
+              f"wrote {done.run_dir}")
+        return
     result = run_workflow(args.workflow, overrides=args.overrides, runs_dir=args.runs_dir,
                           scheduler=args.scheduler, n_workers=args.workers,
                           progress=_progress_bar(args))
@@ -502,6 +550,56 @@ def score_metrics(model: Any, X: Any, y: Any) -> dict[str, Any]:
     return out
 
 
+def _cmd_unsupervised(args: argparse.Namespace) -> None:
+    """``daskkrr embed`` (kernel PCA -> array 'X') and ``daskkrr cluster`` (k-means -> array 'labels')."""
+    from daskkrr.data import open_dataset, write_array_zarr, write_zarr
+    from daskkrr.models.loading import load_model
+    from daskkrr.models.registry import UNSUPERVISED
+    from daskkrr.parallel import cluster_client
+    from daskkrr.utils.atomic import check_destination
+
+    cls = UNSUPERVISED["kpca" if args.command == "embed" else "kmeans"]
+    check_destination(args.out, args.overwrite)  # fail before the work, not after
+    if args.save_model:
+        check_destination(args.save_model, args.overwrite)
+    flags = _model_overrides(args, {"model": cls})
+    if args.model:
+        if flags:
+            raise UsageError(f"--model uses a saved model; drop {', '.join(_flag_of(k) for k in flags)}")
+        model = load_model(args.model)
+        if not isinstance(model, cls):
+            raise UsageError(f"--model {args.model} holds a {type(model).__name__}; 'daskkrr {args.command}' "
+                             f"needs a {cls.__name__}")
+    else:
+        model = cls(**flags, **({"verbose": True} if args.verbose else {}))
+        model._validate_params()  # bad flags refused before a cluster starts
+    X, y = open_dataset(args.data, y="y")  # metadata only; y None if the store has none
+    if args.model:
+        model._check_n_features(X.shape)
+    else:
+        model._check_data_size(int(X.shape[0]))  # n_clusters > n: refused before a cluster starts
+    with cluster_client(args.scheduler, n_workers=args.workers) as client:
+        t0 = time.perf_counter()
+        if not args.model:
+            with _fit_progress(args, client):
+                model.fit(args.data)
+        if args.command == "embed":
+            out = model.transform(args.data)
+            write_zarr(out, y, args.out, overwrite=args.overwrite)
+            what = f"{out.shape[0]} rows x {out.shape[1]} components (array 'X')" + (
+                " and the target (array 'y')" if y is not None else "")
+        else:
+            out = model.predict(args.data) if args.model else model.labels_
+            write_array_zarr(out, args.out, name="labels", overwrite=args.overwrite)
+            what = f"{out.shape[0]} labels of {model.n_clusters} clusters (array 'labels')"
+        if args.save_model:
+            model.save(args.save_model, overwrite=args.overwrite)
+    note = "" if args.model else f" (fit with {model.n_centers_} centers"
+    if not args.model:
+        note += f", {model.n_iter_} Lloyd iterations)" if args.command == "cluster" else ")"
+    print(f"wrote {args.out}: {what} in {time.perf_counter() - t0:.1f}s{note}")
+
+
 def _cmd_quickstart(args: argparse.Namespace) -> None:
     from daskkrr.progress import ProgressBar, report
     from daskkrr.quickstart import run_quickstart
@@ -519,6 +617,8 @@ _COMMANDS = {
     "score": _cmd_score,
     "quickstart": _cmd_quickstart,
     "run": _cmd_run,
+    "embed": _cmd_unsupervised,
+    "cluster": _cmd_unsupervised,
 }
 
 

@@ -32,6 +32,19 @@ from daskkrr.solvers import FalkonPreconditioner
 
 N, D, M = 160, 3, 30
 
+#: Registered estimators whose ``fit`` takes no ``sample_weight`` yet, with the reason. The test below
+#: checks this list against the registry: an estimator added without weights must be named here.
+WITHOUT_WEIGHTS = {
+    "online": "OnlineKernelRidge (issue 15) streams rows through Ray and Musco's online sampler and "
+              "statistics, outside the fit pipeline; they take no row weights yet",
+}
+WEIGHTED = sorted(name for name in ESTIMATORS if name not in WITHOUT_WEIGHTS)
+
+
+def test_every_registered_estimator_takes_sample_weight_or_says_why_not():
+    takes = {name for name, cls in ESTIMATORS.items() if "sample_weight" in inspect.signature(cls.fit).parameters}
+    assert takes == set(ESTIMATORS) - set(WITHOUT_WEIGHTS), (takes, WITHOUT_WEIGHTS)
+
 
 class RowsSampler(CenterSampler):
     """The centers are the rows ``indices`` (so two fits can be given the same centers)."""
@@ -90,7 +103,7 @@ def _rel(a: np.ndarray, b: np.ndarray) -> float:
                                       dict(fit_intercept=False, standardize=False)],
                          ids=["intercept-standardize", "plain"])
 @pytest.mark.parametrize("as_dask", [False, True], ids=["numpy", "dask"])
-@pytest.mark.parametrize("name", sorted(ESTIMATORS))
+@pytest.mark.parametrize("name", WEIGHTED)
 def test_integer_weights_equal_repeated_rows(name, as_dask, settings):
     cls = ESTIMATORS[name]
     X, y, w = _data(is_classifier(cls()))

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from sklearn.utils.estimator_checks import parametrize_with_checks
 
-from daskkrr.models.registry import ESTIMATORS
+from daskkrr.models.registry import ESTIMATORS, UNSUPERVISED
 
 #: Small settings, for the parameters each class takes.
 SMALL = {"n_centers": 20, "max_iter": 10, "random_state": 0}
@@ -46,6 +46,11 @@ def expected_failures(estimator: Any) -> dict[str, str]:
 
 @parametrize_with_checks([small(cls) for cls in ESTIMATORS.values()], expected_failed_checks=expected_failures)
 def test_sklearn_compatible(estimator, check):
+    check(estimator)
+
+
+@parametrize_with_checks([small(cls) for cls in UNSUPERVISED.values()])
+def test_sklearn_compatible_unsupervised(estimator, check):
     check(estimator)
 
 

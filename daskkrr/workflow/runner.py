@@ -118,6 +118,10 @@ def _evaluate_variant(
 
 
 def _execute(config: dict[str, Any], run: rd.RunDirectory) -> dict[str, Any]:
+    from daskkrr.workflow.online import ONLINE_ESTIMATOR, execute_online
+
+    if config["model"].get("estimator") == ONLINE_ESTIMATOR:  # update the last run's model, no refit
+        return execute_online(config, run)
     ev, outputs = config["evaluation"], config["outputs"]
     X, y, store = load_data(config)
     w = load_sample_weight(config, X)
