@@ -126,8 +126,11 @@ def _add_model_flags(p: argparse.ArgumentParser, classes: dict[str, type] | None
         kwargs: dict[str, Any] = {"dest": name, "default": argparse.SUPPRESS, "help": help_text}
         if spec.types == (bool,) and not spec.nullable:
             group.add_argument(*flags, action=argparse.BooleanOptionalAction, **kwargs)
-        elif spec.types == (dict,):
-            group.add_argument(*flags, action=_KeyValueAction, metavar="KEY=VALUE[,KEY=VALUE]", nullable=spec.nullable,
+        elif spec.types == (dict,) or (dict in spec.types and spec.options):  # class_weight: "balanced" too
+            plain = spec if len(spec.types) > 1 else None
+            metavar = "|".join(([_metavar(spec).removesuffix("|none")] if plain else []) + ["KEY=VALUE[,KEY=VALUE]"]
+                               + (["none"] if spec.nullable else []))
+            group.add_argument(*flags, action=_KeyValueAction, metavar=metavar, nullable=spec.nullable, plain=plain,
                                **kwargs)
         else:
             group.add_argument(*flags, type=_flag_parser(spec), metavar=_metavar(spec), **kwargs)
@@ -165,16 +168,27 @@ def _scalar(text: str) -> Any:
 
 
 class _KeyValueAction(argparse.Action):
-    """``--kernel-params nu=1.5,degree=2`` (repeatable) -> ``{"nu": 1.5, "degree": 2}``; ``none`` -> None."""
+    """``--kernel-params nu=1.5,degree=2`` (repeatable) -> ``{"nu": 1.5, "degree": 2}``; ``none`` -> None.
 
-    def __init__(self, *args: Any, nullable: bool = False, **kwargs: Any):
+    With ``plain`` (the parameter's spec), a value without ``=`` is read as the
+    parameter's other values (``--class-weight balanced``).
+    """
+
+    def __init__(self, *args: Any, nullable: bool = False, plain: Any = None, **kwargs: Any):
         self.nullable = nullable
+        self.plain = plain
         super().__init__(*args, **kwargs)
 
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
                  option_string: str | None = None) -> None:
         if self.nullable and values.strip().lower() == "none":
             setattr(namespace, self.dest, None)
+            return
+        if self.plain is not None and "=" not in values:
+            try:
+                setattr(namespace, self.dest, self.plain.parse_text(values))
+            except ValueError as exc:
+                parser.error(f"argument {option_string}: {exc}")
             return
         current = dict(getattr(namespace, self.dest, None) or {})
         for item in filter(None, (part.strip() for part in values.split(","))):
@@ -233,6 +247,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--data", required=True, help="Zarr store with arrays X and y")
     p.add_argument("--out", required=True, help="model directory to write")
     p.add_argument("--config", default=None, help="TOML file with a [model] table (default: none)")
+    p.add_argument("--sample-weight", dest="sample_weight", metavar="VAR", default=None,
+                   help="array of the store holding one weight per row (default: no weights)")
     _add_model_flags(p)
     p.add_argument("--overwrite", action="store_true", help="replace an existing model directory")
     p.add_argument("--checkpoint", metavar="DIR", default=None,
@@ -369,6 +385,13 @@ def _cmd_fit(args: argparse.Namespace) -> None:
     model = _build_from_flags(config, _model_overrides(args), verbose=bool(args.verbose))
     fit_kwargs = _checkpoint_kwargs(args, model)
     _check_before_start(model, args.data)
+    if args.sample_weight is not None:
+        import inspect
+
+        if "sample_weight" not in inspect.signature(model.fit).parameters:
+            raise UsageError(f"--sample-weight: {type(model).__name__} takes no sample weights")
+        _check_weight_variable(args.data, args.sample_weight)
+        fit_kwargs["sample_weight"] = args.sample_weight
     with cluster_client(args.scheduler, n_workers=args.workers) as client:  # the fit's current client
         t0 = time.perf_counter()
         with _fit_progress(args, client):
@@ -503,6 +526,17 @@ def _check_before_start(model: Any, data: str, features_only: bool = False) -> N
     X, _ = open_dataset(data, y=None if features_only else "y")  # reads metadata only
     if features_only:
         model._check_n_features(X.shape)
+
+
+def _check_weight_variable(data: str, name: str) -> None:
+    """Refuse a --sample-weight array the store lacks, or of another length, before a cluster is started."""
+    from daskkrr.data import open_dataset
+
+    X, w = open_dataset(data, y=name)  # metadata only; a missing name lists the store's arrays
+    if w is None or w.ndim != 1 or w.shape[0] != X.shape[0]:
+        shape = None if w is None else tuple(w.shape)
+        raise UsageError(f"--sample-weight {name}: the array must hold one weight per row of X ({X.shape[0]}); "
+                         f"it has shape {shape}")
 
 
 def _checkpoint_kwargs(args: argparse.Namespace, model: Any) -> dict[str, Any]:

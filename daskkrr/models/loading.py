@@ -138,6 +138,8 @@ def _build(cls: type, meta: dict[str, Any], arrays: dict[str, np.ndarray], path:
             )
         model.feature_names_in_ = np.asarray(names, dtype=object)
     model.sampler_info_ = meta.get("sampler_info", {})
+    if "class_weight" in arrays:
+        model.class_weight_ = arrays["class_weight"]
     restore = getattr(model, "_restore_saved_state", None)
     if restore is not None:
         if not isinstance(meta.get("state"), dict):

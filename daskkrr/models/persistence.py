@@ -64,6 +64,8 @@ def save_model(model: Any, path: str | os.PathLike, *, overwrite: bool = False) 
     # Any: numpy's savez stub lets a str-keyed dict collide with its allow_pickle flag.
     arrays: dict[str, Any] = {k.rstrip("_"): np.asarray(getattr(model, k)) for k in (*_ARRAYS, *_OPTIONAL_ARRAYS)
               if hasattr(model, k)}
+    if hasattr(model, "class_weight_"):  # classifiers: the weight of each class in the fit
+        arrays["class_weight"] = np.asarray(model.class_weight_, dtype=np.float64)
     posterior = getattr(model, "posterior_", None)
     meta["posterior"] = posterior is not None  # what predict(X, return_std=True) needs
     if posterior is not None:

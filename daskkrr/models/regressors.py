@@ -14,8 +14,10 @@ from sklearn.utils._param_validation import StrOptions
 
 from daskkrr.data.feature_names import check_feature_names
 from daskkrr.data.inputs import is_in_memory, load_training_data
+from daskkrr.data.sample_weight import open_sample_weight
 from daskkrr.models.base import NystromModelBase
 from daskkrr.models.kernel_model import KernelModelBase, positive
+from daskkrr.models.weights import check_sample_weight, refuse_weighted_std
 from daskkrr.parallel import Executor
 from daskkrr.pipeline import run_fit
 from daskkrr.pipeline.stages import exact_stages
@@ -39,7 +41,10 @@ PARAM_DOCS = {
     "n_centers": """n_centers : int, default=1000
     Number of Nystrom centers M (cost per pass is O(n M d)).""",
     "sampler": """sampler : str or CenterSampler, default="uniform"
-    How centers are chosen (see :mod:`daskkrr.sampling`).""",
+    How centers are chosen (see :mod:`daskkrr.sampling`). With ``fit``'s
+    ``sample_weight``, "uniform" draws rows in proportion to their weights; the
+    leverage-score samplers choose as if unweighted (the weighted problem is
+    then solved exactly on their centers).""",
     "max_iter": """max_iter : int, default=50
     Maximum CG iterations (each is one pass over the data, or M x M work with
     the "gram" strategy). With the row-sketch preconditioner, ``tol=1e-4`` took
@@ -93,6 +98,12 @@ PARAM_DOCS = {
     flops once on the client and save CG iterations, i.e. passes over the data.""",
     "max_samples": """max_samples : int, default=20000
     Largest n accepted (the kernel matrix takes 8 n^2 bytes).""",
+    "class_weight": """class_weight : dict, "balanced" or None, default=None
+    Weights of the classes, multiplied into ``fit``'s ``sample_weight``:
+    None weighs every class 1, a dict ``{label: weight}`` names some classes
+    (the others weigh 1), "balanced" takes scikit-learn's
+    ``n_samples / (n_classes * np.bincount(y))`` (the counts weighted by
+    ``sample_weight`` when there is one), at the cost of one pass over ``y``.""",
     "compute_std": """compute_std : bool, default=False
     Also compute what ``predict(X, return_std=True)`` needs: the posterior of
     the Gaussian process that matches the model (``fitted posterior_``, see the
@@ -102,6 +113,18 @@ PARAM_DOCS = {
     data for ``K_MN K_NM``, which the direct solve and the "gram" strategy
     already have. Exact KRR keeps its ``n x n`` factor (``8 n^2`` bytes).""",
 }
+
+
+#: The ``sample_weight`` entry of every ``fit`` docstring.
+SAMPLE_WEIGHT_DOC = """Row weights ``w_i >= 0``: the fit minimises
+            ``sum_i w_i (y_i - f(x_i))^2 + penalty * sum(w) * ||f||^2``, so an integer
+            weight k counts as k copies of the row. numpy or dask (read block by block
+            with the rows), or, when ``X`` is a Zarr store, the name of one of its
+            arrays. NaN, inf, negative weights, all zeros and a length other than
+            the number of rows are refused before any work. The standardisation and
+            the intercept use weighted means. The uniform sampler draws centers in
+            proportion to the weights (never a row of weight 0); the leverage-score
+            samplers ignore them (see the user guide, "Sample and class weights")."""
 
 
 def params_doc(*names: str) -> str:
@@ -206,17 +229,24 @@ class _RegressorMixin(RegressorMixin):
         return out
 
     def score(self, X: Any, y: Any, sample_weight: Any = None) -> float:
-        """Coefficient of determination R^2; computed blockwise for dask input."""
-        if is_in_memory(X):
+        """Coefficient of determination R^2 (weighted by ``sample_weight``, as scikit-learn's
+        ``r2_score``); computed blockwise for dask input, whose weights may also be a dask array
+        or the name of an array of the store ``X``."""
+        if is_in_memory(X) and (sample_weight is None or is_in_memory(sample_weight)):
             return super().score(X, y, sample_weight=sample_weight)
-        if sample_weight is not None:
-            raise ValueError("sample_weight is only supported for in-memory input")
         check_feature_names(self, X)  # predict sees only the opened (nameless) dask array
         Xd, yd = load_training_data(X, y, self.chunks)
         pred = self.predict(Xd)
         Y = yd.astype(np.float64)
-        ss_res = ((Y - pred) ** 2).sum(axis=0)
-        ss_tot = ((Y - Y.mean(axis=0)) ** 2).sum(axis=0)
+        w = open_sample_weight(check_sample_weight(sample_weight, X), X, Xd, self.chunks)
+        if w is None:
+            ss_res = ((Y - pred) ** 2).sum(axis=0)
+            ss_tot = ((Y - Y.mean(axis=0)) ** 2).sum(axis=0)
+        else:
+            W = w[:, None] if Y.ndim == 2 else w
+            mean = (W * Y).sum(axis=0) / w.sum()
+            ss_res = (W * (Y - pred) ** 2).sum(axis=0)
+            ss_tot = (W * (Y - mean) ** 2).sum(axis=0)
         res, tot = Executor().compute(ss_res, ss_tot)
         r2 = 1 - np.asarray(res) / np.where(np.asarray(tot) > 0, tot, 1.0)
         return float(np.mean(r2))
@@ -292,6 +322,7 @@ class FalkonRegressor(_RegressorMixin, NystromModelBase):
         self,
         X: Any,
         y: Any = None,
+        sample_weight: Any = None,
         *,
         checkpoint: Any = None,
         checkpoint_every: int = 5,
@@ -303,6 +334,8 @@ class FalkonRegressor(_RegressorMixin, NystromModelBase):
         ----------
         X, y
             Training data (``y`` may be omitted when ``X`` is a store holding it).
+        sample_weight : array-like of shape (n,), dask array, str or None, default=None
+            {SAMPLE_WEIGHT_DOC}
         checkpoint : str, os.PathLike or None
             Directory in which to save the fit's state as it goes (centers, the
             right-hand side, and the CG state every ``checkpoint_every``
@@ -316,7 +349,10 @@ class FalkonRegressor(_RegressorMixin, NystromModelBase):
             ``tol`` and ``compute_std`` may change). Without it an existing
             checkpoint is an error.
         """
-        return self._fit_nystrom(X, y, checkpoint=checkpoint, checkpoint_every=checkpoint_every, resume=resume)
+        return self._fit_nystrom(X, y, checkpoint=checkpoint, checkpoint_every=checkpoint_every, resume=resume,
+                                 sample_weight=sample_weight)
+
+    fit.__doc__ = (fit.__doc__ or "").replace("{SAMPLE_WEIGHT_DOC}", SAMPLE_WEIGHT_DOC)
 
 
 class NystromRegressor(_RegressorMixin, NystromModelBase):
@@ -367,9 +403,19 @@ class NystromRegressor(_RegressorMixin, NystromModelBase):
         self.fit_intercept = fit_intercept
         self.compute_std = compute_std
 
-    def fit(self, X: Any, y: Any = None) -> NystromRegressor:
-        """Fit on anything :func:`daskkrr.open_dataset` takes."""
-        return self._fit_nystrom(X, y)
+    def fit(self, X: Any, y: Any = None, sample_weight: Any = None) -> NystromRegressor:
+        """Fit on anything :func:`daskkrr.open_dataset` takes.
+
+        Parameters
+        ----------
+        X, y
+            Training data (``y`` may be omitted when ``X`` is a store holding it).
+        sample_weight : array-like of shape (n,), dask array, str or None, default=None
+            {SAMPLE_WEIGHT_DOC}
+        """
+        return self._fit_nystrom(X, y, sample_weight=sample_weight)
+
+    fit.__doc__ = (fit.__doc__ or "").replace("{SAMPLE_WEIGHT_DOC}", SAMPLE_WEIGHT_DOC)
 
 
 class ExactKernelRidge(_RegressorMixin, KernelModelBase):
@@ -414,11 +460,25 @@ class ExactKernelRidge(_RegressorMixin, KernelModelBase):
         self.verbose = verbose
         self.compute_std = compute_std
 
-    def fit(self, X: Any, y: Any = None) -> ExactKernelRidge:
-        """Fit on anything :func:`daskkrr.open_dataset` takes (gathered to the client)."""
+    def fit(self, X: Any, y: Any = None, sample_weight: Any = None) -> ExactKernelRidge:
+        """Fit on anything :func:`daskkrr.open_dataset` takes (gathered to the client).
+
+        Parameters
+        ----------
+        X, y
+            Training data (``y`` may be omitted when ``X`` is a store holding it).
+        sample_weight : array-like of shape (n,), dask array, str or None, default=None
+            {SAMPLE_WEIGHT_DOC} Solved in the symmetric form
+            ``(W^1/2 K W^1/2 + penalty * sum(w) I) beta = W^1/2 y``, ``coef_ = W^1/2 beta``,
+            so zero weights are allowed (their rows get ``coef_ = 0``).
+        """
         self._validate_params()
         X, y = self._check_fit_input(X, y)
-        ctx = run_fit(self, X, y, exact_stages())
+        sample_weight = check_sample_weight(sample_weight, X)
+        refuse_weighted_std(self, sample_weight)
+        ctx = run_fit(self, X, y, exact_stages(), sample_weight=sample_weight)
         for name, value in ctx.fitted.items():
             setattr(self, name, value)
         return self
+
+    fit.__doc__ = (fit.__doc__ or "").replace("{SAMPLE_WEIGHT_DOC}", SAMPLE_WEIGHT_DOC)
