@@ -19,9 +19,14 @@ from daskkrr.models.persistence import (
     FORMAT_NAME,
     FORMAT_VERSION,
     METADATA_FILE,
+    POSTERIOR_PREFIX,
+    STATE_PREFIX,
     ModelFormatError,
 )
-from daskkrr.models.registry import classes_by_class_name
+from daskkrr.models.registry import UNSUPERVISED, classes_by_class_name
+from daskkrr.models.unsupervised_persistence import load_unsupervised
+
+UNSUPERVISED_NAMES = {cls.__name__ for cls in UNSUPERVISED.values()}
 
 
 def _estimator_classes() -> dict[str, type]:
@@ -71,7 +76,10 @@ def load_model(path: str | os.PathLike) -> Any:
     except (OSError, EOFError, zipfile.BadZipFile) as exc:
         raise ModelFormatError(f"{path / ARRAYS_FILE} cannot be read: {exc}") from exc
     try:
-        model = _build(classes[name], meta, arrays, path)
+        if name in UNSUPERVISED_NAMES:
+            model = load_unsupervised(classes[name], meta, arrays, path)
+        else:
+            model = _build(classes[name], meta, arrays, path)
     except ModelFormatError:
         raise
     except (TypeError, ValueError, KeyError) as exc:
@@ -120,6 +128,7 @@ def _build(cls: type, meta: dict[str, Any], arrays: dict[str, np.ndarray], path:
         if key in _SCALARS:
             setattr(model, key, value)
     _check_shapes(model, path)
+    model.posterior_ = _posterior(meta, arrays, model, path)
     names = meta.get("feature_names")  # absent in models fitted without names (and older files)
     if names is not None:
         if not (isinstance(names, list) and len(names) == model.n_features_in_
@@ -129,11 +138,38 @@ def _build(cls: type, meta: dict[str, Any], arrays: dict[str, np.ndarray], path:
             )
         model.feature_names_in_ = np.asarray(names, dtype=object)
     model.sampler_info_ = meta.get("sampler_info", {})
+    if "class_weight" in arrays:
+        model.class_weight_ = arrays["class_weight"]
+    restore = getattr(model, "_restore_saved_state", None)
+    if restore is not None:
+        if not isinstance(meta.get("state"), dict):
+            raise ModelFormatError(f"{path / METADATA_FILE}: {cls.__name__} needs its stream 'state'")
+        restore(meta["state"], {k[len(STATE_PREFIX):]: v for k, v in arrays.items() if k.startswith(STATE_PREFIX)})
     if "classes" in arrays:
         model.classes_ = arrays["classes"]
     elif "classes" in meta:
         model.classes_ = np.asarray(meta["classes"])
     return model
+
+
+def _posterior(meta: dict[str, Any], arrays: dict[str, np.ndarray], model: Any, path: Path) -> Any:
+    """The saved ``posterior_`` (None when the model was fitted without compute_std, or saved before it)."""
+    from daskkrr.solvers.variance import PosteriorVariance
+
+    if not meta.get("posterior"):
+        return None
+    parts = {k[len(POSTERIOR_PREFIX):]: v for k, v in arrays.items() if k.startswith(POSTERIOR_PREFIX)}
+    missing = sorted({"factor", "scale", "shift", "prior_variance", "numbers"} - set(parts))
+    if missing:
+        raise ModelFormatError(f"{path / ARRAYS_FILE} lacks the posterior array(s) {missing}")
+    post = PosteriorVariance.from_arrays(parts)
+    targets = 1 if model.coef_.ndim == 1 else model.coef_.shape[1]
+    if post.n_centers != model.centers_.shape[0] or post.prior_variance.shape != (targets,):
+        raise ModelFormatError(
+            f"{path} is inconsistent: the posterior has {post.n_centers} centers and "
+            f"{post.prior_variance.size} targets, the model {model.centers_.shape[0]} and {targets}"
+        )
+    return post
 
 
 def _check_shapes(model: Any, path: Path) -> None:
@@ -151,6 +187,9 @@ def _check_shapes(model: Any, path: Path) -> None:
         problems.append(f"y_mean has shape {model.y_mean_.shape} for coef of shape {coef.shape}")
     elif model.intercept_.shape != model.y_mean_.shape:
         problems.append(f"intercept has shape {model.intercept_.shape}, y_mean {model.y_mean_.shape}")
+    scales = getattr(model.kernel_, "sigma", None)
+    if isinstance(scales, tuple) and len(scales) != d:
+        problems.append(f"the kernel has {len(scales)} length scales (sigma), expected {d}")
     if model.scaler_ is not None and model.scaler_.n_features_in_ != d:
         problems.append(f"the scaler has {model.scaler_.n_features_in_} features, expected {d}")
     if problems:

@@ -11,7 +11,7 @@ from sklearn.utils._param_validation import StrOptions
 
 from daskkrr.models.classifier import FalkonClassifier
 from daskkrr.models.kernel_model import positive
-from daskkrr.models.regressors import PARAM_DOCS, FalkonRegressor
+from daskkrr.models.regressors import PARAM_DOCS
 from daskkrr.pipeline import Stage
 from daskkrr.pipeline.logistic import LOGISTIC_STRATEGIES, logistic_stages
 from daskkrr.solvers.logistic import log1pexp, penalty_path, sigmoid
@@ -47,7 +47,7 @@ LOGISTIC_PARAM_DOCS = {
 
 LOGISTIC_PARAMS = ("kernel", "sigma", "penalty", "n_centers", "sampler", "max_iter", "tol", "kernel_params",
                    "dtype", "standardize", "chunks", "random_state", "verbose", "strategy", "fit_intercept",
-                   "penalty_schedule", "newton_iterations")
+                   "class_weight", "penalty_schedule", "newton_iterations")
 
 
 def _params_doc() -> str:
@@ -93,7 +93,9 @@ class LogisticFalkonClassifier(FalkonClassifier):
 
     over ``f(x) = sum_j coef_j k(x, z_j) + b`` with ``y_i = +-1``, ``||f||^2 =
     coef^T K_MM coef`` and ``b`` unpenalised (``fit_intercept=True``). With row
-    weights ``s_i`` the mean becomes ``sum_i s_i l_i / sum_i s_i``.
+    weights ``s_i`` (``fit(X, y, sample_weight)`` times the weight of the row's
+    class, ``class_weight``) the mean becomes ``sum_i s_i l_i / sum_i s_i``; integer
+    weights give the model of the duplicated rows.
 
     It is scikit-learn's ``LogisticRegression(C=1 / (penalty * n))`` (``n``: the
     sum of the weights) on the Nystrom features ``Phi = K_nM K_MM^(-1/2)`` of the
@@ -118,7 +120,7 @@ class LogisticFalkonClassifier(FalkonClassifier):
 
     Unlike :class:`FalkonClassifier` there is no row-sketch preconditioner
     (``preconditioner_rows``): the weighted preconditioner is rebuilt from the
-    centers at every Newton step. ``fit(..., checkpoint=DIR)`` saves the Newton
+    centers at every Newton step; nor predictive variances (``compute_std``). ``fit(..., checkpoint=DIR)`` saves the Newton
     state after every Newton step (``checkpoint_every`` is not used) and
     ``resume=True`` continues from it to the model of the uninterrupted fit.
 
@@ -164,7 +166,8 @@ class LogisticFalkonClassifier(FalkonClassifier):
     """
 
     _parameter_constraints: ClassVar[dict[str, Any]] = {
-        **{k: v for k, v in FalkonRegressor._parameter_constraints.items() if k != "preconditioner_rows"},
+        **{k: v for k, v in FalkonClassifier._parameter_constraints.items()
+           if k not in ("preconditioner_rows", "compute_std")},
         "strategy": [StrOptions(set(LOGISTIC_STRATEGIES))],
         "penalty_schedule": [StrOptions({"auto"}), list],
         "newton_iterations": [positive(Integral)],
@@ -188,6 +191,7 @@ class LogisticFalkonClassifier(FalkonClassifier):
         verbose: bool = False,
         strategy: str = "auto",
         fit_intercept: bool = True,
+        class_weight: dict | str | None = None,
         penalty_schedule: Any = "auto",
         newton_iterations: int = 8,
     ):
@@ -206,6 +210,7 @@ class LogisticFalkonClassifier(FalkonClassifier):
         self.verbose = verbose
         self.strategy = strategy
         self.fit_intercept = fit_intercept
+        self.class_weight = class_weight
         self.penalty_schedule = penalty_schedule
         self.newton_iterations = newton_iterations
 

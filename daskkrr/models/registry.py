@@ -10,11 +10,13 @@ from __future__ import annotations
 
 from daskkrr.models.classifier import FalkonClassifier
 from daskkrr.models.logistic import LogisticFalkonClassifier
+from daskkrr.models.online import OnlineKernelRidge
 from daskkrr.models.regressors import (
     ExactKernelRidge,
     FalkonRegressor,
     NystromRegressor,
 )
+from daskkrr.models.unsupervised import NystromKernelKMeans, NystromKernelPCA
 
 #: name -> estimator class.
 ESTIMATORS: dict[str, type] = {
@@ -23,6 +25,13 @@ ESTIMATORS: dict[str, type] = {
     "exact": ExactKernelRidge,
     "classifier": FalkonClassifier,
     "logistic": LogisticFalkonClassifier,
+    "online": OnlineKernelRidge,
+}
+
+#: name -> unsupervised estimator class (``daskkrr embed`` / ``daskkrr cluster``; no target).
+UNSUPERVISED: dict[str, type] = {
+    "kpca": NystromKernelPCA,
+    "kmeans": NystromKernelKMeans,
 }
 
 #: The estimator of configs that name none.
@@ -38,4 +47,4 @@ def estimator_class(name: str) -> type:
 
 def classes_by_class_name() -> dict[str, type]:
     """Registered classes by ``__name__``, as model files name them."""
-    return {cls.__name__: cls for cls in ESTIMATORS.values()}
+    return {cls.__name__: cls for cls in (*ESTIMATORS.values(), *UNSUPERVISED.values())}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import textwrap
+from collections.abc import Sequence
 from numbers import Integral, Real
 from typing import Any, ClassVar
 
@@ -13,8 +14,10 @@ from sklearn.utils._param_validation import StrOptions
 
 from daskkrr.data.feature_names import check_feature_names
 from daskkrr.data.inputs import is_in_memory, load_training_data
+from daskkrr.data.sample_weight import open_sample_weight
 from daskkrr.models.base import NystromModelBase
 from daskkrr.models.kernel_model import KernelModelBase, positive
+from daskkrr.models.weights import check_sample_weight, refuse_weighted_std
 from daskkrr.parallel import Executor
 from daskkrr.pipeline import run_fit
 from daskkrr.pipeline.stages import exact_stages
@@ -25,9 +28,12 @@ PARAM_DOCS = {
     "kernel": """kernel : str, dict or Kernel, default="gaussian"
     "gaussian", "laplacian", "matern", "polynomial", "linear", a
     ``Kernel.to_dict()`` dict, or a :class:`daskkrr.kernels.Kernel`.""",
-    "sigma": """sigma : float or None, default=None
-    Length scale of the Gaussian/Laplacian/Matern kernels. None uses
-    ``sqrt(n_features)``, a median-distance heuristic for standardised features.""",
+    "sigma": """sigma : float, array-like of shape (n_features,) or None, default=None
+    Length scale of the Gaussian/Laplacian/Matern kernels, in standardised
+    feature units: one number, or one per feature (automatic relevance
+    determination, ``k(a, b) = k_1(a / sigma, b / sigma)``; ``[1, 2]`` in TOML,
+    ``--sigma 1,2`` on the command line). None uses ``sqrt(n_features)``, a
+    median-distance heuristic for standardised features.""",
     "penalty": """penalty : float, default=1e-6
     Ridge penalty lambda of the normalised objective
     ``(1/n) sum (f(x_i) - y_i)^2 + lambda ||f||^2``; the same as scikit-learn's
@@ -35,7 +41,10 @@ PARAM_DOCS = {
     "n_centers": """n_centers : int, default=1000
     Number of Nystrom centers M (cost per pass is O(n M d)).""",
     "sampler": """sampler : str or CenterSampler, default="uniform"
-    How centers are chosen (see :mod:`daskkrr.sampling`).""",
+    How centers are chosen (see :mod:`daskkrr.sampling`). With ``fit``'s
+    ``sample_weight``, "uniform" draws rows in proportion to their weights; the
+    leverage-score samplers choose as if unweighted (the weighted problem is
+    then solved exactly on their centers).""",
     "max_iter": """max_iter : int, default=50
     Maximum CG iterations (each is one pass over the data, or M x M work with
     the "gram" strategy). With the row-sketch preconditioner, ``tol=1e-4`` took
@@ -89,7 +98,33 @@ PARAM_DOCS = {
     flops once on the client and save CG iterations, i.e. passes over the data.""",
     "max_samples": """max_samples : int, default=20000
     Largest n accepted (the kernel matrix takes 8 n^2 bytes).""",
+    "class_weight": """class_weight : dict, "balanced" or None, default=None
+    Weights of the classes, multiplied into ``fit``'s ``sample_weight``:
+    None weighs every class 1, a dict ``{label: weight}`` names some classes
+    (the others weigh 1), "balanced" takes scikit-learn's
+    ``n_samples / (n_classes * np.bincount(y))`` (the counts weighted by
+    ``sample_weight`` when there is one), at the cost of one pass over ``y``.""",
+    "compute_std": """compute_std : bool, default=False
+    Also compute what ``predict(X, return_std=True)`` needs: the posterior of
+    the Gaussian process that matches the model (``fitted posterior_``, see the
+    user guide, "Predictive uncertainty"). The Nystrom estimators keep two
+    ``M x M`` factors (``16 M^2`` bytes in memory and in saved models);
+    FALKON with the "recompute" or "cache" strategy makes one more pass over the
+    data for ``K_MN K_NM``, which the direct solve and the "gram" strategy
+    already have. Exact KRR keeps its ``n x n`` factor (``8 n^2`` bytes).""",
 }
+
+
+#: The ``sample_weight`` entry of every ``fit`` docstring.
+SAMPLE_WEIGHT_DOC = """Row weights ``w_i >= 0``: the fit minimises
+            ``sum_i w_i (y_i - f(x_i))^2 + penalty * sum(w) * ||f||^2``, so an integer
+            weight k counts as k copies of the row. numpy or dask (read block by block
+            with the rows), or, when ``X`` is a Zarr store, the name of one of its
+            arrays. NaN, inf, negative weights, all zeros and a length other than
+            the number of rows are refused before any work. The standardisation and
+            the intercept use weighted means. The uniform sampler draws centers in
+            proportion to the weights (never a row of weight 0); the leverage-score
+            samplers ignore them (see the user guide, "Sample and class weights")."""
 
 
 def params_doc(*names: str) -> str:
@@ -104,10 +139,11 @@ def params_doc(*names: str) -> str:
 #: FalkonRegressor's (and FalkonClassifier's) parameters, in ``__init__`` order.
 FALKON_PARAMS = ("kernel", "sigma", "penalty", "n_centers", "sampler", "max_iter", "tol", "kernel_params",
                  "dtype", "standardize", "chunks", "random_state", "verbose", "strategy",
-                 "fit_intercept", "preconditioner_rows")
+                 "fit_intercept", "preconditioner_rows", "compute_std")
 NYSTROM_PARAMS = ("kernel", "sigma", "penalty", "n_centers", "sampler", "kernel_params", "dtype", "standardize",
-                  "chunks", "random_state", "verbose", "direct_strategy", "fit_intercept")
-EXACT_PARAMS = ("kernel", "sigma", "penalty", "kernel_params", "standardize", "chunks", "max_samples", "verbose")
+                  "chunks", "random_state", "verbose", "direct_strategy", "fit_intercept", "compute_std")
+EXACT_PARAMS = ("kernel", "sigma", "penalty", "kernel_params", "standardize", "chunks", "max_samples", "verbose",
+                "compute_std")
 
 _FITTED_DOC = """
     Attributes
@@ -147,6 +183,11 @@ _FITTED_DOC = """
         Rows the preconditioner was built from (0: FALKON's own, from the centers).
     fit_time_ : float
         Wall-clock seconds of the fit.
+    posterior_ : PosteriorVariance or None
+        What ``predict(X, return_std=True)`` needs (with ``compute_std=True``;
+        None otherwise): see :class:`daskkrr.solvers.PosteriorVariance`.
+        ``posterior_.prior_variance`` and ``posterior_.noise_variance`` are the
+        GP's signal and noise variances per target, in squared units of ``y``.
     feature_names_in_ : ndarray of shape (n_features,) of str
         Names of the features seen in fit, when ``X`` carried them (DataFrame
         columns, an xarray feature coordinate, a converted Zarr store's header);
@@ -160,25 +201,52 @@ class _RegressorMixin(RegressorMixin):
         tags.target_tags.multi_output = True  # a 2-D y fits one model per column, in one solve
         return tags
 
-    def predict(self, X: Any) -> Any:
-        """Predict: numpy in, numpy out; a dask array, xarray or Zarr store in, a lazy dask array out."""
+    def predict(self, X: Any, return_std: bool = False) -> Any:
+        """Predict: numpy in, numpy out; a dask array, xarray or Zarr store in, a lazy dask array out.
+
+        Parameters
+        ----------
+        X : array-like, dask array, xarray or Zarr store of shape (n, n_features)
+            Rows to predict.
+        return_std : bool, default=False
+            Also return the standard deviation of the matching Gaussian process's
+            posterior at each row, in units of ``y`` (the model must be fitted with
+            ``compute_std=True``; see the user guide, "Predictive uncertainty").
+
+        Returns
+        -------
+        y_pred : ndarray or dask array of shape (n,) or (n, n_targets)
+        y_std : ndarray or dask array, shaped like ``y_pred``
+            Only with ``return_std=True``; lazy for lazy input, computed block by
+            block with the predictions.
+        """
+        if return_std:
+            mean, std = self._decision_and_std(X)
+            return (mean[:, 0], std[:, 0]) if self.coef_.ndim == 1 else (mean, std)
         out = self._raw_decision(X)
         if self.coef_.ndim == 1:
             return out[:, 0]
         return out
 
     def score(self, X: Any, y: Any, sample_weight: Any = None) -> float:
-        """Coefficient of determination R^2; computed blockwise for dask input."""
-        if is_in_memory(X):
+        """Coefficient of determination R^2 (weighted by ``sample_weight``, as scikit-learn's
+        ``r2_score``); computed blockwise for dask input, whose weights may also be a dask array
+        or the name of an array of the store ``X``."""
+        if is_in_memory(X) and (sample_weight is None or is_in_memory(sample_weight)):
             return super().score(X, y, sample_weight=sample_weight)
-        if sample_weight is not None:
-            raise ValueError("sample_weight is only supported for in-memory input")
         check_feature_names(self, X)  # predict sees only the opened (nameless) dask array
         Xd, yd = load_training_data(X, y, self.chunks)
         pred = self.predict(Xd)
         Y = yd.astype(np.float64)
-        ss_res = ((Y - pred) ** 2).sum(axis=0)
-        ss_tot = ((Y - Y.mean(axis=0)) ** 2).sum(axis=0)
+        w = open_sample_weight(check_sample_weight(sample_weight, X), X, Xd, self.chunks)
+        if w is None:
+            ss_res = ((Y - pred) ** 2).sum(axis=0)
+            ss_tot = ((Y - Y.mean(axis=0)) ** 2).sum(axis=0)
+        else:
+            W = w[:, None] if Y.ndim == 2 else w
+            mean = (W * Y).sum(axis=0) / w.sum()
+            ss_res = (W * (Y - pred) ** 2).sum(axis=0)
+            ss_tot = (W * (Y - mean) ** 2).sum(axis=0)
         res, tot = Executor().compute(ss_res, ss_tot)
         r2 = 1 - np.asarray(res) / np.where(np.asarray(tot) > 0, tot, 1.0)
         return float(np.mean(r2))
@@ -209,12 +277,13 @@ class FalkonRegressor(_RegressorMixin, NystromModelBase):
         "max_iter": [positive(Integral)],
         "tol": [positive(Real)],
         "preconditioner_rows": [positive(Integral), StrOptions({"auto"}), None],
+        "compute_std": ["boolean"],
     }
 
     def __init__(
         self,
         kernel: Any = "gaussian",
-        sigma: float | None = None,
+        sigma: float | Sequence[float] | np.ndarray | None = None,
         penalty: float = 1e-6,
         n_centers: int = 1000,
         sampler: Any = "uniform",
@@ -229,6 +298,7 @@ class FalkonRegressor(_RegressorMixin, NystromModelBase):
         strategy: str = "auto",
         fit_intercept: bool = True,
         preconditioner_rows: int | str | None = "auto",
+        compute_std: bool = False,
     ):
         self.kernel = kernel
         self.sigma = sigma
@@ -246,11 +316,13 @@ class FalkonRegressor(_RegressorMixin, NystromModelBase):
         self.strategy = strategy
         self.fit_intercept = fit_intercept
         self.preconditioner_rows = preconditioner_rows
+        self.compute_std = compute_std
 
     def fit(
         self,
         X: Any,
         y: Any = None,
+        sample_weight: Any = None,
         *,
         checkpoint: Any = None,
         checkpoint_every: int = 5,
@@ -262,6 +334,8 @@ class FalkonRegressor(_RegressorMixin, NystromModelBase):
         ----------
         X, y
             Training data (``y`` may be omitted when ``X`` is a store holding it).
+        sample_weight : array-like of shape (n,), dask array, str or None, default=None
+            {SAMPLE_WEIGHT_DOC}
         checkpoint : str, os.PathLike or None
             Directory in which to save the fit's state as it goes (centers, the
             right-hand side, and the CG state every ``checkpoint_every``
@@ -271,10 +345,14 @@ class FalkonRegressor(_RegressorMixin, NystromModelBase):
         resume : bool, default=False
             Continue from the checkpoint in ``checkpoint`` (if there is one) after
             an interrupted fit; the result equals the uninterrupted fit's. The
-            data and parameters must be those of the interrupted fit (``max_iter``
-            and ``tol`` may change). Without it an existing checkpoint is an error.
+            data and parameters must be those of the interrupted fit (``max_iter``,
+            ``tol`` and ``compute_std`` may change). Without it an existing
+            checkpoint is an error.
         """
-        return self._fit_nystrom(X, y, checkpoint=checkpoint, checkpoint_every=checkpoint_every, resume=resume)
+        return self._fit_nystrom(X, y, checkpoint=checkpoint, checkpoint_every=checkpoint_every, resume=resume,
+                                 sample_weight=sample_weight)
+
+    fit.__doc__ = (fit.__doc__ or "").replace("{SAMPLE_WEIGHT_DOC}", SAMPLE_WEIGHT_DOC)
 
 
 class NystromRegressor(_RegressorMixin, NystromModelBase):
@@ -288,11 +366,15 @@ class NystromRegressor(_RegressorMixin, NystromModelBase):
     {params_doc(*NYSTROM_PARAMS)}{_FITTED_DOC}"""
 
     _solver = "direct"
+    _parameter_constraints: ClassVar[dict[str, Any]] = {
+        **NystromModelBase._parameter_constraints,
+        "compute_std": ["boolean"],
+    }
 
     def __init__(
         self,
         kernel: Any = "gaussian",
-        sigma: float | None = None,
+        sigma: float | Sequence[float] | np.ndarray | None = None,
         penalty: float = 1e-6,
         n_centers: int = 1000,
         sampler: Any = "uniform",
@@ -304,6 +386,7 @@ class NystromRegressor(_RegressorMixin, NystromModelBase):
         verbose: bool = False,
         strategy: str = "auto",
         fit_intercept: bool = True,
+        compute_std: bool = False,
     ):
         self.kernel = kernel
         self.sigma = sigma
@@ -318,10 +401,21 @@ class NystromRegressor(_RegressorMixin, NystromModelBase):
         self.verbose = verbose
         self.strategy = strategy
         self.fit_intercept = fit_intercept
+        self.compute_std = compute_std
 
-    def fit(self, X: Any, y: Any = None) -> NystromRegressor:
-        """Fit on anything :func:`daskkrr.open_dataset` takes."""
-        return self._fit_nystrom(X, y)
+    def fit(self, X: Any, y: Any = None, sample_weight: Any = None) -> NystromRegressor:
+        """Fit on anything :func:`daskkrr.open_dataset` takes.
+
+        Parameters
+        ----------
+        X, y
+            Training data (``y`` may be omitted when ``X`` is a store holding it).
+        sample_weight : array-like of shape (n,), dask array, str or None, default=None
+            {SAMPLE_WEIGHT_DOC}
+        """
+        return self._fit_nystrom(X, y, sample_weight=sample_weight)
+
+    fit.__doc__ = (fit.__doc__ or "").replace("{SAMPLE_WEIGHT_DOC}", SAMPLE_WEIGHT_DOC)
 
 
 class ExactKernelRidge(_RegressorMixin, KernelModelBase):
@@ -341,18 +435,20 @@ class ExactKernelRidge(_RegressorMixin, KernelModelBase):
     _parameter_constraints: ClassVar[dict[str, Any]] = {
         **KernelModelBase._parameter_constraints,
         "max_samples": [positive(Integral)],
+        "compute_std": ["boolean"],
     }
 
     def __init__(
         self,
         kernel: Any = "gaussian",
-        sigma: float | None = None,
+        sigma: float | Sequence[float] | np.ndarray | None = None,
         penalty: float = 1e-6,
         kernel_params: dict | None = None,
         standardize: bool = True,
         chunks: int | None = None,
         max_samples: int = 20000,
         verbose: bool = False,
+        compute_std: bool = False,
     ):
         self.kernel = kernel
         self.sigma = sigma
@@ -362,12 +458,27 @@ class ExactKernelRidge(_RegressorMixin, KernelModelBase):
         self.chunks = chunks
         self.max_samples = max_samples
         self.verbose = verbose
+        self.compute_std = compute_std
 
-    def fit(self, X: Any, y: Any = None) -> ExactKernelRidge:
-        """Fit on anything :func:`daskkrr.open_dataset` takes (gathered to the client)."""
+    def fit(self, X: Any, y: Any = None, sample_weight: Any = None) -> ExactKernelRidge:
+        """Fit on anything :func:`daskkrr.open_dataset` takes (gathered to the client).
+
+        Parameters
+        ----------
+        X, y
+            Training data (``y`` may be omitted when ``X`` is a store holding it).
+        sample_weight : array-like of shape (n,), dask array, str or None, default=None
+            {SAMPLE_WEIGHT_DOC} Solved in the symmetric form
+            ``(W^1/2 K W^1/2 + penalty * sum(w) I) beta = W^1/2 y``, ``coef_ = W^1/2 beta``,
+            so zero weights are allowed (their rows get ``coef_ = 0``).
+        """
         self._validate_params()
         X, y = self._check_fit_input(X, y)
-        ctx = run_fit(self, X, y, exact_stages())
+        sample_weight = check_sample_weight(sample_weight, X)
+        refuse_weighted_std(self, sample_weight)
+        ctx = run_fit(self, X, y, exact_stages(), sample_weight=sample_weight)
         for name, value in ctx.fitted.items():
             setattr(self, name, value)
         return self
+
+    fit.__doc__ = (fit.__doc__ or "").replace("{SAMPLE_WEIGHT_DOC}", SAMPLE_WEIGHT_DOC)

@@ -25,7 +25,7 @@ from sklearn.exceptions import ConvergenceWarning
 from daskkrr import events as ev
 from daskkrr.parallel.strategies import plan_strategy, prepare_passes
 from daskkrr.pipeline.context import FitContext
-from daskkrr.pipeline.stages import Stage, choose_centers, guarded_statistics, sampler_guard
+from daskkrr.pipeline.stages import Stage, choose_centers, guarded_statistics, sampler_guard, weight_sum
 from daskkrr.solvers.logistic import (
     CenterFactor,
     NewtonState,
@@ -137,7 +137,7 @@ def newton(ctx: FitContext) -> None:
     fit_intercept = bool(getattr(p, "fit_intercept", False))
     result = newton_solve(
         factor, ctx.operator.gradient, ctx.operator.hessian, path=path,
-        weight_sum=float(getattr(ctx, "weight_sum", ctx.n)), intercept0=_start_intercept(ctx, t),
+        weight_sum=weight_sum(ctx), intercept0=_start_intercept(ctx, t),
         fit_intercept=fit_intercept, tol=float(p.tol), max_iter=int(p.max_iter), state=state,
         on_state=save if enabled else None, on_step=step,
     )
