@@ -120,8 +120,9 @@ class LogisticFalkonClassifier(FalkonClassifier):
 
     Unlike :class:`FalkonClassifier` there is no row-sketch preconditioner
     (``preconditioner_rows``): the weighted preconditioner is rebuilt from the
-    centers at every Newton step; nor predictive variances (``compute_std``). ``fit(..., checkpoint=DIR)`` saves the Newton
-    state after every Newton step (``checkpoint_every`` is not used) and
+    centers at every Newton step; nor predictive variances (``compute_std``).
+    ``fit(..., checkpoint=DIR)`` saves the Newton state after every Newton step
+    (``checkpoint_every`` is not used) and
     ``resume=True`` continues from it to the model of the uninterrupted fit.
 
     {_params_doc()}
