@@ -122,14 +122,12 @@ class CountSketchTensor(FeatureMap):
         Xa = np.empty((n, X.shape[1] + 1))
         Xa[:, :-1] = X * math.sqrt(self.gamma)
         Xa[:, -1] = math.sqrt(self.coef0)
-        prod = None
+        prod = np.ones((n, self.s // 2 + 1), dtype=np.complex128)
         for h, g in zip(self.buckets, self.signs):
             sketch = np.zeros((n, self.s))
             # CountSketch as a sparse product: column j of Xa goes, with sign g_j, to bucket h_j.
             np.add.at(sketch.T, h, (Xa * g).T)
-            f = np.fft.rfft(sketch, axis=1)
-            prod = f if prod is None else prod * f
-        assert prod is not None  # degree >= 1
+            prod *= np.fft.rfft(sketch, axis=1)  # circular convolution of the q sketches
         return np.fft.irfft(prod, n=self.s, axis=1)
 
 

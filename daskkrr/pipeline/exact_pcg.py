@@ -20,23 +20,27 @@ Adaptive s (the paper's Section 5, in a form for every kernel): start at
 :data:`ADAPTIVE_START` features and double. For each s, :data:`PROBE_STEPS` PCG
 steps on a random right-hand side give the Lanczos estimates ``lambda_min``,
 ``lambda_max`` of the preconditioned operator (:func:`daskkrr.solvers.pcg.ritz_bounds`)
-and its condition number ``kappa``. Stop doubling when ``kappa <= KAPPA_TARGET``
-(PCG then needs about ``sqrt(kappa) ln(2 / tol) / 2`` iterations, the paper's
-bound), when s reaches its cap, or when the iterations the next doubling is
-predicted to save (the last ratio of kappas, extrapolated) no longer pay for
-another probe.
+and its condition number ``kappa``. Stop doubling when
+``kappa <= KAPPA_FACTOR * max(rho, 1 / rho)`` with ``rho = lambda_p / lambda``
+(Theorem 1's preconditioner has ``kappa <= 3`` at ``rho = 1``; a larger ``lambda_p``
+alone puts ``lambda_min`` near ``1 / rho``), when s reaches its cap (``n / 2``,
+:data:`ADAPTIVE_MAX`), or when the iterations the next doubling is predicted to
+save (``sqrt(kappa) ln(2 / tol) / 2``, the paper's PCG bound, with the last ratio
+of kappas extrapolated) are fewer than a probe costs.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+import warnings
 from typing import Any
 
 import dask.array as da
 import numpy as np
 
 from daskkrr import events as ev
+from daskkrr.guards import SLOW_SECONDS
 from daskkrr.kernels.random_features import NystromFeatures, has_random_features, random_features
 from daskkrr.parallel import Executor
 from daskkrr.parallel.tiles import (
@@ -69,8 +73,8 @@ ADAPTIVE_START = 256
 ADAPTIVE_MAX = 16384
 #: PCG steps of each probe of the preconditioned spectrum.
 PROBE_STEPS = 10
-#: Condition number of the preconditioned system that is good enough.
-KAPPA_TARGET = 10.0
+#: Condition number of the preconditioned system that is good enough, times ``max(rho, 1 / rho)``.
+KAPPA_FACTOR = 3.0
 #: Iterations expected for the cost estimate before s is known.
 EXPECTED_ITERATIONS = 50
 #: Largest n that solver="auto" factors directly (beyond, PCG is cheaper: n^2 per iteration).
@@ -98,6 +102,9 @@ def pcg_guard(ctx: FitContext, n: int, d: int) -> None:
     logger.info(message)
     if getattr(ctx.params, "verbose", False):
         print(message, flush=True)
+    if plan.seconds(iterations) > SLOW_SECONDS:
+        warnings.warn(f"{message}; FalkonRegressor (Nystrom centers) is much faster if an approximation will do",
+                      UserWarning, stacklevel=3)
 
 
 def choose_solver(params: Any, n: int, d: int, executor: Executor | None = None) -> str:
@@ -170,6 +177,8 @@ def adaptive_features(ctx: FitContext, seed: int | None) -> tuple[FeatureBlocks,
     """Double s from :data:`ADAPTIVE_START` until the preconditioned system is good enough (module doc)."""
     p = ctx.params
     tol = float(p.tol)
+    rho = float(p.preconditioner_penalty)
+    target = KAPPA_FACTOR * max(rho, 1.0 / rho)
     cap = max(1, min(ADAPTIVE_MAX, ctx.n // 2))
     s = min(ADAPTIVE_START, cap)
     trace: list[dict[str, float]] = []
@@ -186,7 +195,7 @@ def adaptive_features(ctx: FitContext, seed: int | None) -> tuple[FeatureBlocks,
         if best is not None:
             best.close()
         best = features
-        if kappa <= KAPPA_TARGET or s >= cap:
+        if kappa <= target or s >= cap:
             break
         if len(trace) >= 2:
             ratio = trace[-2]["kappa"] / kappa  # how much the last doubling helped
@@ -293,7 +302,7 @@ def check_preconditioner(kernel: Any, preconditioner: Any) -> None:
 __all__ = [
     "ADAPTIVE_MAX",
     "ADAPTIVE_START",
-    "KAPPA_TARGET",
+    "KAPPA_FACTOR",
     "PROBE_STEPS",
     "adaptive_features",
     "check_preconditioner",
