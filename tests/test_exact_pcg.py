@@ -274,3 +274,13 @@ def test_sample_weights_equal_duplicated_rows_when_the_context_has_them(data, mo
     dup = ExactKernelRidge(**params).fit(X[rows], y[rows])
     Xt = np.random.default_rng(9).normal(size=(30, D))
     assert _rel(model.predict(Xt), dup.predict(Xt)) <= 1e-7
+
+
+def test_pcg_model_saves_and_loads(data, tmp_path):
+    import daskkrr
+
+    X, y = data[0][:300], data[1][:300]
+    model = ExactKernelRidge(solver="pcg", penalty=1e-3, n_features=64, random_state=0).fit(X, y)
+    loaded = daskkrr.load(model.save(tmp_path / "m"))
+    assert loaded.get_params() == model.get_params()
+    np.testing.assert_allclose(loaded.predict(X[:20]), model.predict(X[:20]), rtol=1e-12)

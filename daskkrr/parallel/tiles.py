@@ -45,6 +45,20 @@ from daskkrr.parallel.executor import Executor, tree_reduce
 from daskkrr.parallel.resources import Resources
 from daskkrr.solvers.pcg import WoodburyFactor
 
+__all__ = [
+    "TILE_CHOICES",
+    "BlockOps",
+    "BlockVector",
+    "FeatureBlocks",
+    "TileOperator",
+    "TilePlan",
+    "data_blocks",
+    "plan_tiles",
+    "random_vector",
+    "rechunk_rows",
+    "tile_bytes",
+]
+
 logger = logging.getLogger("daskkrr")
 
 #: Rows of a tile block by default: a float64 tile is 32 MiB.

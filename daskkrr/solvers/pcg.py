@@ -35,6 +35,16 @@ import scipy.linalg as sla
 
 from daskkrr.solvers.cg import CGState
 
+__all__ = [
+    "NumpyOps",
+    "PCGResult",
+    "VectorOps",
+    "WoodburyFactor",
+    "pcg",
+    "predicted_iterations",
+    "ritz_bounds",
+]
+
 Vector = Any
 Operator = Callable[[Vector], Vector]
 
