@@ -399,7 +399,7 @@ class ExactKernelRidge(_RegressorMixin, KernelModelBase):
     solver_ : str
         The solver that ran: "direct" or "pcg".
     n_iter_ : int
-        PCG iterations (0 for "direct").
+        PCG iterations (1 for "direct": the factorisation).
     residuals_ : ndarray of shape (``n_iter_ + 1``, n_targets)
         ``||y - (K + lambda I) c|| / ||y||`` after each iteration.
     converged_ : bool
@@ -523,6 +523,8 @@ class ExactKernelRidge(_RegressorMixin, KernelModelBase):
                       checkpoint_every=checkpoint_every, resume=resume, iterative=solver == "pcg")
         fitted = {"solver_": solver, "n_features_": 0, "preconditioner_penalty_": 0.0, "kernel_tiles_": "",
                   "adaptive_trace_": [], **ctx.fitted}
+        if solver == "direct":
+            fitted["n_iter_"] = 1  # the factorisation, one step (scikit-learn: n_iter_ >= 1 with max_iter)
         for name, value in fitted.items():
             setattr(self, name, value)
         return self
