@@ -182,18 +182,19 @@ def test_cost_model_recomputes_tiles_that_do_not_fit():
 def test_out_of_core_fit_recomputes_tiles_under_a_small_memory_limit(data, monkeypatch):
     import daskkrr.parallel.resources as resources
 
-    X, y = data
-    monkeypatch.setattr(resources, "_available_memory", lambda: 8 * 2**20)  # 8 MiB: no kept tiles
-    model = ExactKernelRidge(kernel="gaussian", sigma=SIGMA, penalty=1e-3, **{**EXACT, "chunks": 500}).fit(X, y)
+    X, y = data[0][:1200], data[1][:1200]
+    monkeypatch.setattr(resources, "_available_memory", lambda: 4 * 2**20)  # 4 MiB: no kept tiles
+    model = ExactKernelRidge(kernel="gaussian", sigma=SIGMA, penalty=1e-3, **{**EXACT, "chunks": 400}).fit(X, y)
     assert model.kernel_tiles_ == "recompute"
-    reference = KernelRidge(alpha=1e-3 * N, kernel="rbf", gamma=0.5 / SIGMA**2).fit(X, y)
+    reference = KernelRidge(alpha=1e-3 * len(X), kernel="rbf", gamma=0.5 / SIGMA**2).fit(X, y)
     assert _rel(model.coef_, reference.dual_coef_) <= 1e-8
 
 
 def test_cluster_fit_from_zarr_equals_numpy(data, cluster2, tmp_path):
     X, y = data[0][:1000], data[1][:1000]
     path = write_zarr(X, y, tmp_path / "train.zarr", chunk_rows=300)
-    params = dict(kernel="gaussian", sigma=SIGMA, penalty=1e-3, **{**EXACT, "chunks": 500, "tol": 1e-11})
+    # The same arithmetic in the same order on both: equal to round-off at any tol.
+    params = dict(kernel="gaussian", sigma=SIGMA, penalty=1e-2, **{**EXACT, "chunks": 500, "tol": 1e-8})
     with cluster2.as_current():
         on_cluster = ExactKernelRidge(**params).fit(path)
     in_memory = ExactKernelRidge(**params).fit(X, y)
