@@ -141,13 +141,17 @@ def test_column_split_chunks_are_rechunked(Xy):
 # ---------------------------------------------------------------- parameters
 
 
+#: What sigma accepts, as the message of a refused value says it.
+_SIGMA = r"sigma must be a float in the range \(0.0, inf\), an array-like or None"
+
+
 @pytest.mark.parametrize(
     "params, error, match",
     [
-        ({"sigma": 0}, ValueError, r"sigma must be a float in the range \(0.0, inf\) or None; got 0 \(int\); the "
-                                   r"kernel length scale, e.g. sigma=1.0, or sigma=None for sqrt\(n_features\)"),
-        ({"sigma": -1.0}, ValueError, r"sigma must be a float in the range \(0.0, inf\) or None; got -1.0"),
-        ({"sigma": float("inf")}, ValueError, r"sigma must be a float in the range \(0.0, inf\) or None; got inf"),
+        ({"sigma": 0}, ValueError, _SIGMA + r"; got 0 \(int\); the kernel length scale, e.g. sigma=1.0, one per "
+                                   r"feature"),
+        ({"sigma": -1.0}, ValueError, _SIGMA + r"; got -1.0"),
+        ({"sigma": float("inf")}, ValueError, _SIGMA + r"; got inf"),
         ({"penalty": 0}, ValueError, r"penalty must be a float in the range \(0.0, inf\); got 0 \(int\); the ridge "
                                      r"penalty"),
         ({"penalty": -1e-6}, ValueError, r"penalty must be a float in the range \(0.0, inf\)"),
@@ -168,7 +172,7 @@ def test_column_split_chunks_are_rechunked(Xy):
         ({"sampler": "nope"}, ValueError, r"sampler must be one of 'bless', .*'uniform' or an instance of "
                                           r".*CenterSampler'; got 'nope'"),
         ({"sampler": 3}, TypeError, r"sampler must be one of .* or an instance of .*CenterSampler'; got 3 \(int\)"),
-        ({"sigma": "1.0"}, TypeError, r"sigma must be a float in the range \(0.0, inf\) or None; got '1.0' \(str\)"),
+        ({"sigma": "1.0"}, TypeError, _SIGMA + r"; got '1.0' \(str\)"),
         ({"penalty": None}, TypeError, r"penalty must be a float in the range \(0.0, inf\); got None"),
         ({"n_centers": 10.5}, TypeError, r"n_centers must be an int in the range \[1, inf\); got 10.5 \(float\)"),
         ({"n_centers": True}, TypeError, r"n_centers must be an int in the range \[1, inf\); got True \(bool\)"),

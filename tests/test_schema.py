@@ -142,7 +142,7 @@ def test_flags_parse_as_the_parameters_take_them():
         (["--strategy", "fast"],
          "argument --strategy: expected \"auto\", \"cache\", \"gram\" or \"recompute\"; got 'fast'"),
         (["--n-centers", "ten"], "argument --n-centers/--centers: expected int; got 'ten'"),
-        (["--sigma", "wide"], "argument --sigma: expected int or float or \"none\"; got 'wide'"),
+        (["--sigma", "wide"], "argument --sigma: expected int or float, list of numbers or \"none\"; got 'wide'"),
         (["--kernel-params", "nu"], "argument --kernel-params: expected KEY=VALUE, e.g. nu=1.5; got 'nu'"),
     ],
 )

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from daskkrr.kernels.base import Kernel, squared_distances
@@ -43,7 +44,7 @@ def make_kernel(kernel: str | Kernel | dict[str, Any], **params: Any) -> Kernel:
     if key not in KERNELS:
         raise ValueError(f"unknown kernel {kernel!r}; choose one of {sorted(KERNELS)}")
     cls = KERNELS[key]
-    accepted = {f for f in cls.__dataclass_fields__}
+    accepted = {f.name for f in dataclasses.fields(cls)}  # not the ClassVars
     given = {k: v for k, v in params.items() if v is not None}
     extra = sorted(set(given) - accepted)
     if extra:

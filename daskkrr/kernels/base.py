@@ -68,6 +68,22 @@ def squared_distances(A: np.ndarray, B: np.ndarray) -> np.ndarray:
     return D
 
 
+def _real(kernel: Any, field: str, value: Any, *, element: bool = False) -> float | int:
+    """``value`` if it is a finite real number (not a bool); TypeError/ValueError naming the field.
+
+    An ``element`` of a vector field may also be a numpy number; it comes back as a float.
+    """
+    if element and isinstance(value, (np.integer, np.floating)):
+        value = float(value)
+    if element and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{type(kernel).__name__}.{field} must be a real number; got {value!r}")
+    if not math.isfinite(value):
+        raise ValueError(f"{type(kernel).__name__}.{field} must be finite; got {value!r}")
+    return value
+
+
 @dataclasses.dataclass(frozen=True)
 class Kernel(ABC):
     """Base class of all kernels.
@@ -77,16 +93,21 @@ class Kernel(ABC):
     """
 
     name: ClassVar[str] = ""
+    #: Fields that may also hold a tuple of numbers (one per feature), e.g. ARD length scales.
+    _vector_fields: ClassVar[tuple[str, ...]] = ()
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise TypeError(
-                    f"{type(self).__name__}.{f.name} must be a real number; got {value!r}"
-                )
-            if not math.isfinite(value):
-                raise ValueError(f"{type(self).__name__}.{f.name} must be finite; got {value!r}")
+            if f.name in self._vector_fields and isinstance(value, (list, tuple, np.ndarray)):
+                items = np.asarray(value, dtype=object)
+                if items.ndim != 1 or not items.size:
+                    raise ValueError(f"{type(self).__name__}.{f.name} must be a number or a non-empty 1-D "
+                                     f"vector (one per feature); got shape {items.shape}")
+                # A tuple keeps the frozen dataclass hashable and comparable (an ndarray would not).
+                object.__setattr__(self, f.name, tuple(_real(self, f.name, v, element=True) for v in items))
+            else:
+                _real(self, f.name, value)
         self._validate()
 
     def _validate(self) -> None:  # pragma: no cover - default: nothing to check

@@ -56,6 +56,7 @@ from daskkrr.kernels.spec import (  # noqa: F401  (re-exported)
     MATERN25,
     POLYNOMIAL,
     KernelSpec,
+    ard_inputs,
     kernel_spec,
     supports,
 )
@@ -342,8 +343,7 @@ def _prepare(kernel: Kernel, Xb: Any, Z: Any) -> tuple[np.ndarray, _Prepared]:
     spec = kernel_spec(kernel)
     if spec is None:
         raise TypeError(f"the fused engine does not implement {type(kernel).__name__}; use engine='numpy'")
-    Xb = np.asarray(Xb)
-    Z = np.asarray(Z)
+    Xb, Z = ard_inputs(kernel, np.asarray(Xb), np.asarray(Z))  # per-feature length scales: scaled inputs
     if Xb.ndim != 2 or Z.ndim != 2 or Xb.shape[1] != Z.shape[1]:
         raise ValueError(
             f"k(Xb, Z) needs 2-D blocks with the same number of features: Xb has shape {Xb.shape}, "

@@ -204,6 +204,16 @@ class NystromFeatures(FeatureMap):
         return np.asarray(K, dtype=np.float64) @ self.T
 
 
+def _length_scales(kernel: Kernel, d: int) -> np.ndarray:
+    """The kernel's length scales as a ``(d,)`` vector (an isotropic sigma repeated)."""
+    scales = np.atleast_1d(np.asarray(getattr(kernel, "length_scales", kernel.sigma), dtype=np.float64))  # type: ignore[attr-defined]
+    if scales.size == 1:
+        return np.full(int(d), float(scales[0]))
+    if scales.size != int(d):
+        raise ValueError(f"{type(kernel).__name__} has {scales.size} length scales but the data have d={d} features")
+    return scales
+
+
 def has_random_features(kernel: Kernel) -> bool:
     """Whether :func:`random_features` knows a map for ``kernel``."""
     return isinstance(kernel, (GaussianKernel, LaplacianKernel, MaternKernel, PolynomialKernel, LinearKernel))
@@ -240,15 +250,18 @@ def random_features(kernel: Kernel, n_features: int, d: int, seed: int | None = 
         raise ValueError(f"d must be >= 1; got {d!r}")
     rng = np.random.default_rng(seed)
     base: FeatureMap
-    if isinstance(kernel, GaussianKernel):
-        base = FourierFeatures(rng.standard_normal((d, s)) / kernel.sigma, rng.uniform(0, 2 * np.pi, s))
-    elif isinstance(kernel, LaplacianKernel):
-        base = FourierFeatures(rng.standard_cauchy((d, s)) / kernel.sigma, rng.uniform(0, 2 * np.pi, s))
-    elif isinstance(kernel, MaternKernel):
-        dof = 2.0 * kernel.nu
-        g = rng.standard_normal((d, s))
-        u = rng.chisquare(dof, s)
-        base = FourierFeatures(g / (kernel.sigma * np.sqrt(u / dof)), rng.uniform(0, 2 * np.pi, s))
+    if isinstance(kernel, (GaussianKernel, LaplacianKernel, MaternKernel)):
+        # k(a, b) = k_1(a / sigma, b / sigma) (one length scale, or one per feature: ARD), so the
+        # frequencies of the unit kernel are divided, input by input, by the length scales.
+        scales = _length_scales(kernel, d)
+        if isinstance(kernel, GaussianKernel):
+            W = rng.standard_normal((d, s))
+        elif isinstance(kernel, LaplacianKernel):
+            W = rng.standard_cauchy((d, s))
+        else:
+            dof = 2.0 * kernel.nu
+            W = rng.standard_normal((d, s)) / np.sqrt(rng.chisquare(dof, s) / dof)
+        base = FourierFeatures(W / scales[:, None], rng.uniform(0, 2 * np.pi, s))
     elif isinstance(kernel, PolynomialKernel):
         q = int(kernel.degree)
         base = CountSketchTensor(

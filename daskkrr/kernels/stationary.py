@@ -1,9 +1,22 @@
-"""Translation-invariant kernels: Gaussian, Laplacian, Matern."""
+"""Translation-invariant kernels: Gaussian, Laplacian, Matern.
+
+``sigma`` is one length scale, or one per feature (automatic relevance
+determination, ARD): a tuple ``(sigma_1, ..., sigma_d)``. A kernel with per-feature
+length scales is the isotropic kernel with ``sigma = 1`` on the inputs divided
+column by column by them, ``k(a, b) = k_1(a / sigma, b / sigma)``; that is how it is
+evaluated here and by the fused engine, so no formula has a second version.
+
+>>> import numpy as np
+>>> k = GaussianKernel(sigma=(1.0, 2.0))
+>>> float(k(np.array([[0.0, 0.0]]), np.array([[1.0, 2.0]]))[0, 0]) == float(np.exp(-1.0))
+True
+"""
 
 from __future__ import annotations
 
 import dataclasses
-from typing import ClassVar
+from abc import abstractmethod
+from typing import Any, ClassVar
 
 import numpy as np
 from scipy.spatial.distance import cdist
@@ -13,13 +26,17 @@ from daskkrr.kernels.base import Kernel, squared_distances
 
 def _positive(kernel: Kernel, field: str) -> None:
     value = getattr(kernel, field)
-    if value <= 0:
+    values = value if isinstance(value, tuple) else (value,)
+    if any(v <= 0 for v in values):
         raise ValueError(f"{type(kernel).__name__}: {field} must be > 0; got {value!r}")
 
 
 @dataclasses.dataclass(frozen=True)
 class _Stationary(Kernel):
-    sigma: float = 1.0
+    #: One length scale, or a tuple of one per feature (ARD; lists and arrays become tuples).
+    sigma: float | tuple[float, ...] = 1.0
+
+    _vector_fields: ClassVar[tuple[str, ...]] = ("sigma",)
 
     def _validate(self) -> None:
         _positive(self, "sigma")
@@ -31,6 +48,42 @@ class _Stationary(Kernel):
     def is_stationary(self) -> bool:
         return True
 
+    @property
+    def is_ard(self) -> bool:
+        """Whether ``sigma`` holds one length scale per feature."""
+        return isinstance(self.sigma, tuple)
+
+    @property
+    def length_scales(self) -> np.ndarray:
+        """``sigma`` as a float64 vector (one entry for an isotropic kernel)."""
+        return np.atleast_1d(np.asarray(self.sigma, dtype=np.float64))
+
+    def isotropic(self) -> _Stationary:
+        """The same kernel with ``sigma = 1``: ``k(a, b) = isotropic()(a / sigma, b / sigma)``."""
+        return dataclasses.replace(self, sigma=1.0)
+
+    def scale_inputs(self, A: Any) -> np.ndarray:
+        """``A / sigma`` column by column, in ``A``'s float dtype; ValueError unless ``A`` has one column
+        per length scale."""
+        A = np.asarray(A)
+        scales = self.length_scales
+        if A.ndim != 2 or A.shape[1] != scales.size:
+            raise ValueError(
+                f"{type(self).__name__} has {scales.size} length scales (sigma, one per feature) but the "
+                f"input has shape {A.shape}: pass sigma as a number or a vector of length d={A.shape[-1]}"
+            )
+        dtype = A.dtype if A.dtype in (np.float32, np.float64) else np.float64
+        return np.ascontiguousarray(A * (1.0 / scales).astype(dtype), dtype=dtype)
+
+    def _block(self, A: np.ndarray, B: np.ndarray) -> np.ndarray:
+        if self.is_ard:
+            return self._scaled_block(self.scale_inputs(A), self.scale_inputs(B), 1.0)
+        return self._scaled_block(A, B, float(self.length_scales[0]))
+
+    @abstractmethod
+    def _scaled_block(self, A: np.ndarray, B: np.ndarray, sigma: float) -> np.ndarray:
+        """The kernel matrix for one (isotropic) length scale ``sigma``."""
+
 
 @dataclasses.dataclass(frozen=True)
 class GaussianKernel(_Stationary):
@@ -38,9 +91,9 @@ class GaussianKernel(_Stationary):
 
     name: ClassVar[str] = "gaussian"
 
-    def _block(self, A: np.ndarray, B: np.ndarray) -> np.ndarray:
+    def _scaled_block(self, A: np.ndarray, B: np.ndarray, sigma: float) -> np.ndarray:
         K = squared_distances(A, B)
-        K *= A.dtype.type(-0.5 / self.sigma**2)
+        K *= A.dtype.type(-0.5 / sigma**2)
         np.exp(K, out=K)
         return K
 
@@ -51,9 +104,9 @@ class LaplacianKernel(_Stationary):
 
     name: ClassVar[str] = "laplacian"
 
-    def _block(self, A: np.ndarray, B: np.ndarray) -> np.ndarray:
+    def _scaled_block(self, A: np.ndarray, B: np.ndarray, sigma: float) -> np.ndarray:
         K = cdist(A, B, metric="cityblock").astype(A.dtype, copy=False)
-        K *= A.dtype.type(-1.0 / self.sigma)
+        K *= A.dtype.type(-1.0 / sigma)
         np.exp(K, out=K)
         return K
 
@@ -75,16 +128,16 @@ class MaternKernel(_Stationary):
         if self.nu not in (0.5, 1.5, 2.5):
             raise ValueError(f"MaternKernel: nu must be one of 0.5, 1.5, 2.5; got {self.nu!r}")
 
-    def _block(self, A: np.ndarray, B: np.ndarray) -> np.ndarray:
+    def _scaled_block(self, A: np.ndarray, B: np.ndarray, sigma: float) -> np.ndarray:
         t = A.dtype.type
         # Exact differences: the GEMM expansion's round-off (~1e-16 |a|^2) becomes
         # ~1e-8 after the square root, too much near r = 0.
         r = cdist(A, B, metric="euclidean").astype(A.dtype, copy=False)
         if self.nu == 0.5:
-            r *= t(-1.0 / self.sigma)
+            r *= t(-1.0 / sigma)
             return np.exp(r, out=r)
         c = np.sqrt(3.0) if self.nu == 1.5 else np.sqrt(5.0)
-        s = r * t(c / self.sigma)  # scaled distance
+        s = r * t(c / sigma)  # scaled distance
         poly = 1 + s if self.nu == 1.5 else 1 + s + s * s / 3
         np.negative(s, out=s)
         np.exp(s, out=s)

@@ -71,7 +71,12 @@ class NystromModelBase(KernelModelBase):
     # --------------------------------------------------------------- the fit
     def _fit_stages(self) -> tuple[Stage, ...]:
         """The pipeline stages of this estimator's fit (see :mod:`daskkrr.pipeline`)."""
-        return nystrom_stages(self._solver)
+        stages = nystrom_stages(self._solver)
+        if getattr(self, "compute_std", False):
+            from daskkrr.pipeline.posterior import with_posterior
+
+            stages = with_posterior(stages, self._solver)
+        return stages
 
     def _fit_nystrom(
         self, X: Any, y: Any, checkpoint: Any = None, checkpoint_every: int = 5, resume: bool = False
@@ -88,4 +93,5 @@ class NystromModelBase(KernelModelBase):
                       resume=resume, iterative=self._solver == "falkon")
         for name, value in ctx.fitted.items():
             setattr(self, name, value)
+        self.posterior_ = ctx.fitted.get("posterior_")  # None without compute_std (also after a refit)
         return self

@@ -106,8 +106,17 @@ class FalkonClassifier(ClassifierMixin, NystromModelBase):
         t = 1 if len(classes) == 2 else len(classes)
         return da.map_blocks(_one_vs_all, y, classes, dtype=np.float64, chunks=(y.chunks[0], (t,)), new_axis=1)
 
-    def decision_function(self, X: Any) -> Any:
-        """Decision values: shape (n,) for two classes (positive means ``classes_[1]``), else (n, n_classes)."""
+    def decision_function(self, X: Any, return_std: bool = False) -> Any:
+        """Decision values: shape (n,) for two classes (positive means ``classes_[1]``), else (n, n_classes).
+
+        With ``return_std=True`` (a model fitted with ``compute_std=True``), also the
+        posterior standard deviation of each decision value, shaped alike: the
+        regression on the +-1 codes as a Gaussian process (see the user guide,
+        "Predictive uncertainty").
+        """
+        if return_std:
+            mean, std = self._decision_and_std(X)
+            return (mean[:, 0], std[:, 0]) if len(self.classes_) == 2 else (mean, std)
         out = self._raw_decision(X)
         return out[:, 0] if len(self.classes_) == 2 else out
 

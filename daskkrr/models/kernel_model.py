@@ -33,12 +33,14 @@ from daskkrr.data.feature_names import check_feature_names
 from daskkrr.data.inputs import is_in_memory, load_features
 from daskkrr.kernels import Kernel, make_kernel
 from daskkrr.kernels.engine import engine_for
+from daskkrr.solvers.variance import posterior_from_model, predict_with_std
 
 logger = logging.getLogger("daskkrr")
 
 #: What a parameter means, appended to the message when its value is refused.
 HINTS = {
-    "sigma": "the kernel length scale, e.g. sigma=1.0, or sigma=None for sqrt(n_features)",
+    "sigma": ("the kernel length scale, e.g. sigma=1.0, one per feature (a vector of length n_features, "
+              "gaussian/laplacian/matern only), or sigma=None for sqrt(n_features)"),
     "penalty": "the ridge penalty lambda, e.g. penalty=1e-6",
     "n_centers": "the number of Nystrom centers, e.g. n_centers=1000",
     "max_iter": "the number of CG iterations, e.g. max_iter=50",
@@ -93,7 +95,7 @@ class KernelModelBase(BaseEstimator):
 
     _parameter_constraints: ClassVar[dict[str, Any]] = {
         "kernel": [str, dict, Kernel],
-        "sigma": [positive(Real), None],
+        "sigma": [positive(Real), "array-like", None],
         "penalty": [positive(Real)],
         "kernel_params": [dict, None],
         "standardize": ["boolean"],
@@ -130,19 +132,33 @@ class KernelModelBase(BaseEstimator):
 
     def _check_params(self) -> None:
         """Checks a constraint cannot express; subclasses extend it."""
-        # Kernel name and parameters (e.g. polynomial gamma > 0), before any pass over the data.
-        self._make_kernel(1)
+        # Kernel name and parameters (e.g. polynomial gamma > 0), before any pass over the data;
+        # the length of a per-feature sigma is checked once the number of features is known.
+        self._make_kernel(None)
 
-    def _make_kernel(self, n_features: int) -> Kernel:
+    def _make_kernel(self, n_features: int | None) -> Kernel:
+        """The kernel with resolved parameters for ``n_features`` features (None: not known yet)."""
+        kernel = self._unchecked_kernel(n_features)
+        scales = getattr(kernel, "sigma", None)
+        if isinstance(scales, tuple) and n_features is not None and len(scales) != n_features:
+            raise ParameterError(
+                f"sigma has {len(scales)} length scales but X has d={n_features} features; pass one "
+                f"length scale per feature (a vector of length {n_features}) or a single number",
+                parameter="sigma",
+            )
+        return kernel
+
+    def _unchecked_kernel(self, n_features: int | None) -> Kernel:
         params = dict(self.kernel_params or {})
         name = self.kernel if isinstance(self.kernel, str) else None
         if isinstance(self.kernel, Kernel):
             return self.kernel
         if name is not None and name.lower() in ("gaussian", "rbf", "laplacian", "laplace", "matern"):
-            # Median-distance heuristic for standardised features: squared distances ~ 2 d.
-            params.setdefault("sigma", float(self.sigma) if self.sigma is not None else math.sqrt(n_features))
+            # None: the median-distance heuristic for standardised features (squared distances ~ 2 d).
+            params.setdefault("sigma", length_scale(self.sigma, n_features))
         elif self.sigma is not None and name is not None:
-            raise ValueError(f"kernel {self.kernel!r} takes no sigma; pass sigma=None")
+            per_feature = " (per-feature length scales apply to the stationary kernels)" if np.ndim(self.sigma) else ""
+            raise ValueError(f"kernel {self.kernel!r} takes no sigma{per_feature}; pass sigma=None")
         return make_kernel(self.kernel, **params)
 
     def _fits_intercept(self) -> bool:
@@ -216,6 +232,31 @@ class KernelModelBase(BaseEstimator):
         )
         return out
 
+    def _decision_and_std(self, X: Any) -> tuple[Any, Any]:
+        """``(k(scale(X), Z) coef + intercept, posterior std)``, both ``(n, t)``: numpy for in-memory
+        input, two lazy dask arrays of one blockwise computation otherwise (each kernel block built once)."""
+        self._check_fitted()
+        post = posterior_from_model(self)
+        check_feature_names(self, X)
+        coef2 = self.coef_.reshape(self.coef_.shape[0], -1)
+        t = coef2.shape[1]
+        dtype = self._feature_dtype()
+        if is_in_memory(X):
+            Xn = validate_data(self, X, reset=False, accept_sparse=False, dtype="numeric", ensure_all_finite=False)
+            _check_finite_rows(Xn, 0)
+            Xs = self.scaler_.transform(Xn) if self.scaler_ is not None else Xn
+            out = predict_with_std(np.asarray(Xs, dtype=dtype), self.kernel_, self.centers_, coef2,
+                                   self.intercept_, post)
+            return out[:, :t], out[:, t:]
+        Xd = load_features(X, self.chunks)
+        self._check_n_features(Xd.shape)
+        Xs = (self.scaler_.transform(Xd) if self.scaler_ is not None else Xd).astype(dtype)
+        both = Xs.map_blocks(
+            _predict_std_block, self.kernel_, self.centers_, coef2, self.intercept_, post,
+            dtype=np.float64, chunks=(Xs.chunks[0], (2 * t,)),
+        )
+        return both[:, :t], both[:, t:]
+
     def _check_n_features(self, shape: tuple[int, ...]) -> None:
         if len(shape) != 2 or shape[1] != self.n_features_in_:
             raise ValueError(
@@ -231,6 +272,31 @@ class KernelModelBase(BaseEstimator):
         return save_model(self, path, overwrite=overwrite)
 
 
+def length_scale(sigma: Any, n_features: int | None) -> float | tuple[float, ...]:
+    """The ``sigma`` parameter as a stationary kernel takes it: a float, or a tuple (one per feature).
+
+    None gives ``sqrt(n_features)`` (1 while the number of features is unknown). A
+    vector must be 1-D, non-empty, finite and positive; :class:`ParameterError` otherwise.
+    """
+    if sigma is None:
+        return math.sqrt(n_features) if n_features else 1.0
+    if isinstance(sigma, Real):
+        return float(sigma)
+    try:
+        scales = np.asarray(sigma, dtype=np.float64)
+    except (TypeError, ValueError):  # a dict, strings, ragged lists
+        scales = np.asarray([np.nan])
+    if scales.ndim == 0 and np.isfinite(scales) and scales > 0:
+        return float(scales)
+    if scales.ndim != 1 or not scales.size or not np.all(np.isfinite(scales)) or not np.all(scales > 0):
+        raise ParameterError(
+            f"sigma must be a positive number or a 1-D vector of positive, finite length scales (one per "
+            f"feature); got {sigma!r}; {HINTS['sigma']}",
+            parameter="sigma",
+        )
+    return tuple(float(v) for v in scales)
+
+
 def _predict_block(
     Xb: np.ndarray, kernel: Kernel, Z: np.ndarray, coef: np.ndarray, y_mean: np.ndarray,
     block_info: dict | None = None,
@@ -238,6 +304,15 @@ def _predict_block(
     start = block_info[0]["array-location"][0][0] if block_info and 0 in block_info else 0
     _check_finite_rows(Xb, start)
     return engine_for(kernel).matvec(kernel, Xb, Z, coef) + y_mean
+
+
+def _predict_std_block(
+    Xb: np.ndarray, kernel: Kernel, Z: np.ndarray, coef: np.ndarray, intercept: np.ndarray, post: Any,
+    block_info: dict | None = None,
+) -> np.ndarray:
+    start = block_info[0]["array-location"][0][0] if block_info and 0 in block_info else 0
+    _check_finite_rows(Xb, start)
+    return predict_with_std(Xb, kernel, Z, coef, intercept, post)
 
 
 def _check_finite_rows(Xb: np.ndarray, start: int) -> None:
@@ -251,4 +326,5 @@ def _check_finite_rows(Xb: np.ndarray, start: int) -> None:
     )
 
 
-__all__ = ["HINTS", "KernelModelBase", "ParameterError", "accepts_bool", "describe_constraints", "positive"]
+__all__ = ["HINTS", "KernelModelBase", "ParameterError", "accepts_bool", "describe_constraints", "length_scale",
+           "positive"]

@@ -19,6 +19,7 @@ from daskkrr.models.persistence import (
     FORMAT_NAME,
     FORMAT_VERSION,
     METADATA_FILE,
+    POSTERIOR_PREFIX,
     ModelFormatError,
 )
 from daskkrr.models.registry import classes_by_class_name
@@ -120,6 +121,7 @@ def _build(cls: type, meta: dict[str, Any], arrays: dict[str, np.ndarray], path:
         if key in _SCALARS:
             setattr(model, key, value)
     _check_shapes(model, path)
+    model.posterior_ = _posterior(meta, arrays, model, path)
     names = meta.get("feature_names")  # absent in models fitted without names (and older files)
     if names is not None:
         if not (isinstance(names, list) and len(names) == model.n_features_in_
@@ -134,6 +136,26 @@ def _build(cls: type, meta: dict[str, Any], arrays: dict[str, np.ndarray], path:
     elif "classes" in meta:
         model.classes_ = np.asarray(meta["classes"])
     return model
+
+
+def _posterior(meta: dict[str, Any], arrays: dict[str, np.ndarray], model: Any, path: Path) -> Any:
+    """The saved ``posterior_`` (None when the model was fitted without compute_std, or saved before it)."""
+    from daskkrr.solvers.variance import PosteriorVariance
+
+    if not meta.get("posterior"):
+        return None
+    parts = {k[len(POSTERIOR_PREFIX):]: v for k, v in arrays.items() if k.startswith(POSTERIOR_PREFIX)}
+    missing = sorted({"factor", "scale", "shift", "prior_variance", "numbers"} - set(parts))
+    if missing:
+        raise ModelFormatError(f"{path / ARRAYS_FILE} lacks the posterior array(s) {missing}")
+    post = PosteriorVariance.from_arrays(parts)
+    targets = 1 if model.coef_.ndim == 1 else model.coef_.shape[1]
+    if post.n_centers != model.centers_.shape[0] or post.prior_variance.shape != (targets,):
+        raise ModelFormatError(
+            f"{path} is inconsistent: the posterior has {post.n_centers} centers and "
+            f"{post.prior_variance.size} targets, the model {model.centers_.shape[0]} and {targets}"
+        )
+    return post
 
 
 def _check_shapes(model: Any, path: Path) -> None:
@@ -151,6 +173,9 @@ def _check_shapes(model: Any, path: Path) -> None:
         problems.append(f"y_mean has shape {model.y_mean_.shape} for coef of shape {coef.shape}")
     elif model.intercept_.shape != model.y_mean_.shape:
         problems.append(f"intercept has shape {model.intercept_.shape}, y_mean {model.y_mean_.shape}")
+    scales = getattr(model.kernel_, "sigma", None)
+    if isinstance(scales, tuple) and len(scales) != d:
+        problems.append(f"the kernel has {len(scales)} length scales (sigma), expected {d}")
     if model.scaler_ is not None and model.scaler_.n_features_in_ != d:
         problems.append(f"the scaler has {model.scaler_.n_features_in_} features, expected {d}")
     if problems:

@@ -6,6 +6,7 @@ A model is a directory::
       daskkrr-model.json   format name and version, estimator, parameters, kernel,
                            feature scaling, fitted scalars, feature names, library version
       arrays.npz           centers, coefficients, center indices/weights, ...
+                           (and posterior_* for return_std with compute_std=True)
 
 Loading reads the arrays with ``allow_pickle=False`` and builds the estimator from
 a fixed registry of classes, so a model file can never run code. The directory is
@@ -33,6 +34,8 @@ ARRAYS_FILE = "arrays.npz"
 _ARRAYS = ("centers_", "coef_", "center_indices_", "center_weights_", "residuals_", "y_mean_")
 #: Arrays added after format version 1 was fixed; a file without them gets the default.
 _OPTIONAL_ARRAYS = {"intercept_": lambda model: np.asarray(model.y_mean_, dtype=np.float64)}
+#: Prefix of the arrays of ``posterior_`` (:class:`daskkrr.solvers.variance.PosteriorVariance`).
+POSTERIOR_PREFIX = "posterior_"
 _SCALARS = ("n_features_in_", "n_iter_", "converged_", "jitter_", "n_data_passes_", "fit_time_")
 
 
@@ -59,6 +62,10 @@ def save_model(model: Any, path: str | os.PathLike, *, overwrite: bool = False) 
     # Any: numpy's savez stub lets a str-keyed dict collide with its allow_pickle flag.
     arrays: dict[str, Any] = {k.rstrip("_"): np.asarray(getattr(model, k)) for k in (*_ARRAYS, *_OPTIONAL_ARRAYS)
               if hasattr(model, k)}
+    posterior = getattr(model, "posterior_", None)
+    meta["posterior"] = posterior is not None  # what predict(X, return_std=True) needs
+    if posterior is not None:
+        arrays.update({POSTERIOR_PREFIX + k: v for k, v in posterior.to_arrays().items()})
     if hasattr(model, "classes_"):
         classes = np.asarray(model.classes_)
         if classes.dtype.kind not in "biuf":

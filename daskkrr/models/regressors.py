@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import textwrap
+from collections.abc import Sequence
 from numbers import Integral, Real
 from typing import Any, ClassVar
 
@@ -26,9 +27,12 @@ PARAM_DOCS = {
     "kernel": """kernel : str, dict or Kernel, default="gaussian"
     "gaussian", "laplacian", "matern", "polynomial", "linear", a
     ``Kernel.to_dict()`` dict, or a :class:`daskkrr.kernels.Kernel`.""",
-    "sigma": """sigma : float or None, default=None
-    Length scale of the Gaussian/Laplacian/Matern kernels. None uses
-    ``sqrt(n_features)``, a median-distance heuristic for standardised features.""",
+    "sigma": """sigma : float, array-like of shape (n_features,) or None, default=None
+    Length scale of the Gaussian/Laplacian/Matern kernels, in standardised
+    feature units: one number, or one per feature (automatic relevance
+    determination, ``k(a, b) = k_1(a / sigma, b / sigma)``; ``[1, 2]`` in TOML,
+    ``--sigma 1,2`` on the command line). None uses ``sqrt(n_features)``, a
+    median-distance heuristic for standardised features.""",
     "penalty": """penalty : float, default=1e-6
     Ridge penalty lambda of the normalised objective
     ``(1/n) sum (f(x_i) - y_i)^2 + lambda ||f||^2``; the same as scikit-learn's
@@ -134,6 +138,14 @@ PARAM_DOCS = {
     Seed of the random features (or the Nystrom centers) and of the
     adaptive probe. The features of a row depend only on the seed and the row,
     not on the chunking or the workers.""",
+    "compute_std": """compute_std : bool, default=False
+    Also compute what ``predict(X, return_std=True)`` needs: the posterior of
+    the Gaussian process that matches the model (``fitted posterior_``, see the
+    user guide, "Predictive uncertainty"). The Nystrom estimators keep two
+    ``M x M`` factors (``16 M^2`` bytes in memory and in saved models);
+    FALKON with the "recompute" or "cache" strategy makes one more pass over the
+    data for ``K_MN K_NM``, which the direct solve and the "gram" strategy
+    already have. Exact KRR keeps its ``n x n`` factor (``8 n^2`` bytes).""",
 }
 
 
@@ -149,11 +161,11 @@ def params_doc(*names: str) -> str:
 #: FalkonRegressor's (and FalkonClassifier's) parameters, in ``__init__`` order.
 FALKON_PARAMS = ("kernel", "sigma", "penalty", "n_centers", "sampler", "max_iter", "tol", "kernel_params",
                  "dtype", "standardize", "chunks", "random_state", "verbose", "strategy",
-                 "fit_intercept", "preconditioner_rows")
+                 "fit_intercept", "preconditioner_rows", "compute_std")
 NYSTROM_PARAMS = ("kernel", "sigma", "penalty", "n_centers", "sampler", "kernel_params", "dtype", "standardize",
-                  "chunks", "random_state", "verbose", "direct_strategy", "fit_intercept")
+                  "chunks", "random_state", "verbose", "direct_strategy", "fit_intercept", "compute_std")
 EXACT_PARAMS = ("kernel", "sigma", "penalty", "kernel_params", "standardize", "chunks", "max_samples", "verbose",
-                "exact_solver", "exact_preconditioner", "exact_n_features", "preconditioner_penalty",
+                "compute_std", "exact_solver", "exact_preconditioner", "exact_n_features", "preconditioner_penalty",
                 "srht_features", "exact_tol", "exact_max_iter", "kernel_tiles", "tile_dtype", "exact_random_state")
 
 _FITTED_DOC = """
@@ -194,6 +206,11 @@ _FITTED_DOC = """
         Rows the preconditioner was built from (0: FALKON's own, from the centers).
     fit_time_ : float
         Wall-clock seconds of the fit.
+    posterior_ : PosteriorVariance or None
+        What ``predict(X, return_std=True)`` needs (with ``compute_std=True``;
+        None otherwise): see :class:`daskkrr.solvers.PosteriorVariance`.
+        ``posterior_.prior_variance`` and ``posterior_.noise_variance`` are the
+        GP's signal and noise variances per target, in squared units of ``y``.
     feature_names_in_ : ndarray of shape (n_features,) of str
         Names of the features seen in fit, when ``X`` carried them (DataFrame
         columns, an xarray feature coordinate, a converted Zarr store's header);
@@ -207,8 +224,28 @@ class _RegressorMixin(RegressorMixin):
         tags.target_tags.multi_output = True  # a 2-D y fits one model per column, in one solve
         return tags
 
-    def predict(self, X: Any) -> Any:
-        """Predict: numpy in, numpy out; a dask array, xarray or Zarr store in, a lazy dask array out."""
+    def predict(self, X: Any, return_std: bool = False) -> Any:
+        """Predict: numpy in, numpy out; a dask array, xarray or Zarr store in, a lazy dask array out.
+
+        Parameters
+        ----------
+        X : array-like, dask array, xarray or Zarr store of shape (n, n_features)
+            Rows to predict.
+        return_std : bool, default=False
+            Also return the standard deviation of the matching Gaussian process's
+            posterior at each row, in units of ``y`` (the model must be fitted with
+            ``compute_std=True``; see the user guide, "Predictive uncertainty").
+
+        Returns
+        -------
+        y_pred : ndarray or dask array of shape (n,) or (n, n_targets)
+        y_std : ndarray or dask array, shaped like ``y_pred``
+            Only with ``return_std=True``; lazy for lazy input, computed block by
+            block with the predictions.
+        """
+        if return_std:
+            mean, std = self._decision_and_std(X)
+            return (mean[:, 0], std[:, 0]) if self.coef_.ndim == 1 else (mean, std)
         out = self._raw_decision(X)
         if self.coef_.ndim == 1:
             return out[:, 0]
@@ -256,12 +293,13 @@ class FalkonRegressor(_RegressorMixin, NystromModelBase):
         "max_iter": [positive(Integral)],
         "tol": [positive(Real)],
         "preconditioner_rows": [positive(Integral), StrOptions({"auto"}), None],
+        "compute_std": ["boolean"],
     }
 
     def __init__(
         self,
         kernel: Any = "gaussian",
-        sigma: float | None = None,
+        sigma: float | Sequence[float] | np.ndarray | None = None,
         penalty: float = 1e-6,
         n_centers: int = 1000,
         sampler: Any = "uniform",
@@ -276,6 +314,7 @@ class FalkonRegressor(_RegressorMixin, NystromModelBase):
         strategy: str = "auto",
         fit_intercept: bool = True,
         preconditioner_rows: int | str | None = "auto",
+        compute_std: bool = False,
     ):
         self.kernel = kernel
         self.sigma = sigma
@@ -293,6 +332,7 @@ class FalkonRegressor(_RegressorMixin, NystromModelBase):
         self.strategy = strategy
         self.fit_intercept = fit_intercept
         self.preconditioner_rows = preconditioner_rows
+        self.compute_std = compute_std
 
     def fit(
         self,
@@ -318,8 +358,9 @@ class FalkonRegressor(_RegressorMixin, NystromModelBase):
         resume : bool, default=False
             Continue from the checkpoint in ``checkpoint`` (if there is one) after
             an interrupted fit; the result equals the uninterrupted fit's. The
-            data and parameters must be those of the interrupted fit (``max_iter``
-            and ``tol`` may change). Without it an existing checkpoint is an error.
+            data and parameters must be those of the interrupted fit (``max_iter``,
+            ``tol`` and ``compute_std`` may change). Without it an existing
+            checkpoint is an error.
         """
         return self._fit_nystrom(X, y, checkpoint=checkpoint, checkpoint_every=checkpoint_every, resume=resume)
 
@@ -335,11 +376,15 @@ class NystromRegressor(_RegressorMixin, NystromModelBase):
     {params_doc(*NYSTROM_PARAMS)}{_FITTED_DOC}"""
 
     _solver = "direct"
+    _parameter_constraints: ClassVar[dict[str, Any]] = {
+        **NystromModelBase._parameter_constraints,
+        "compute_std": ["boolean"],
+    }
 
     def __init__(
         self,
         kernel: Any = "gaussian",
-        sigma: float | None = None,
+        sigma: float | Sequence[float] | np.ndarray | None = None,
         penalty: float = 1e-6,
         n_centers: int = 1000,
         sampler: Any = "uniform",
@@ -351,6 +396,7 @@ class NystromRegressor(_RegressorMixin, NystromModelBase):
         verbose: bool = False,
         strategy: str = "auto",
         fit_intercept: bool = True,
+        compute_std: bool = False,
     ):
         self.kernel = kernel
         self.sigma = sigma
@@ -365,6 +411,7 @@ class NystromRegressor(_RegressorMixin, NystromModelBase):
         self.verbose = verbose
         self.strategy = strategy
         self.fit_intercept = fit_intercept
+        self.compute_std = compute_std
 
     def fit(self, X: Any, y: Any = None) -> NystromRegressor:
         """Fit on anything :func:`daskkrr.open_dataset` takes."""
@@ -432,6 +479,7 @@ class ExactKernelRidge(_RegressorMixin, KernelModelBase):
     _parameter_constraints: ClassVar[dict[str, Any]] = {
         **KernelModelBase._parameter_constraints,
         "max_samples": [positive(Integral)],
+        "compute_std": ["boolean"],
         "solver": [StrOptions({"auto", "direct", "pcg"})],
         "preconditioner": [StrOptions({"random_features", "nystrom"}), None],
         "n_features": [positive(Integral), StrOptions({"auto"})],
@@ -448,13 +496,14 @@ class ExactKernelRidge(_RegressorMixin, KernelModelBase):
     def __init__(
         self,
         kernel: Any = "gaussian",
-        sigma: float | None = None,
+        sigma: float | Sequence[float] | np.ndarray | None = None,
         penalty: float = 1e-6,
         kernel_params: dict | None = None,
         standardize: bool = True,
         chunks: int | None = None,
         max_samples: int = 20000,
         verbose: bool = False,
+        compute_std: bool = False,
         solver: str = "auto",
         preconditioner: str | None = "random_features",
         n_features: int | str = "auto",
@@ -474,6 +523,7 @@ class ExactKernelRidge(_RegressorMixin, KernelModelBase):
         self.chunks = chunks
         self.max_samples = max_samples
         self.verbose = verbose
+        self.compute_std = compute_std
         self.solver = solver
         self.preconditioner = preconditioner
         self.n_features = n_features
@@ -487,6 +537,11 @@ class ExactKernelRidge(_RegressorMixin, KernelModelBase):
 
     def _check_params(self) -> None:
         super()._check_params()
+        if self.compute_std and self.solver == "pcg":
+            raise ParameterError(
+                "compute_std keeps the n x n Cholesky factor of the direct solve; use solver='direct' (or "
+                "'auto', which factors directly when compute_std=True) for predictive standard deviations",
+                parameter="compute_std")
         if self.preconditioner == "random_features":
             check_preconditioner(self._make_kernel(1), self.preconditioner)
         if self.srht_features is not None:

@@ -31,8 +31,10 @@ class ParamSpec:
     name : str
         The ``__init__`` argument.
     types : tuple of type
-        Plain types a value may have, among ``bool, int, float, str, dict``
-        (``float`` accepts ints too). Empty: not representable outside Python.
+        Plain types a value may have, among ``bool, int, float, list, str, dict``
+        (``float`` accepts ints too; ``list`` is a list of numbers, e.g. one length
+        scale per feature, written ``[1, 2]`` in TOML and ``1,2`` on the command
+        line). Empty: not representable outside Python.
     options : tuple of str or None
         The strings accepted, when the parameter takes a fixed set; None means
         any string (when ``str`` is in ``types``).
@@ -58,8 +60,8 @@ class ParamSpec:
 
     def _type_words(self) -> list[str]:
         """Type names (float reads "int or float": it takes ints), strings of fixed options left out."""
-        return ["int or float" if t is float else t.__name__ for t in self.types
-                if not (t is str and self.options is not None)]
+        names = {float: "int or float", list: "list of numbers"}
+        return [names.get(t, t.__name__) for t in self.types if not (t is str and self.options is not None)]
 
     def describe(self) -> str:
         """Accepted values in words, e.g. ``int, "auto" or "none"``."""
@@ -79,6 +81,9 @@ class ParamSpec:
                 return value
             if self.options is not None:
                 raise ValueError(f"{self.name} must be {self.describe()}; got {value!r}")
+        elif isinstance(value, list):
+            if list in self.types and value and all(_is_number(v) for v in value):
+                return value
         else:
             kind = next((k for k in (bool, int, float, dict) if isinstance(value, k)), None)  # bool first
             if kind is not None and (kind in self.types or (kind is int and float in self.types)):
@@ -106,9 +111,18 @@ class ParamSpec:
                 return float(text)
             except ValueError:
                 pass
+        if list in self.types and "," in text:
+            try:
+                return [float(part) for part in text.split(",") if part.strip()]
+            except ValueError:
+                pass
         if str in self.types and (self.options is None or text in self.options):
             return text
         raise ValueError(f"expected {self.describe()}; got {text!r}")
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _plain_types(constraint: Any) -> tuple[tuple[type, ...], tuple[str, ...] | None, bool]:
@@ -119,6 +133,8 @@ def _plain_types(constraint: Any) -> tuple[tuple[type, ...], tuple[str, ...] | N
         return (bool,), None, False
     if constraint == "random_state":
         return (int,), None, True
+    if constraint == "array-like":
+        return (list,), None, False
     if isinstance(constraint, Interval):
         return ((int,) if constraint.type is Integral else (float,)), None, False
     if isinstance(constraint, StrOptions):
@@ -139,7 +155,7 @@ def _plain_types(constraint: Any) -> tuple[tuple[type, ...], tuple[str, ...] | N
     return (), None, False  # objects (Kernel, CenterSampler, Generator, ...) exist only in Python
 
 
-_ORDER = (bool, int, float, str, dict)
+_ORDER = (bool, int, float, list, str, dict)
 
 
 def _merge(constraints: list[Any]) -> tuple[tuple[type, ...], tuple[str, ...] | None, bool]:

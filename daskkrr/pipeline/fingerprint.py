@@ -12,7 +12,7 @@ from daskkrr.pipeline.context import FitContext
 from daskkrr.utils.jsonable import dumps_strict, jsonable_params
 
 #: Parameters that may change between the interrupted fit and its continuation.
-FREE_PARAMS = frozenset({"client", "verbose", "max_iter", "tol"})
+FREE_PARAMS = frozenset({"client", "verbose", "max_iter", "tol", "compute_std"})
 
 
 def block_digest(*blocks: np.ndarray) -> str:

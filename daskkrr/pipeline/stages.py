@@ -33,9 +33,11 @@ from daskkrr.parallel.strategies import make_operator, plan_strategy, prepare_pa
 from daskkrr.pipeline.context import FitContext
 from daskkrr.pipeline.fingerprint import fit_fingerprint
 from daskkrr.sampling import make_sampler
-from daskkrr.solvers import FalkonPreconditioner, exact_krr_coefficients, falkon_solve
+from daskkrr.solvers import FalkonPreconditioner, falkon_solve
+from daskkrr.solvers.exact import exact_krr_solve
 from daskkrr.solvers.intercept import centered_gram_matvec
 from daskkrr.solvers.sketch import KernelRowSketch, sketch_indices
+from daskkrr.solvers.variance import exact_posterior
 
 logger = logging.getLogger("daskkrr")
 
@@ -206,9 +208,12 @@ def direct_solve(ctx: FitContext) -> None:
     p = ctx.params
     b, ctx.mu = split_column_sums(ctx.operator.knm_t_y, ctx.n, bool(getattr(p, "fit_intercept", False)))
     gram = ctx.operator.gram
-    if ctx.mu is not None:
-        gram -= ctx.n * np.outer(ctx.mu, ctx.mu)
-    coef = ctx.preconditioner.direct_solve(gram, b)
+    if getattr(ctx.operator, "factor", None) is not None:  # accumulated preconditioned (compute_std)
+        coef = ctx.preconditioner.direct_solve_preconditioned(gram, b, ctx.mu)
+    else:
+        if ctx.mu is not None:
+            gram -= ctx.n * np.outer(ctx.mu, ctx.mu)
+        coef = ctx.preconditioner.direct_solve(gram, b)
     ctx.fitted.update(n_iter_=0, residuals_=np.zeros((1, b.shape[1])), converged_=True)
     _nystrom_model(ctx, coef)
 
@@ -232,8 +237,12 @@ def exact_solve(ctx: FitContext) -> None:
     p = ctx.params
     n = ctx.n
     Xn, Yn = (np.asarray(a) for a in ctx.executor.compute(ctx.X, ctx.Y))
-    coef = exact_krr_coefficients(ctx.kernel(Xn, Xn), Yn, float(p.penalty))
+    coef, factor = exact_krr_solve(ctx.kernel(Xn, Xn), Yn, float(p.penalty))
+    # compute_std keeps the n x n factor of K + lambda n I (see daskkrr.solvers.variance).
+    post = exact_posterior(factor, Yn, coef, float(p.penalty) * n) if getattr(p, "compute_std", False) else None
+    del factor
     ctx.fitted.update(
+        posterior_=post,
         centers_=np.ascontiguousarray(Xn), center_indices_=np.arange(n, dtype=np.int64),
         center_weights_=np.ones(n), sampler_info_={"sampler": "all"},
         coef_=coef[:, 0] if ctx.one_d else coef, n_iter_=0, residuals_=np.zeros((1, Yn.shape[1])),
@@ -284,6 +293,7 @@ def guarded_statistics(guard: Guard) -> Callable[[FitContext], None]:
 
     def run(ctx: FitContext) -> None:
         n, d = training_shape(ctx.X_in, ctx.y_in, getattr(ctx.params, "chunks", None))
+        ctx.params._make_kernel(d)  # e.g. a per-feature sigma of the wrong length: refused before any pass
         guard(ctx, n, d)
         statistics(ctx)
 

@@ -10,6 +10,12 @@ from daskkrr.utils.linalg import cholesky_jitter, solve_upper
 
 def exact_krr_coefficients(K: np.ndarray, y: np.ndarray, penalty: float) -> np.ndarray:
     """Solve ``(K + penalty * n * I) c = y`` (scikit-learn's KernelRidge with alpha = penalty * n)."""
+    return exact_krr_solve(K, y, penalty)[0]
+
+
+def exact_krr_solve(K: np.ndarray, y: np.ndarray, penalty: float) -> tuple[np.ndarray, np.ndarray]:
+    """``c`` with ``(K + penalty * n * I) c = y``, and the upper factor ``R^T R = K + penalty * n * I``
+    (what the predictive variance needs, :func:`daskkrr.solvers.variance.exact_posterior`)."""
     K = np.asarray(K, dtype=np.float64)
     n = K.shape[0]
     if K.shape != (n, n):
@@ -22,7 +28,7 @@ def exact_krr_coefficients(K: np.ndarray, y: np.ndarray, penalty: float) -> np.n
     S = K.copy()
     S[np.diag_indices(n)] += penalty * n
     R, _ = cholesky_jitter(S, what="regularised kernel matrix K + lambda n I")
-    return solve_upper(R, solve_upper(R, y, trans=True))
+    return solve_upper(R, solve_upper(R, y, trans=True)), R
 
 
 def nystrom_lstsq_coefficients(

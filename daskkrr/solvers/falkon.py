@@ -140,6 +140,25 @@ class FalkonPreconditioner:
         D = self.d
         L = solve_upper(self.T, D[:, None] * gram * D[None, :], trans=True)  # T^-T D G D
         C = solve_upper(self.T, L.T, trans=True).T / self.n  # (T^-T D G D T^-1) / n
+        return self._solve_inner(C, knm_t_y)
+
+    def direct_solve_preconditioned(self, gram_pre: np.ndarray, knm_t_y: np.ndarray,
+                                    mu: np.ndarray | None = None) -> np.ndarray:
+        """:meth:`direct_solve` from the preconditioned Gram matrix ``G' = T^{-T} D G D T^{-1}``.
+
+        ``G'`` accumulated from ``W_b = K_b D T^{-1}`` (the gram strategy with FALKON's
+        factors) keeps the accuracy that forming ``G = K^T K`` first loses to the
+        condition number of ``K_MM``. With ``mu = K_nM^T 1 / n`` (an intercept) the Gram
+        matrix is centred, ``G - n mu mu^T``; ``gram_pre`` itself is not modified.
+        """
+        C = np.asarray(gram_pre, dtype=np.float64) / self.n
+        if mu is not None:
+            m = solve_upper(self.T, self.d * np.asarray(mu, dtype=np.float64), trans=True)
+            C = C - np.outer(m, m)
+        return self._solve_inner(C, knm_t_y)
+
+    def _solve_inner(self, C: np.ndarray, knm_t_y: np.ndarray) -> np.ndarray:
+        """``alpha = D T^{-1} v`` with ``(C + lambda I) v = T^{-T} D K_nM^T y / n`` (``C`` is overwritten)."""
         C = (C + C.T) / 2
         C[np.diag_indices_from(C)] += self.penalty
         rhs = solve_upper(self.T, self._d_col(knm_t_y) * knm_t_y, trans=True) / self.n

@@ -1,0 +1,88 @@
+"""The posterior stage: what ``predict(X, return_std=True)`` needs, computed at the end of a fit.
+
+Runs after the solve when the estimator has ``compute_std=True`` (see
+:mod:`daskkrr.solvers.variance` for the Gaussian-process convention). It needs the
+preconditioned Gram matrix ``T^{-T} D K_MN K_NM D T^{-1}``, an ``M x M`` matrix:
+
+- the direct Nystrom solve (``NystromRegressor``) and FALKON with ``strategy="gram"``
+  accumulate it in their one Gram pass (see :func:`with_posterior`): no extra pass;
+- FALKON with the ``recompute`` or ``cache`` strategy makes one extra pass, which
+  costs about as much as ``M / d`` CG iterations (``K^T K`` is ``M^2`` flops per
+  row against ``2 M d`` for a kernel product);
+
+plus the targets' squared norms (a pass over ``y`` only) and ``M x M`` factorisations
+on the client.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import dask.array as da
+import numpy as np
+
+from daskkrr.pipeline.context import FitContext
+from daskkrr.pipeline.stages import Stage, kernel_operator, split_column_sums
+from daskkrr.solvers.variance import gram_block, nystrom_posterior
+
+logger = logging.getLogger("daskkrr")
+
+
+def _targets_square_norms(ctx: FitContext) -> np.ndarray:
+    """``||y_j||^2`` of the targets the solver saw (centred when they were)."""
+    (y_sq,) = ctx.executor.compute(da.sum(ctx.Y * ctx.Y, axis=0))
+    return np.asarray(y_sq, dtype=np.float64).reshape(-1)
+
+
+def _preconditioned_gram_and_rhs(ctx: FitContext) -> tuple[np.ndarray, np.ndarray]:
+    """``T^{-T} D K_MN K_NM D T^{-1}`` and ``K_MN [Y | 1]``, from the operator or one extra pass."""
+    pre = ctx.preconditioner
+    T, d = np.asarray(pre.T, dtype=np.float64), np.asarray(pre.d, dtype=np.float64)
+    M = T.shape[0]
+    operator = ctx.operator
+    if getattr(operator, "gram", None) is not None and getattr(operator, "factor", None) is not None:
+        return operator.gram, operator.knm_t_y  # the gram strategy, accumulated preconditioned
+    GB = ctx.passes.map_reduce(gram_block, ctx.kernel, ctx.executor.broadcast(ctx.centers),
+                               ctx.executor.broadcast((T, d)), name="posterior", with_y=True)
+    return np.ascontiguousarray(GB[:, :M]), np.ascontiguousarray(GB[:, M:])
+
+
+def posterior(ctx: FitContext) -> None:
+    """The Nystrom model's posterior (``posterior_``) from the fitted state; see the module docstring."""
+    p = ctx.params
+    if getattr(ctx, "sample_weight", None) is not None:
+        raise ValueError("compute_std=True does not support sample_weight yet; fit without one of them")
+    t0 = time.perf_counter()
+    gram_pre, knm_t_y = _preconditioned_gram_and_rhs(ctx)
+    fits_intercept = bool(getattr(p, "fit_intercept", False))
+    b, mu = split_column_sums(knm_t_y, ctx.n, fits_intercept)
+    coef = np.asarray(ctx.fitted["coef_"], dtype=np.float64)
+    ctx.fitted["posterior_"] = nystrom_posterior(
+        ctx.preconditioner.T, ctx.preconditioner.d, gram_pre, noise_ratio=float(p.penalty) * ctx.n, n=ctx.n,
+        mu=mu, y_sq=_targets_square_norms(ctx), knm_t_y=b, coef=coef.reshape(coef.shape[0], -1),
+    )
+    if ctx.passes is not None:
+        ctx.fitted["n_data_passes_"] = ctx.passes.n_passes + 1  # the extra pass, if one was made
+    logger.info("posterior for return_std in %.2fs", time.perf_counter() - t0)
+
+
+def with_posterior(stages: tuple[Stage, ...], solver: str) -> tuple[Stage, ...]:
+    """A Nystrom fit's ``stages`` followed by the posterior stage.
+
+    The direct solve then accumulates the preconditioned Gram matrix (which it solves
+    from, :meth:`~daskkrr.solvers.FalkonPreconditioner.direct_solve_preconditioned`)
+    instead of the plain ``K_MN K_NM``: the variance near the data is a difference of
+    nearly equal terms, which the plain matrix's round-off (amplified by the condition
+    number of ``K_MM``) would swamp.
+    """
+    if solver == "direct":
+        stages = tuple(
+            Stage("operator", lambda ctx: kernel_operator(ctx, strategy="gram", preconditioned=True))
+            if s.name == "operator" else s
+            for s in stages
+        )
+    return (*stages, Stage("posterior", posterior))
+
+
+__all__ = ["posterior", "with_posterior"]

@@ -1,0 +1,289 @@
+"""Predictive standard deviation: the posterior of the Gaussian process behind kernel ridge regression.
+
+The convention (the same for exact KRR and the Nystrom models):
+
+* prior ``f ~ GP(0, s^2 k)`` with the model's kernel ``k`` (in standardised
+  feature units), noise ``y_i = f(x_i) + e_i``, ``e_i ~ N(0, s^2 lambda n)``: the
+  posterior mean of this GP is the kernel ridge solution with ``penalty = lambda``
+  (``(K + lambda n I) c = y``), whatever ``s^2``. So ``penalty * n`` is the
+  noise-to-signal ratio ``sigma_n^2 / s^2``, and scikit-learn's
+  ``GaussianProcessRegressor(kernel=ConstantKernel(s^2) * k, alpha=s^2 * penalty * n)``
+  is the same model;
+* ``s^2``, the prior variance, is not set by the ridge problem; it is estimated
+  per target by maximum likelihood given that ratio, in closed form:
+  ``s^2 = y^T (K + lambda n I)^{-1} y / n`` (the "process variance" of kriging),
+  which is in units of ``y`` squared;
+* the Nystrom models are the "deterministic training conditional" (DTC) GP of
+  their centers ``Z``: training values ``f_n = K_nM w`` with ``w ~ N(0, s^2 K_MM^{-1})``
+  (the Nystrom prior), so the posterior mean is the Nystrom KRR solution, and at a
+  new point the exact prior variance ``k(x, x)``. Its variance, for unit ``s^2``
+  and ``sigma^2 = lambda n``, is
+
+  ``v(x) = k(x, x) - k_M(x)^T K_MM^{-1} k_M(x) + sigma^2 k_M(x)^T (K_MN K_NM + sigma^2 K_MM)^{-1} k_M(x)``,
+
+  the formula of BKB's ``sigma~_t^2`` (Calandriello et al. 2019) times ``sigma^2``; with
+  every training point a center it equals the exact GP's;
+* an unpenalised intercept (``fit_intercept=True``) is a constant with a flat
+  prior, estimated with the function (as in ordinary kriging): ``k_M(x)`` becomes
+  ``k_M(x) - mu`` in the last term (``mu = K_MN 1 / n``), the Gram matrix
+  ``K_MN K_NM - n mu mu^T``, and ``v`` gains ``sigma^2 / n`` (its variance);
+* ``std`` is the standard deviation of the latent function ``f(x)`` (plus the
+  intercept), ``sqrt(s^2 v(x))``, as scikit-learn's ``return_std``; a new
+  observation ``y`` at ``x`` has variance ``s^2 (v(x) + lambda n)``.
+
+Numerically the variance is kept in the stable form of sparse GP codes: with an
+upper factor ``T`` of ``D K_MM D`` (FALKON's preconditioner factor, ``D`` the
+centers' weights, any positive diagonal works) and ``c(x) = T^{-T} D k_M(x)``,
+
+    v(x) = k(x, x) - ||c(x)||^2 + ||R^{-T} (c(x) - m)||^2 + offset,
+    R^T R = I + T^{-T} D G_c D T^{-1} / sigma^2,    m = T^{-T} D mu,
+
+and the Gram matrix enters only preconditioned (``T^{-T} D G D T^{-1}``), as the
+gram strategy accumulates it. Exact KRR is the case ``T^T T = K + sigma^2 I``
+without the last term.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from daskkrr.kernels.base import Kernel
+from daskkrr.kernels.engine import engine_for
+from daskkrr.kernels.reference import DEFAULT_TILE_BYTES
+from daskkrr.utils.linalg import cholesky_jitter, solve_upper
+
+#: Prior variances are kept at least this fraction of the targets' mean square (a perfect fit
+#: would otherwise give a zero prior variance, hence zero std everywhere).
+MIN_PRIOR_VARIANCE_RATIO = 1e-12
+
+
+@dataclasses.dataclass
+class PosteriorVariance:
+    """What the predictive standard deviation needs: two triangular factors and a few numbers.
+
+    ``v(x) = k(x, x) - ||c||^2 + ||correction^{-T} (c - shift)||^2 + offset`` with
+    ``c = factor^{-T} (scale * k(x, Z))``, and ``std_t(x) = sqrt(prior_variance_t v(x))``
+    (see the module docstring for where each comes from).
+
+    Attributes
+    ----------
+    factor : ndarray of shape (M, M)
+        Upper-triangular ``T``.
+    scale : ndarray of shape (M,)
+        Positive diagonal ``D`` applied to the kernel row before the solve.
+    correction : ndarray of shape (M, M) or None
+        Upper-triangular ``R`` of the Nystrom correction; None for exact KRR.
+    shift : ndarray of shape (M,)
+        ``m = T^{-T} D mu`` for a fitted intercept, else zeros.
+    offset : float
+        The intercept's variance (``lambda`` = ``sigma^2 / n``), else 0.
+    prior_variance : ndarray of shape (n_targets,)
+        ``s^2`` per target, in squared units of ``y``.
+    noise_ratio : float
+        ``sigma^2 / s^2 = penalty * n``.
+    """
+
+    factor: np.ndarray
+    scale: np.ndarray
+    correction: np.ndarray | None
+    shift: np.ndarray
+    offset: float
+    prior_variance: np.ndarray
+    noise_ratio: float
+
+    @property
+    def n_centers(self) -> int:
+        return int(self.factor.shape[0])
+
+    @property
+    def noise_variance(self) -> np.ndarray:
+        """The GP's noise variance per target, ``s^2 * penalty * n`` (squared units of ``y``)."""
+        return self.prior_variance * self.noise_ratio
+
+    def unit_variance(self, Kxm: np.ndarray, kxx: np.ndarray) -> np.ndarray:
+        """``v(x)`` for kernel rows ``Kxm = k(X, Z)`` (n_b, M) and ``kxx = k(x, x)`` (n_b,); clipped at 0."""
+        K = np.asarray(Kxm, dtype=np.float64)
+        C = solve_upper(self.factor, (self.scale[:, None] * K.T), trans=True)  # (M, n_b)
+        v = np.asarray(kxx, dtype=np.float64) - np.einsum("ij,ij->j", C, C)
+        if self.correction is not None:
+            C -= self.shift[:, None]
+            E = solve_upper(self.correction, C, trans=True)
+            v += np.einsum("ij,ij->j", E, E)
+        v += self.offset
+        return np.maximum(v, 0.0)
+
+    def std(self, Kxm: np.ndarray, kxx: np.ndarray) -> np.ndarray:
+        """Standard deviation per row and target, ``(n_b, n_targets)``."""
+        return np.sqrt(self.unit_variance(Kxm, kxx)[:, None] * self.prior_variance[None, :])
+
+    # ------------------------------------------------------------------ persistence
+    def to_arrays(self) -> dict[str, np.ndarray]:
+        """Numeric arrays for a model file (no pickle): factor, scale, correction, shift, numbers."""
+        arrays = {
+            "factor": np.asarray(self.factor), "scale": self.scale, "shift": self.shift,
+            "prior_variance": self.prior_variance, "numbers": np.array([self.offset, self.noise_ratio]),
+        }
+        if self.correction is not None:
+            arrays["correction"] = np.asarray(self.correction)
+        return arrays
+
+    @classmethod
+    def from_arrays(cls, arrays: dict[str, np.ndarray]) -> PosteriorVariance:
+        """Inverse of :meth:`to_arrays`; ValueError when the shapes do not fit together."""
+        factor = np.asarray(arrays["factor"], dtype=np.float64)
+        M = factor.shape[0] if factor.ndim == 2 else -1
+        correction = arrays.get("correction")
+        numbers = np.asarray(arrays["numbers"], dtype=np.float64).reshape(-1)
+        post = cls(
+            factor=factor, scale=np.asarray(arrays["scale"], dtype=np.float64),
+            correction=None if correction is None else np.asarray(correction, dtype=np.float64),
+            shift=np.asarray(arrays["shift"], dtype=np.float64), offset=float(numbers[0]),
+            prior_variance=np.asarray(arrays["prior_variance"], dtype=np.float64).reshape(-1),
+            noise_ratio=float(numbers[1]) if numbers.size > 1 else float("nan"),
+        )
+        square = (M, M)
+        if (factor.shape != square or post.scale.shape != (M,) or post.shift.shape != (M,)
+                or (post.correction is not None and post.correction.shape != square) or numbers.size != 2):
+            raise ValueError(f"the posterior arrays do not fit together (factor of shape {factor.shape})")
+        return post
+
+
+# --------------------------------------------------------------------------- building it
+def prior_variance(y_sq: np.ndarray, knm_t_y: np.ndarray, coef: np.ndarray, noise_ratio: float,
+                   n: int) -> np.ndarray:
+    """Maximum-likelihood ``s^2`` per target: ``y^T (Q + sigma^2 I)^{-1} y / n``.
+
+    For the (Nystrom) KRR solution ``alpha`` of ``(K_MN K_NM + sigma^2 K_MM) alpha = K_MN y``,
+    ``y^T (Q + sigma^2 I)^{-1} y = (||y||^2 - (K_MN y) . alpha) / sigma^2`` (Woodbury), so it
+    needs the targets' squared norms ``y_sq``, the right-hand side and the coefficients
+    only. With an intercept ``y`` is centred (the constant is profiled out).
+    """
+    b = np.asarray(knm_t_y, dtype=np.float64).reshape(np.shape(knm_t_y)[0], -1)
+    a = np.asarray(coef, dtype=np.float64).reshape(b.shape)
+    y_sq = np.asarray(y_sq, dtype=np.float64).reshape(-1)
+    quad = y_sq - np.einsum("ij,ij->j", b, a)
+    return _at_least(quad / (noise_ratio * n), y_sq, n)
+
+
+def nystrom_posterior(
+    T: np.ndarray,
+    d: np.ndarray,
+    gram_pre: np.ndarray,
+    *,
+    noise_ratio: float,
+    n: int,
+    mu: np.ndarray | None,
+    y_sq: np.ndarray,
+    knm_t_y: np.ndarray,
+    coef: np.ndarray,
+) -> PosteriorVariance:
+    """The posterior of a Nystrom model from FALKON's factor and the preconditioned Gram matrix.
+
+    Parameters
+    ----------
+    T, d : ndarray of shape (M, M) and (M,)
+        Upper ``T`` with ``T^T T = D K_MM D`` (plus round-off jitter), ``D = diag(d)``.
+    gram_pre : ndarray of shape (M, M)
+        ``T^{-T} D K_MN K_NM D T^{-1}`` (not centred).
+    noise_ratio : float
+        ``sigma^2 = penalty * n``.
+    n : int
+        Training rows.
+    mu : ndarray of shape (M,) or None
+        ``K_MN 1 / n`` when an intercept was fitted.
+    y_sq, knm_t_y, coef
+        ``||y||^2`` per target, ``K_MN y`` and the coefficients, with ``y`` as the
+        solver saw it (centred when the targets were centred); see :func:`prior_variance`.
+    """
+    M = T.shape[0]
+    shift = np.zeros(M) if mu is None else solve_upper(T, d * np.asarray(mu, dtype=np.float64), trans=True)
+    inner = np.array(gram_pre, dtype=np.float64, order="F")  # a copy: the caller's matrix is kept
+    if mu is not None:
+        inner -= n * np.outer(shift, shift)
+    inner /= noise_ratio
+    inner = (inner + inner.T) / 2  # the accumulated Gram matrix is symmetric up to round-off
+    inner[np.diag_indices(M)] += 1.0
+    R, _ = cholesky_jitter(inner, what="posterior matrix I + G / (penalty n)", overwrite=True)
+    return PosteriorVariance(
+        factor=np.asarray(T, dtype=np.float64), scale=np.asarray(d, dtype=np.float64), correction=R, shift=shift,
+        offset=0.0 if mu is None else noise_ratio / n,
+        prior_variance=prior_variance(y_sq, knm_t_y, coef, noise_ratio, n), noise_ratio=float(noise_ratio),
+    )
+
+
+def exact_posterior(R: np.ndarray, y: np.ndarray, coef: np.ndarray, noise_ratio: float) -> PosteriorVariance:
+    """The exact GP's posterior from ``R^T R = K + sigma^2 I`` (exact KRR's factor) and its solution."""
+    n = R.shape[0]
+    Y = np.asarray(y, dtype=np.float64).reshape(n, -1)
+    c = np.asarray(coef, dtype=np.float64).reshape(Y.shape)
+    # s^2 = y^T (K + sigma^2 I)^{-1} y / n = y . c / n
+    s2 = _at_least(np.einsum("ij,ij->j", Y, c) / n, np.einsum("ij,ij->j", Y, Y), n)
+    return PosteriorVariance(
+        factor=np.asarray(R, dtype=np.float64), scale=np.ones(n), correction=None, shift=np.zeros(n), offset=0.0,
+        prior_variance=s2, noise_ratio=float(noise_ratio),
+    )
+
+
+def _at_least(s2: np.ndarray, y_sq: np.ndarray, n: int) -> np.ndarray:
+    """``s2`` floored at :data:`MIN_PRIOR_VARIANCE_RATIO` of the targets' mean square."""
+    return np.maximum(s2, MIN_PRIOR_VARIANCE_RATIO * np.maximum(y_sq, np.finfo(np.float64).tiny) / max(n, 1))
+
+
+# --------------------------------------------------------------------------- per block
+def gram_block(Xb: np.ndarray, Yb: np.ndarray, kernel: Kernel, Z: np.ndarray,
+               right: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+    """``[W^T W | K^T Y]`` of one row block, ``W = k(Xb, Z) D T^{-1}``: the posterior's extra pass."""
+    return engine_for(kernel).gram_and_rhs(kernel, Xb, Yb, Z, right=right)
+
+
+def predict_with_std(
+    Xb: np.ndarray,
+    kernel: Kernel,
+    Z: np.ndarray,
+    coef: np.ndarray,
+    intercept: np.ndarray,
+    posterior: PosteriorVariance,
+    max_tile_bytes: int = DEFAULT_TILE_BYTES,
+) -> np.ndarray:
+    """Mean and standard deviation of one row block, side by side: ``(n_b, 2 t)``.
+
+    Each tile of rows builds ``k(X_t, Z)`` once (the engine's kernel block) for both
+    the mean ``k coef + intercept`` and the variance; the variance costs two
+    ``M x M`` triangular solves per row, against ``M d`` for the mean.
+    """
+    C = np.asarray(coef, dtype=np.float64).reshape(Z.shape[0], -1)
+    t = C.shape[1]
+    out = np.empty((Xb.shape[0], 2 * t))
+    step = max(1, int(max_tile_bytes // max(1, Z.shape[0] * 8)))
+    engine = engine_for(kernel)
+    for start in range(0, Xb.shape[0], step):
+        Xt = Xb[start : start + step]
+        K = np.asarray(engine.kernel_block(kernel, Xt, Z), dtype=np.float64)
+        out[start : start + len(Xt), :t] = K @ C + intercept
+        out[start : start + len(Xt), t:] = posterior.std(K, kernel.diag(Xt))
+    return out
+
+
+def posterior_from_model(model: Any) -> PosteriorVariance:
+    """The fitted ``posterior_`` of ``model``; ValueError saying how to get one when it has none."""
+    post = getattr(model, "posterior_", None)
+    if post is None:
+        raise ValueError(
+            f"{type(model).__name__} was fitted without compute_std=True, so it has no posterior "
+            f"for return_std; fit it with compute_std=True (see the user guide, 'Predictive uncertainty')"
+        )
+    return post
+
+
+__all__ = [
+    "PosteriorVariance",
+    "exact_posterior",
+    "gram_block",
+    "nystrom_posterior",
+    "posterior_from_model",
+    "predict_with_std",
+    "prior_variance",
+]

@@ -1,0 +1,192 @@
+"""predict(X, return_std=True): the posterior of the Gaussian process behind (Nystrom) kernel ridge.
+
+Convention (daskkrr.solvers.variance): prior ``s^2 k``, noise ``s^2 penalty n``, ``s^2`` by
+maximum likelihood. With every training point a center the std is scikit-learn's
+GaussianProcessRegressor's for that prior; with fewer centers it is the DTC
+formula, computed densely here; 95% intervals cover 95% of held-out GP data.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import dask.array as da
+import numpy as np
+import pytest
+from sklearn.gaussian_process import GaussianProcessRegressor
+from sklearn.gaussian_process.kernels import RBF, ConstantKernel, Matern
+
+from daskkrr import ExactKernelRidge, FalkonClassifier, FalkonRegressor, NystromRegressor
+from daskkrr.kernels import make_kernel
+from daskkrr.models import load_model
+
+PENALTY = 1e-3
+
+
+def _data(seed: int = 0, n: int = 120, d: int = 2, n_test: int = 50):
+    rng = np.random.default_rng(seed)
+    X = rng.uniform(-2, 2, size=(n, d))
+    y = np.sin(2 * X[:, 0]) + X[:, 1] ** 2 + 0.1 * rng.normal(size=n)
+    Xt = rng.uniform(-2.5, 2.5, size=(n_test, d))  # inside and beyond the data
+    return X, y, Xt
+
+
+def _all_centers(cls, **params):
+    """``cls`` with every training row as a center (exact for ExactKernelRidge), converged tightly."""
+    if cls is ExactKernelRidge:
+        return cls(**params)
+    extra = {"tol": 1e-10, "max_iter": 300} if cls is FalkonRegressor else {}
+    return cls(n_centers=10_000, random_state=0, fit_intercept=False, **extra, **params)
+
+
+def _sklearn_gp(kernel_name: str, sigma, s2: float, alpha: float, X, y):
+    base = RBF(sigma, "fixed") if kernel_name == "gaussian" else Matern(sigma, "fixed", nu=1.5)
+    return GaussianProcessRegressor(ConstantKernel(s2, "fixed") * base, alpha=alpha, optimizer=None).fit(X, y)
+
+
+@pytest.mark.parametrize("cls", [ExactKernelRidge, NystromRegressor, FalkonRegressor])
+@pytest.mark.parametrize("kernel_name", ["gaussian", "matern"])
+def test_every_point_a_center_equals_sklearn_gaussian_process(cls, kernel_name):
+    X, y, Xt = _data()
+    n = len(X)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # n_centers clamped to n
+        model = _all_centers(cls, kernel=kernel_name, sigma=0.8, penalty=PENALTY, standardize=False,
+                             compute_std=True).fit(X, y)
+    mean, std = model.predict(Xt, return_std=True)
+    s2 = float(model.posterior_.prior_variance[0])
+    # s^2 is the maximum-likelihood prior variance given the ratio noise / prior = penalty * n.
+    K = make_kernel(kernel_name, sigma=0.8)(X, X)
+    assert s2 == pytest.approx(y @ np.linalg.solve(K + PENALTY * n * np.eye(n), y) / n, rel=1e-8)
+    gp = _sklearn_gp(kernel_name, 0.8, s2, alpha=s2 * PENALTY * n, X=X, y=y)
+    gp_mean, gp_std = gp.predict(Xt, return_std=True)
+    np.testing.assert_allclose(std, gp_std, rtol=1e-6)
+    np.testing.assert_allclose(mean, gp_mean, rtol=1e-6, atol=1e-8)
+    np.testing.assert_allclose(model.posterior_.noise_variance, s2 * PENALTY * n)
+
+
+def test_standardized_model_is_the_gp_on_centred_targets_and_scaled_features():
+    X, y, Xt = _data(1)
+    X = X * [3.0, 0.5] + [10.0, -4.0]
+    Xt = Xt * [3.0, 0.5] + [10.0, -4.0]
+    n = len(X)
+    model = ExactKernelRidge(sigma=0.9, penalty=PENALTY, compute_std=True).fit(X, y)
+    mean, std = model.predict(Xt, return_std=True)
+    Xs, Xts = model.scaler_.transform(X), model.scaler_.transform(Xt)
+    s2 = float(model.posterior_.prior_variance[0])
+    gp = _sklearn_gp("gaussian", 0.9, s2, s2 * PENALTY * n, Xs, y - y.mean())  # normalize_y=False, y centred
+    gp_mean, gp_std = gp.predict(Xts, return_std=True)
+    np.testing.assert_allclose(std, gp_std, rtol=1e-6)
+    np.testing.assert_allclose(mean, gp_mean + y.mean(), rtol=1e-6)
+    # The std is in the units of y: scaling y by c scales it by c.
+    scaled = ExactKernelRidge(sigma=0.9, penalty=PENALTY, compute_std=True).fit(X, 1000 * y)
+    np.testing.assert_allclose(scaled.predict(Xt, return_std=True)[1], 1000 * std, rtol=1e-9)
+
+
+def _dense_dtc_std(kernel, X, y, Z, Xt, penalty, intercept):
+    """The DTC posterior std with a flat-prior intercept or none, by dense linear algebra (independent
+    of the library's factorisation): the posterior of (w, b) in ``y = K_nM w + b + e``, ``w ~ N(0, K_MM^-1)``."""
+    n = len(X)
+    s = penalty * n  # noise / prior variance
+    Knm, Kmm, Ktm = kernel(X, Z), kernel(Z, Z), kernel(Xt, Z)
+    F = np.c_[Knm, np.ones(n)] if intercept else Knm
+    P = np.zeros((F.shape[1], F.shape[1]))
+    P[: len(Z), : len(Z)] = Kmm
+    H = F.T @ F + s * P  # s x posterior precision of (w, b) for unit prior variance
+    theta = np.linalg.solve(H, F.T @ y)
+    s2 = (y @ y - (F.T @ y) @ theta) / (s * n)  # y^T (Q + s I)^{-1} y / n, b profiled out
+    Ft = np.c_[Ktm, np.ones(len(Xt))] if intercept else Ktm
+    nystrom_residual = 1.0 - np.einsum("ij,ji->i", Ktm, np.linalg.solve(Kmm, Ktm.T))
+    v = nystrom_residual + s * np.einsum("ij,ji->i", Ft, np.linalg.solve(H, Ft.T))
+    return Ft @ theta, np.sqrt(s2 * v)
+
+
+@pytest.mark.parametrize("cls, strategy, sampler", [
+    (NystromRegressor, "auto", "uniform"), (FalkonRegressor, "recompute", "uniform"),
+    (FalkonRegressor, "gram", "uniform"), (NystromRegressor, "auto", "rls"),  # rls: weighted centers
+])
+@pytest.mark.parametrize("intercept", [False, True])
+def test_fewer_centers_match_the_dense_dtc_formula(cls, strategy, sampler, intercept):
+    X, y, Xt = _data(2, n=300)
+    extra = {"tol": 1e-10, "max_iter": 300} if cls is FalkonRegressor else {}
+    model = cls(n_centers=60, sigma=0.7, penalty=PENALTY, standardize=False, fit_intercept=intercept,
+                strategy=strategy, sampler=sampler, compute_std=True, random_state=0, **extra).fit(X, y)
+    mean, std = model.predict(Xt, return_std=True)
+    ref_mean, ref_std = _dense_dtc_std(model.kernel_, X, y, model.centers_, Xt, PENALTY, intercept)
+    np.testing.assert_allclose(mean, ref_mean, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(std, ref_std, rtol=1e-6)
+    # Far from the data the std is the prior's (plus the intercept's uncertainty), above all others.
+    far = model.predict(np.full((1, 2), 50.0), return_std=True)[1][0]
+    prior = np.sqrt(model.posterior_.prior_variance[0])
+    assert far > std.max() and (far > prior if intercept else far == pytest.approx(prior, rel=1e-12))
+
+
+def _gp_sample(seed: int, n: int, n_test: int, ell: float, s2: float, noise: float):
+    rng = np.random.default_rng(seed)
+    X = rng.uniform(0, 1, size=(n + n_test, 2))
+    K = s2 * make_kernel("gaussian", sigma=ell)(X, X) + 1e-8 * np.eye(n + n_test)
+    f = np.linalg.cholesky(K) @ rng.normal(size=n + n_test)
+    y = f + noise * rng.normal(size=n + n_test)
+    return X[:n], y[:n], X[n:], y[n:], f[n:]
+
+
+@pytest.mark.parametrize("make", [
+    lambda pen: ExactKernelRidge(sigma=0.15, penalty=pen, standardize=False, compute_std=True),
+    lambda pen: NystromRegressor(n_centers=100, sigma=0.15, penalty=pen, standardize=False, fit_intercept=False,
+                                 compute_std=True, random_state=0),
+], ids=["exact", "nystrom"])
+def test_95_percent_intervals_cover_95_percent_of_held_out_gp_data(make):
+    """Data from the model's own GP (prior variance 2, noise 0.3^2, penalty = their ratio / n)."""
+    n, n_test, noise, s2 = 300, 100, 0.3, 2.0
+    covered_y, covered_f = [], []
+    for seed in range(20):
+        X, y, Xt, yt, ft = _gp_sample(seed, n, n_test, 0.15, s2, noise)
+        model = make(noise**2 / (s2 * n)).fit(X, y)
+        mean, std = model.predict(Xt, return_std=True)
+        new_y = np.sqrt(std**2 + model.posterior_.noise_variance[0])  # a new observation adds the noise
+        covered_y.append(np.mean(np.abs(yt - mean) <= 1.96 * new_y))
+        covered_f.append(np.mean(np.abs(ft - mean) <= 1.96 * std))
+    assert 0.93 <= np.mean(covered_y) <= 0.97
+    assert 0.93 <= np.mean(covered_f) <= 0.97
+
+
+def test_dask_input_gives_lazy_std_equal_to_numpy_and_multi_output_shares_the_shape():
+    X, y, Xt = _data(3, n=200)
+    Y = np.c_[y, 10 * np.cos(X[:, 0])]
+    model = FalkonRegressor(n_centers=40, sigma=0.8, compute_std=True, random_state=0).fit(X, Y)
+    mean, std = model.predict(Xt, return_std=True)
+    assert mean.shape == std.shape == (len(Xt), 2)
+    # One unit variance per row, scaled per target by its prior variance.
+    ratio = std[:, 1] / std[:, 0]
+    np.testing.assert_allclose(ratio, np.sqrt(model.posterior_.prior_variance[1] / model.posterior_.prior_variance[0]))
+    lazy_mean, lazy_std = model.predict(da.from_array(Xt, chunks=17), return_std=True)
+    assert isinstance(lazy_mean, da.Array) and isinstance(lazy_std, da.Array)
+    np.testing.assert_allclose(lazy_std.compute(), std, rtol=1e-12)
+    np.testing.assert_allclose(lazy_mean.compute(), mean, rtol=1e-12)
+    np.testing.assert_allclose(mean, model.predict(Xt), rtol=1e-12)
+
+
+def test_saved_model_keeps_its_posterior_and_refit_without_compute_std_drops_it(tmp_path):
+    X, y, Xt = _data(4)
+    for model in (NystromRegressor(n_centers=30, sigma=[0.5, 2.0], compute_std=True, random_state=0),
+                  ExactKernelRidge(compute_std=True)):
+        model.fit(X, y)
+        loaded = load_model(model.save(tmp_path / type(model).__name__))
+        for a, b in zip(loaded.predict(Xt, return_std=True), model.predict(Xt, return_std=True)):
+            np.testing.assert_array_equal(a, b)
+    model.set_params(compute_std=False).fit(X, y)
+    assert model.posterior_ is None
+    with pytest.raises(ValueError, match="fitted without compute_std=True"):
+        model.predict(Xt, return_std=True)
+    loaded = load_model(model.save(tmp_path / "plain"))
+    assert loaded.posterior_ is None
+
+
+def test_classifier_decision_function_has_a_std():
+    X, y, Xt = _data(5)
+    labels = (y > np.median(y)).astype(int)
+    model = FalkonClassifier(n_centers=30, compute_std=True, random_state=0).fit(X, labels)
+    score, std = model.decision_function(Xt, return_std=True)
+    assert score.shape == std.shape == (len(Xt),)
+    assert np.all(std > 0)
+    np.testing.assert_allclose(score, model.decision_function(Xt))
