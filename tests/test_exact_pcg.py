@@ -102,6 +102,7 @@ def test_adaptive_s_doubles_and_reports_the_probe(data):
     make_kernel("gaussian", sigma=1.5), make_kernel("laplacian", sigma=3.0),
     make_kernel("matern", sigma=1.5, nu=1.5), make_kernel("matern", sigma=1.5, nu=0.5),
     make_kernel("polynomial", degree=2, gamma=0.1, coef0=1.0),
+    make_kernel("gaussian", sigma=(1.0, 2.0, 0.5, 1.5, 1.0, 3.0)),  # ARD: one length scale per feature
 ])
 def test_random_features_are_unbiased_with_error_one_over_sqrt_s(kernel):
     X = np.random.default_rng(3).normal(size=(30, 6)) * 0.7

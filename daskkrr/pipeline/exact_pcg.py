@@ -109,9 +109,12 @@ def pcg_guard(ctx: FitContext, n: int, d: int) -> None:
 
 def choose_solver(params: Any, n: int, d: int, executor: Executor | None = None) -> str:
     """``"direct"`` or ``"pcg"`` for ``solver="auto"``: direct up to :data:`AUTO_DIRECT_MAX` rows
-    when its ``n x n`` matrices fit in memory (the guard accepts them), PCG beyond."""
+    when its ``n x n`` matrices fit in memory (the guard accepts them), PCG beyond; always direct
+    with ``compute_std`` (its guard then decides)."""
     if params.solver != "auto":
         return str(params.solver)
+    if getattr(params, "compute_std", False):
+        return "direct"  # the predictive std needs the factor of the direct solve
     if n > min(AUTO_DIRECT_MAX, int(params.max_samples)):
         return "pcg"
     try:
