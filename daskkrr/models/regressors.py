@@ -543,7 +543,7 @@ class ExactKernelRidge(_RegressorMixin, KernelModelBase):
                 "'auto', which factors directly when compute_std=True) for predictive standard deviations",
                 parameter="compute_std")
         if self.preconditioner == "random_features":
-            check_preconditioner(self._make_kernel(1), self.preconditioner)
+            check_preconditioner(self._make_kernel(None), self.preconditioner)
         if self.srht_features is not None:
             if self.preconditioner != "random_features":
                 raise ParameterError(
