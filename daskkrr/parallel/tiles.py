@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import uuid
 from typing import Any
 
@@ -563,8 +562,3 @@ def rechunk_rows(X: da.Array, rows: int) -> da.Array:
     if X.ndim == 2:
         return X.rechunk({0: rows, 1: -1}, method="tasks")
     return X.rechunk({0: rows}, method="tasks")
-
-
-def blocks_of(n: int, rows: int) -> int:
-    """Number of tile blocks at ``n`` rows."""
-    return math.ceil(n / max(1, rows))
