@@ -101,30 +101,36 @@ PREDICT_OUTPUTS = ("label", "decision", "proba")
 _FLAG_ALIASES = {"n_centers": ("--centers",), "random_state": ("--seed",)}
 
 
-def _add_model_flags(p: argparse.ArgumentParser) -> None:
+def _add_model_flags(p: argparse.ArgumentParser, classes: dict[str, type] | None = None) -> None:
     """``--estimator`` and one flag per estimator parameter, all from the registry and its schema.
 
     Flags not given stay out of the namespace (default SUPPRESS), so the config
-    file's or the estimator's value holds; see :func:`_model_overrides`.
+    file's or the estimator's value holds; see :func:`_model_overrides`. With
+    ``classes`` (``daskkrr embed`` / ``cluster``) the flags of those classes, without ``--estimator``.
     """
     from daskkrr.models.registry import ESTIMATORS
     from daskkrr.models.schema import union_specs
 
+    registry = ESTIMATORS if classes is None else classes
     group = p.add_argument_group("model", "estimator parameters; a flag given here overrides --config")
-    group.add_argument("--estimator", choices=sorted(ESTIMATORS), default=None,
-                       help="estimator (default: the config's, else falkon)")
-    for name, (spec, defaults) in union_specs(ESTIMATORS).items():
+    if classes is None:
+        group.add_argument("--estimator", choices=sorted(ESTIMATORS), default=None,
+                           help="estimator (default: the config's, else falkon)")
+    for name, (spec, defaults) in union_specs(registry).items():
         flags = (spec.flag, *_FLAG_ALIASES.get(name, ()))
         shown = {repr(v) for v in defaults.values()}
         default = (f"default: {defaults[next(iter(defaults))]!r}" if len(shown) == 1 else
                    "default: " + ", ".join(f"{k} {v!r}" for k, v in defaults.items()))
-        only = "" if len(defaults) == len(ESTIMATORS) else f"; {', '.join(defaults)} only"
+        only = "" if len(defaults) == len(registry) else f"; {', '.join(defaults)} only"
         help_text = f"{spec.help} ({default}{only})".replace("%", "%%")
         kwargs: dict[str, Any] = {"dest": name, "default": argparse.SUPPRESS, "help": help_text}
         if spec.types == (bool,) and not spec.nullable:
             group.add_argument(*flags, action=argparse.BooleanOptionalAction, **kwargs)
-        elif spec.types == (dict,):
-            group.add_argument(*flags, action=_KeyValueAction, metavar="KEY=VALUE[,KEY=VALUE]", nullable=spec.nullable,
+        elif spec.types == (dict,) or (dict in spec.types and spec.options):  # class_weight: "balanced" too
+            plain = spec if len(spec.types) > 1 else None
+            metavar = "|".join(([_metavar(spec).removesuffix("|none")] if plain else []) + ["KEY=VALUE[,KEY=VALUE]"]
+                               + (["none"] if spec.nullable else []))
+            group.add_argument(*flags, action=_KeyValueAction, metavar=metavar, nullable=spec.nullable, plain=plain,
                                **kwargs)
         else:
             group.add_argument(*flags, type=_flag_parser(spec), metavar=_metavar(spec), **kwargs)
@@ -162,16 +168,27 @@ def _scalar(text: str) -> Any:
 
 
 class _KeyValueAction(argparse.Action):
-    """``--kernel-params nu=1.5,degree=2`` (repeatable) -> ``{"nu": 1.5, "degree": 2}``; ``none`` -> None."""
+    """``--kernel-params nu=1.5,degree=2`` (repeatable) -> ``{"nu": 1.5, "degree": 2}``; ``none`` -> None.
 
-    def __init__(self, *args: Any, nullable: bool = False, **kwargs: Any):
+    With ``plain`` (the parameter's spec), a value without ``=`` is read as the
+    parameter's other values (``--class-weight balanced``).
+    """
+
+    def __init__(self, *args: Any, nullable: bool = False, plain: Any = None, **kwargs: Any):
         self.nullable = nullable
+        self.plain = plain
         super().__init__(*args, **kwargs)
 
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
                  option_string: str | None = None) -> None:
         if self.nullable and values.strip().lower() == "none":
             setattr(namespace, self.dest, None)
+            return
+        if self.plain is not None and "=" not in values:
+            try:
+                setattr(namespace, self.dest, self.plain.parse_text(values))
+            except ValueError as exc:
+                parser.error(f"argument {option_string}: {exc}")
             return
         current = dict(getattr(namespace, self.dest, None) or {})
         for item in filter(None, (part.strip() for part in values.split(","))):
@@ -182,12 +199,13 @@ class _KeyValueAction(argparse.Action):
         setattr(namespace, self.dest, current)
 
 
-def _model_overrides(args: argparse.Namespace) -> dict[str, Any]:
+def _model_overrides(args: argparse.Namespace, classes: dict[str, type] | None = None) -> dict[str, Any]:
     """Estimator parameters given as flags (those not given are absent)."""
     from daskkrr.models.registry import ESTIMATORS
     from daskkrr.models.schema import union_specs
 
-    return {name: getattr(args, name) for name in union_specs(ESTIMATORS) if hasattr(args, name)}
+    registry = ESTIMATORS if classes is None else classes
+    return {name: getattr(args, name) for name in union_specs(registry) if hasattr(args, name)}
 
 
 def _flag_of(name: str) -> str:
@@ -229,6 +247,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--data", required=True, help="Zarr store with arrays X and y")
     p.add_argument("--out", required=True, help="model directory to write")
     p.add_argument("--config", default=None, help="TOML file with a [model] table (default: none)")
+    p.add_argument("--sample-weight", dest="sample_weight", metavar="VAR", default=None,
+                   help="array of the store holding one weight per row (default: no weights)")
     _add_model_flags(p)
     p.add_argument("--overwrite", action="store_true", help="replace an existing model directory")
     p.add_argument("--checkpoint", metavar="DIR", default=None,
@@ -258,6 +278,28 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--data", required=True, help="Zarr store with arrays X and y")
     _add_scheduler(p)
 
+    from daskkrr.models.registry import UNSUPERVISED
+
+    for name, help_text, out_help in (
+        ("embed", "Nystrom kernel PCA of a Zarr store's X, written to a Zarr store",
+         "Zarr store to write: array 'X' (the components) and the input's 'y', if it has one"),
+        ("cluster", "Nystrom kernel k-means of a Zarr store's X; the labels written to a Zarr store",
+         "Zarr store to write: array 'labels'"),
+    ):
+        kind = "kpca" if name == "embed" else "kmeans"
+        p = command(name, help_text)
+        p.add_argument("--data", required=True, help="Zarr store with array X")
+        p.add_argument("--out", required=True, help=out_help)
+        p.add_argument("--model", default=None, metavar="DIR",
+                       help="use this saved model instead of fitting one (default: fit on --data)")
+        p.add_argument("--save-model", dest="save_model", default=None, metavar="DIR",
+                       help="also save the fitted model to DIR (default: not saved)")
+        _add_model_flags(p, {kind: UNSUPERVISED[kind]})
+        p.add_argument("--overwrite", action="store_true", help="replace existing outputs")
+        p.add_argument("--no-progress", dest="progress", action="store_false",
+                       help="no progress bar on stderr (default: a bar)")
+        _add_scheduler(p)
+
     p = command("quickstart", "generate data, fit on a local cluster, print the test error")
     p.add_argument("--n", type=_positive_int, default=100_000, help="rows of synthetic data")
     p.add_argument("--d", type=_positive_int, default=8, help="features")
@@ -273,6 +315,36 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--runs-dir", default=None, help="where run directories go (default: the file's runs_dir)")
     p.add_argument("--no-progress", dest="progress", action="store_false",
                    help="no progress bars on stderr (default: bars)")
+    _add_scheduler(p)
+
+    p = command("tune", "tune sigma/penalty/n_centers by batched BKB; save the best model and the history")
+    p.add_argument("--data", required=True, help="Zarr store with arrays X and y, or a CSV/TSV table (with --target)")
+    p.add_argument("--target", default=None, help="target column of a CSV/TSV --data (default: none)")
+    p.add_argument("--out", required=True, help="model directory to write (the best candidate refitted on all data)")
+    p.add_argument("--history", default=None, metavar="FILE",
+                   help="search history, CSV or .json (default: OUT.history.csv next to --out)")
+    p.add_argument("--config", default=None, help="TOML file with a [model] table (default: none)")
+    _add_model_flags(p)
+    space = p.add_argument_group("search", "the tuning space (log-uniform) and budget")
+    space.add_argument("--sigma-range", nargs=2, type=float, metavar=("LOW", "HIGH"), default=None,
+                       help="sigma range (default: sqrt(d)/10 to 10 sqrt(d))")
+    space.add_argument("--penalty-range", nargs=2, type=float, metavar=("LOW", "HIGH"), default=None,
+                       help="penalty range (default: 1e-8 to 1e-1)")
+    space.add_argument("--centers-range", nargs=2, type=_positive_int, metavar=("LOW", "HIGH"), default=None,
+                       help="n_centers range (default: n_centers not tuned)")
+    space.add_argument("--ard", action="store_true", help="one sigma per feature (the estimator must accept it)")
+    space.add_argument("--candidates", type=_positive_int, default=256, help="candidates drawn in the space")
+    space.add_argument("--budget-fits", type=_positive_int, default=40, help="model fits at most")
+    space.add_argument("--budget-seconds", type=float, default=None,
+                       help="no new batch of fits after this many seconds (default: no limit)")
+    space.add_argument("--round-size", type=_positive_int, default=None,
+                       help="candidates fitted in parallel per round, BKBSearchCV's batch_size (default: the "
+                            "cluster's slots per split)")
+    space.add_argument("--cv", type=_scalar, default=0.25,
+                       help="validation fraction of one holdout split (0 < f < 1), or K >= 2 folds")
+    space.add_argument("--scoring", default=None, help="scikit-learn scoring name (default: the estimator's score)")
+    space.add_argument("--search-seed", type=int, default=0, help="seeds the candidates, splits and bandit")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing model directory and history")
     _add_scheduler(p)
     return parser
 
@@ -313,6 +385,13 @@ def _cmd_fit(args: argparse.Namespace) -> None:
     model = _build_from_flags(config, _model_overrides(args), verbose=bool(args.verbose))
     fit_kwargs = _checkpoint_kwargs(args, model)
     _check_before_start(model, args.data)
+    if args.sample_weight is not None:
+        import inspect
+
+        if "sample_weight" not in inspect.signature(model.fit).parameters:
+            raise UsageError(f"--sample-weight: {type(model).__name__} takes no sample weights")
+        _check_weight_variable(args.data, args.sample_weight)
+        fit_kwargs["sample_weight"] = args.sample_weight
     with cluster_client(args.scheduler, n_workers=args.workers) as client:  # the fit's current client
         t0 = time.perf_counter()
         with _fit_progress(args, client):
@@ -321,6 +400,42 @@ def _cmd_fit(args: argparse.Namespace) -> None:
     print(f"fitted {type(model).__name__} with {model.centers_.shape[0]} centers in "
           f"{time.perf_counter() - t0:.1f}s ({model.n_iter_} CG iterations, {convergence_note(model)}); "
           f"wrote {args.out}")
+
+
+def _cmd_tune(args: argparse.Namespace) -> None:
+    from daskkrr.config import read_config
+    from daskkrr.parallel import cluster_client
+    from daskkrr.tune import BKBSearchCV
+    from daskkrr.tune.outputs import read_training_data, write_history
+    from daskkrr.utils.atomic import check_destination
+
+    history = args.history or f"{str(args.out).rstrip('/')}.history.csv"
+    check_destination(args.out, args.overwrite)  # fail before the work, not after
+    check_destination(history, args.overwrite)
+    if args.budget_seconds is not None and not args.budget_seconds > 0:
+        raise UsageError(f"--budget-seconds must be > 0; got {args.budget_seconds!r}")
+    config = read_config(args.config) if args.config else {}
+    if args.estimator:
+        config["estimator"] = args.estimator
+    model = _build_from_flags(config, _model_overrides(args), verbose=bool(args.verbose))
+    space = {name: tuple(r) for name, r in (("sigma", args.sigma_range), ("penalty", args.penalty_range),
+                                           ("n_centers", args.centers_range)) if r is not None}
+    X, y = read_training_data(args.data, args.target)
+    search = BKBSearchCV(model, space or None, n_candidates=args.candidates, budget_fits=args.budget_fits,
+                         budget_seconds=args.budget_seconds, batch_size=args.round_size, cv=args.cv,
+                         scoring=args.scoring, ard=args.ard, random_state=args.search_seed)
+    if search.param_space is not None and search.ard and "sigma" not in space:
+        raise UsageError("--ard tunes sigma per feature: give --sigma-range")
+    with cluster_client(args.scheduler, n_workers=args.workers):  # the fits' cluster
+        t0 = time.perf_counter()
+        search.fit(X, y)
+        search.best_estimator_.save(args.out, overwrite=args.overwrite)
+    write_history(search.history_, history)
+    best = ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in search.best_params_.items()
+                     if not hasattr(v, "__len__"))
+    print(f"tuned {type(model).__name__} in {time.perf_counter() - t0:.1f}s: {search.n_fits_} fits "
+          f"({search.stop_reason_}), best validation score {search.best_score_:.4g} with {best or 'ARD sigma'}; "
+          f"wrote {args.out} and {history}")
 
 
 def convergence_note(model: Any) -> str:
@@ -372,8 +487,26 @@ def _progress_bar(args: argparse.Namespace) -> bool:
 
 
 def _cmd_run(args: argparse.Namespace) -> None:
-    from daskkrr.workflow import run_workflow
+    import tomllib
 
+    from daskkrr.workflow import run_workflow
+    from daskkrr.workflow.unsupervised import is_unsupervised, run_unsupervised_workflow
+
+    try:
+        with open(args.workflow, "rb") as fh:
+            unsupervised = is_unsupervised(tomllib.load(fh))
+    except (OSError, tomllib.TOMLDecodeError):
+        unsupervised = False  # run_workflow reports the problem
+    if unsupervised:
+        done = run_unsupervised_workflow(args.workflow, overrides=args.overrides, runs_dir=args.runs_dir,
+                                         scheduler=args.scheduler, n_workers=args.workers,
+                                         progress=_progress_bar(args))
+        parts = [f"{name}: " + ", ".join(f"{k} {v:.4g}" for k, v in done.metrics[name].items()
+                                         if k in ("inertia", "ari", "nmi", "seconds") and isinstance(v, float))
+                 for name in ("kpca", "kmeans") if name in done.metrics]
+        print(f"run {done.run_id} succeeded in {done.metrics.get('seconds', 0):.1f}s ({'; '.join(parts)}); "
+              f"wrote {done.run_dir}")
+        return
     result = run_workflow(args.workflow, overrides=args.overrides, runs_dir=args.runs_dir,
                           scheduler=args.scheduler, n_workers=args.workers,
                           progress=_progress_bar(args))
@@ -393,6 +526,17 @@ def _check_before_start(model: Any, data: str, features_only: bool = False) -> N
     X, _ = open_dataset(data, y=None if features_only else "y")  # reads metadata only
     if features_only:
         model._check_n_features(X.shape)
+
+
+def _check_weight_variable(data: str, name: str) -> None:
+    """Refuse a --sample-weight array the store lacks, or of another length, before a cluster is started."""
+    from daskkrr.data import open_dataset
+
+    X, w = open_dataset(data, y=name)  # metadata only; a missing name lists the store's arrays
+    if w is None or w.ndim != 1 or w.shape[0] != X.shape[0]:
+        shape = None if w is None else tuple(w.shape)
+        raise UsageError(f"--sample-weight {name}: the array must hold one weight per row of X ({X.shape[0]}); "
+                         f"it has shape {shape}")
 
 
 def _checkpoint_kwargs(args: argparse.Namespace, model: Any) -> dict[str, Any]:
@@ -472,6 +616,56 @@ def score_metrics(model: Any, X: Any, y: Any) -> dict[str, Any]:
     return out
 
 
+def _cmd_unsupervised(args: argparse.Namespace) -> None:
+    """``daskkrr embed`` (kernel PCA -> array 'X') and ``daskkrr cluster`` (k-means -> array 'labels')."""
+    from daskkrr.data import open_dataset, write_array_zarr, write_zarr
+    from daskkrr.models.loading import load_model
+    from daskkrr.models.registry import UNSUPERVISED
+    from daskkrr.parallel import cluster_client
+    from daskkrr.utils.atomic import check_destination
+
+    cls = UNSUPERVISED["kpca" if args.command == "embed" else "kmeans"]
+    check_destination(args.out, args.overwrite)  # fail before the work, not after
+    if args.save_model:
+        check_destination(args.save_model, args.overwrite)
+    flags = _model_overrides(args, {"model": cls})
+    if args.model:
+        if flags:
+            raise UsageError(f"--model uses a saved model; drop {', '.join(_flag_of(k) for k in flags)}")
+        model = load_model(args.model)
+        if not isinstance(model, cls):
+            raise UsageError(f"--model {args.model} holds a {type(model).__name__}; 'daskkrr {args.command}' "
+                             f"needs a {cls.__name__}")
+    else:
+        model = cls(**flags, **({"verbose": True} if args.verbose else {}))
+        model._validate_params()  # bad flags refused before a cluster starts
+    X, y = open_dataset(args.data, y="y")  # metadata only; y None if the store has none
+    if args.model:
+        model._check_n_features(X.shape)
+    else:
+        model._check_data_size(int(X.shape[0]))  # n_clusters > n: refused before a cluster starts
+    with cluster_client(args.scheduler, n_workers=args.workers) as client:
+        t0 = time.perf_counter()
+        if not args.model:
+            with _fit_progress(args, client):
+                model.fit(args.data)
+        if args.command == "embed":
+            out = model.transform(args.data)
+            write_zarr(out, y, args.out, overwrite=args.overwrite)
+            what = f"{out.shape[0]} rows x {out.shape[1]} components (array 'X')" + (
+                " and the target (array 'y')" if y is not None else "")
+        else:
+            out = model.predict(args.data) if args.model else model.labels_
+            write_array_zarr(out, args.out, name="labels", overwrite=args.overwrite)
+            what = f"{out.shape[0]} labels of {model.n_clusters} clusters (array 'labels')"
+        if args.save_model:
+            model.save(args.save_model, overwrite=args.overwrite)
+    note = "" if args.model else f" (fit with {model.n_centers_} centers"
+    if not args.model:
+        note += f", {model.n_iter_} Lloyd iterations)" if args.command == "cluster" else ")"
+    print(f"wrote {args.out}: {what} in {time.perf_counter() - t0:.1f}s{note}")
+
+
 def _cmd_quickstart(args: argparse.Namespace) -> None:
     from daskkrr.progress import ProgressBar, report
     from daskkrr.quickstart import run_quickstart
@@ -489,6 +683,9 @@ _COMMANDS = {
     "score": _cmd_score,
     "quickstart": _cmd_quickstart,
     "run": _cmd_run,
+    "tune": _cmd_tune,
+    "embed": _cmd_unsupervised,
+    "cluster": _cmd_unsupervised,
 }
 
 

@@ -75,7 +75,7 @@ USAGE_ERRORS = [
     (["fit", "--data", "{store}", "--out", "{tmp}/m", "--penalty", "0"],
      "--penalty 0.0: penalty must be a float in the range (0.0, inf)"),
     (["fit", "--data", "{store}", "--out", "{tmp}/m", "--sigma", "-1"],
-     "--sigma -1.0: sigma must be a float in the range (0.0, inf) or None"),
+     "--sigma -1.0: sigma must be a float in the range (0.0, inf), an array-like or None"),
     (["fit", "--data", "{store}", "--out", "{tmp}/m", "--centers", "0"],
      "--n-centers 0: n_centers must be an int in the range [1, inf)"),
     (["fit", "--data", "{store}", "--out", "{tmp}/m", "--resume"], "--resume needs --checkpoint DIR"),

@@ -252,30 +252,20 @@ def test_auto_picks_direct_for_small_n_and_pcg_beyond(data, monkeypatch):
     assert model.solver_ == "pcg" and model.converged_
 
 
-def test_sample_weights_equal_duplicated_rows_when_the_context_has_them(data, monkeypatch):
-    """Integer weights == duplicated rows, through the weights helper's ``ctx.sample_weight``."""
-    import dask.array as da
-
-    import daskkrr.pipeline.exact_pcg as exact_pcg
-
+def test_sample_weights_equal_duplicated_rows(data):
+    """Integer weights == duplicated rows (the symmetric form ``W^1/2 K W^1/2``), zero weights allowed."""
     X, y = data[0][:400], data[1][:400]
-    w = np.random.default_rng(8).integers(1, 4, size=400).astype(float)
-    real = exact_pcg.tile_operator
-
-    def weighted(ctx):
-        ctx.sample_weight = da.from_array(w, chunks=ctx.X.chunks[0])
-        ctx.weight_sum = float(w.sum())
-        real(ctx)
-
-    monkeypatch.setattr(exact_pcg, "tile_operator", weighted)
+    w = np.random.default_rng(8).integers(0, 4, size=400).astype(float)
     params = dict(kernel="gaussian", sigma=SIGMA, penalty=1e-4, solver="pcg", tol=1e-12, n_features=100,
-                  standardize=False, random_state=0)
-    model = ExactKernelRidge(**params).fit(X, y)
-    monkeypatch.setattr(exact_pcg, "tile_operator", real)
+                  random_state=0)
+    model = ExactKernelRidge(**params).fit(X, y, sample_weight=w)
     rows = np.repeat(np.arange(400), w.astype(int))
     dup = ExactKernelRidge(**params).fit(X[rows], y[rows])
     Xt = np.random.default_rng(9).normal(size=(30, D))
     assert _rel(model.predict(Xt), dup.predict(Xt)) <= 1e-7
+    assert np.all(model.coef_[w == 0] == 0)
+    direct = ExactKernelRidge(**{**params, "solver": "direct"}).fit(X, y, sample_weight=w)
+    assert _rel(model.predict(Xt), direct.predict(Xt)) <= 1e-8
 
 
 def test_pcg_model_saves_and_loads(data, tmp_path):

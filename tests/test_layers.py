@@ -163,7 +163,7 @@ DISTRIBUTED_ALLOWED = (
 )
 
 #: The numerical layers: plain numpy/numba on in-memory blocks, no dask at all.
-DASK_FREE = ("kernels/", "solvers/", "utils/")
+DASK_FREE = ("kernels/", "solvers/", "utils/", "bandits/")
 
 
 def _imports_of(path: Path, top: str) -> list[str]:

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from sklearn.utils.estimator_checks import parametrize_with_checks
 
-from daskkrr.models.registry import ESTIMATORS
+from daskkrr.models.registry import ESTIMATORS, UNSUPERVISED
 
 #: Small settings, for the parameters each class takes.
 SMALL = {"n_centers": 20, "max_iter": 10, "random_state": 0}
@@ -27,8 +27,30 @@ def small(cls: type) -> Any:
     return cls(**{name: value for name, value in SMALL.items() if name in accepted})
 
 
-@parametrize_with_checks([small(cls) for cls in ESTIMATORS.values()])
+#: Checks an estimator cannot pass by construction, with the reason (scikit-learn >= 1.6 has no
+#: estimator tag for this: parametrize_with_checks takes them).
+WEIGHT_EQUIVALENCE_REASON = (
+    "fits with integer sample_weight and with repeated rows draw different Nystrom centers (rows drawn in "
+    "proportion to their weights are not the rows drawn from the repeated data, where a row can be drawn "
+    "twice) and CG stops at tol, so the two models agree to about tol, not to 1e-7; "
+    "tests/test_sample_weight.py checks the equivalence to 1e-8 with the same centers for every estimator"
+)
+
+
+def expected_failures(estimator: Any) -> dict[str, str]:
+    """The checks that ``estimator`` is expected to fail, with the reason."""
+    if "max_iter" in estimator.get_params():  # an iterative solver on sampled centers
+        return {"check_sample_weight_equivalence_on_dense_data": WEIGHT_EQUIVALENCE_REASON}
+    return {}
+
+
+@parametrize_with_checks([small(cls) for cls in ESTIMATORS.values()], expected_failed_checks=expected_failures)
 def test_sklearn_compatible(estimator, check):
+    check(estimator)
+
+
+@parametrize_with_checks([small(cls) for cls in UNSUPERVISED.values()])
+def test_sklearn_compatible_unsupervised(estimator, check):
     check(estimator)
 
 

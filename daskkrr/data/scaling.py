@@ -12,6 +12,12 @@ et al.'s parallel update::
 
 so the whole fit (features, target mean and finiteness checks) is a single
 dask computation whose intermediate results are of size ``d``, never ``n``.
+
+With per-row weights ``w`` the counts become sums of weights (``n_a = sum w``),
+the means weighted means and ``M2 = sum w (x - mean)^2``: the same merge then
+gives the statistics of the data with each row repeated ``w`` times (integer
+weights), as scikit-learn's ``StandardScaler(sample_weight=...)``. The weights are
+checked in the same pass (finite, not negative).
 """
 
 from __future__ import annotations
@@ -43,23 +49,33 @@ class Moments:
 
     Attributes
     ----------
-    count : int
-        Number of rows.
+    count : float
+        Number of rows, or the sum of their weights.
     mean : ndarray of shape (d,), float64
     m2 : ndarray of shape (d,), float64
         ``sum((x - mean) ** 2)`` per column.
     """
 
-    count: int
+    count: float
     mean: np.ndarray
     m2: np.ndarray
 
     @classmethod
-    def of(cls, block: np.ndarray) -> Moments:
-        """Moments of a 2-D block (rows, d), computed in float64 with two passes."""
+    def of(cls, block: np.ndarray, weights: np.ndarray | None = None) -> Moments:
+        """Moments of a 2-D block (rows, d), computed in float64 with two passes.
+
+        With ``weights`` (rows,), the weighted moments (count = the sum of the weights).
+        """
         x = np.asarray(block, dtype=np.float64)
-        mean = x.mean(axis=0)
-        return cls(x.shape[0], mean, np.square(x - mean).sum(axis=0))
+        if weights is None:
+            mean = x.mean(axis=0)
+            return cls(x.shape[0], mean, np.square(x - mean).sum(axis=0))
+        w = np.asarray(weights, dtype=np.float64).reshape(-1)
+        total = float(w.sum())
+        if total == 0:  # rows that count for nothing (merge_moments skips them)
+            return cls(0.0, np.zeros(x.shape[1]), np.zeros(x.shape[1]))
+        mean = (w @ x) / total
+        return cls(total, mean, w @ np.square(x - mean))
 
 
 def merge_moments(a: Moments, b: Moments) -> Moments:
@@ -88,17 +104,25 @@ class BlockSummary:
     y: Moments | None
     bad_x: tuple[int, int] | None = None
     bad_y: tuple[int, int] | None = None
+    #: ``(block, row)`` of the earliest NaN, inf or negative weight.
+    bad_w: tuple[int, int] | None = None
 
 
 def summarize_block(
-    X: np.ndarray, y: np.ndarray | None, block: int, start: int
+    X: np.ndarray, y: np.ndarray | None, block: int, start: int, w: np.ndarray | None = None
 ) -> BlockSummary:
-    """Moments and finiteness of one row block starting at global row ``start``."""
+    """Moments and finiteness of one row block starting at global row ``start``.
+
+    ``w``: the rows' weights (checked: finite and not negative), or None.
+    """
     bad_x = _first_non_finite(X, block, start)
     bad_y = None if y is None else _first_non_finite(y, block, start)
-    x_moments = Moments.of(X) if bad_x is None else None
-    y_moments = Moments.of(np.reshape(y, (len(y), -1))) if y is not None and bad_y is None else None
-    return BlockSummary(x_moments, y_moments, bad_x, bad_y)
+    bad_w = None if w is None else _first_bad_weight(w, block, start)
+    if bad_w is not None:
+        w = None  # the moments are not used: the fit refuses these weights
+    x_moments = Moments.of(X, w) if bad_x is None else None
+    y_moments = Moments.of(np.reshape(y, (len(y), -1)), w) if y is not None and bad_y is None else None
+    return BlockSummary(x_moments, y_moments, bad_x, bad_y, bad_w)
 
 
 def merge_summaries(*parts: BlockSummary) -> BlockSummary:
@@ -106,13 +130,14 @@ def merge_summaries(*parts: BlockSummary) -> BlockSummary:
     x = y = None
     bad_x = min((p.bad_x for p in parts if p.bad_x is not None), default=None)
     bad_y = min((p.bad_y for p in parts if p.bad_y is not None), default=None)
+    bad_w = min((p.bad_w for p in parts if p.bad_w is not None), default=None)
     xs = [p.x for p in parts if p.x is not None]  # all of them when no block has a non-finite X
     ys = [p.y for p in parts if p.y is not None]
     if bad_x is None:
         x = _merge_all(xs)
     if bad_y is None and len(ys) == len(parts):
         y = _merge_all(ys)
-    return BlockSummary(x, y, bad_x, bad_y)
+    return BlockSummary(x, y, bad_x, bad_y, bad_w)
 
 
 def _merge_all(moments: list[Moments]) -> Moments:
@@ -120,6 +145,15 @@ def _merge_all(moments: list[Moments]) -> Moments:
     for m in moments[1:]:
         total = merge_moments(total, m)
     return total
+
+
+def _first_bad_weight(w: np.ndarray, block: int, start: int) -> tuple[int, int] | None:
+    """``(block, row)`` of the first NaN, inf or negative weight of a block, or None."""
+    w = np.asarray(w, dtype=np.float64).reshape(-1)
+    ok = np.isfinite(w) & (w >= 0)
+    if ok.all():
+        return None
+    return block, start + int(np.argmin(ok))
 
 
 def _first_non_finite(a: np.ndarray, block: int, start: int) -> tuple[int, int] | None:
@@ -158,6 +192,8 @@ class Standardizer(TransformerMixin, BaseEstimator):
         Column scales (None if ``with_std=False``).
     n_samples_ : int
         Number of rows seen by :meth:`fit`.
+    weight_sum_ : float
+        Sum of the rows' weights (``n_samples_`` when fitted without weights).
     n_features_in_ : int
         Number of columns seen by :meth:`fit`.
     y_mean_ : float, ndarray of shape (n_targets,), or None
@@ -179,7 +215,7 @@ class Standardizer(TransformerMixin, BaseEstimator):
         self.with_mean = with_mean
         self.with_std = with_std
 
-    def fit(self, X: Any, y: Any | None = None) -> Standardizer:
+    def fit(self, X: Any, y: Any | None = None, sample_weight: Any | None = None) -> Standardizer:
         """Compute column means and scales (and the target mean) in one pass.
 
         Parameters
@@ -188,6 +224,10 @@ class Standardizer(TransformerMixin, BaseEstimator):
             Features; blocks are processed independently.
         y : dask or numpy array of shape (n,) or (n, t), optional
             Target; checked for NaN/inf and averaged in the same pass.
+        sample_weight : dask or numpy array of shape (n,), optional
+            Row weights: weighted means and variances (a row of integer weight
+            ``k`` counts as ``k`` rows). Checked in the same pass: NaN, inf,
+            negative weights and weights that sum to zero are refused.
 
         Returns
         -------
@@ -196,17 +236,25 @@ class Standardizer(TransformerMixin, BaseEstimator):
         Raises
         ------
         ValueError
-            If ``X`` or ``y`` contains NaN or inf (the message names the rows).
+            If ``X`` or ``y`` contains NaN or inf, or ``sample_weight`` NaN, inf or
+            negative values (the message names the rows), or only zeros.
         """
         X, y = _prepare_inputs(X, y)
-        summary = _fit_pass(X, y)
+        w = None if sample_weight is None else _prepare_weights(sample_weight, X)
+        summary = _fit_pass(X, y, w)
         _raise_if_non_finite(summary, X.chunks[0])
         x = summary.x
         if x is None:  # X's moments are missing only for a non-finite block, which raised above
             raise RuntimeError("the statistics pass returned no moments of X")
         n = x.count
+        if not n > 0:
+            raise ValueError(
+                "sample_weight has only zero weights: no row counts in the fit; give at least one row "
+                "a weight > 0"
+            )
         var = x.m2 / n
-        self.n_samples_ = int(n)
+        self.n_samples_ = int(X.shape[0])
+        self.weight_sum_ = float(n)
         self.n_features_in_ = int(X.shape[1])
         self.mean_ = x.mean if self.with_mean else None
         self.scale_ = _scale_from_variance(var, x.mean, n) if self.with_std else None
@@ -235,12 +283,14 @@ class Standardizer(TransformerMixin, BaseEstimator):
         """JSON-ready parameters and fitted state (lists of floats)."""
         self._check_fitted()
         y_mean = self.y_mean_
+        weighted = getattr(self, "weight_sum_", self.n_samples_) != self.n_samples_
         return {
             "with_mean": bool(self.with_mean),
             "with_std": bool(self.with_std),
             "mean": None if self.mean_ is None else [float(v) for v in self.mean_],
             "scale": None if self.scale_ is None else [float(v) for v in self.scale_],
             "n_samples": int(self.n_samples_),
+            **({"weight_sum": float(self.weight_sum_)} if weighted else {}),
             "n_features": int(self.n_features_in_),
             "y_mean": (
                 None
@@ -262,6 +312,7 @@ class Standardizer(TransformerMixin, BaseEstimator):
         d = int(state["n_features"])
         self.n_features_in_ = d
         self.n_samples_ = int(state["n_samples"])
+        self.weight_sum_ = float(state.get("weight_sum", self.n_samples_))
         self.mean_ = _vector(state["mean"], d, "mean")
         self.scale_ = _vector(state["scale"], d, "scale")
         y_mean = state.get("y_mean")
@@ -328,16 +379,29 @@ def _prepare_inputs(X: Any, y: Any | None) -> tuple[da.Array, da.Array | None]:
     return X, align_rows(y, X)
 
 
-def _fit_pass(X: da.Array, y: da.Array | None) -> BlockSummary:
+def _prepare_weights(sample_weight: Any, X: da.Array) -> da.Array:
+    """Row weights as a 1-D dask array with the row chunks of ``X`` (length checked)."""
+    w = sample_weight if isinstance(sample_weight, da.Array) else np.asarray(sample_weight)
+    if w.ndim != 1 or w.shape[0] != X.shape[0]:
+        raise ValueError(
+            f"sample_weight has shape {w.shape} but X has {X.shape[0]} rows; pass one weight per row"
+        )
+    if isinstance(w, np.ndarray):
+        return da.from_array(w, chunks=(X.chunks[0],))
+    return w.rechunk({0: X.chunks[0]})
+
+
+def _fit_pass(X: da.Array, y: da.Array | None, w: da.Array | None = None) -> BlockSummary:
     """Summaries of every block, merged up a tree, in one dask computation."""
     x_blocks = X.to_delayed().ravel()
     y_blocks = [None] * len(x_blocks) if y is None else list(y.to_delayed().ravel())
+    w_blocks = [None] * len(x_blocks) if w is None else list(w.to_delayed().ravel())
     starts = np.concatenate([[0], np.cumsum(X.chunks[0])[:-1]]).tolist()
     summarize = dask.delayed(summarize_block, pure=True)
     merge = dask.delayed(merge_summaries, pure=True)
     level = [
-        summarize(xb, yb, i, int(start))
-        for i, (xb, yb, start) in enumerate(zip(x_blocks, y_blocks, starts))
+        summarize(xb, yb, i, int(start), wb)
+        for i, (xb, yb, wb, start) in enumerate(zip(x_blocks, y_blocks, w_blocks, starts))
     ]
     while len(level) > 1:
         level = [merge(*level[i : i + SPLIT_EVERY]) for i in range(0, len(level), SPLIT_EVERY)]
@@ -347,6 +411,12 @@ def _fit_pass(X: da.Array, y: da.Array | None) -> BlockSummary:
 
 def _raise_if_non_finite(summary: BlockSummary, row_chunks: tuple[int, ...]) -> None:
     bounds = np.concatenate([[0], np.cumsum(row_chunks)]).astype(int)
+    if summary.bad_w is not None:
+        block, row = summary.bad_w
+        raise ValueError(
+            f"sample_weight has NaN, inf or a negative weight in rows {bounds[block]}-{bounds[block + 1] - 1} "
+            f"(block {block}, first at row {row}); weights must be finite and >= 0"
+        )
     for name, bad in (("X", summary.bad_x), ("y", summary.bad_y)):
         if bad is not None:
             block, row = bad
@@ -356,7 +426,7 @@ def _raise_if_non_finite(summary: BlockSummary, row_chunks: tuple[int, ...]) -> 
             )
 
 
-def _scale_from_variance(var: np.ndarray, mean: np.ndarray, n: int) -> np.ndarray:
+def _scale_from_variance(var: np.ndarray, mean: np.ndarray, n: float) -> np.ndarray:
     """Standard deviations, with 1 for columns that are constant up to rounding.
 
     A constant column's computed variance is not always exactly 0: the mean of

@@ -17,6 +17,7 @@ import numpy as np
 from sklearn.utils._param_validation import Interval, StrOptions
 
 from daskkrr.models.kernel_model import KernelModelBase, ParameterError, positive
+from daskkrr.models.weights import check_sample_weight, refuse_weighted_std
 from daskkrr.parallel.strategies import STRATEGY_CHOICES
 from daskkrr.pipeline import Stage, nystrom_stages, run_fit
 from daskkrr.sampling import SAMPLERS, CenterSampler
@@ -79,18 +80,24 @@ class NystromModelBase(KernelModelBase):
         return stages
 
     def _fit_nystrom(
-        self, X: Any, y: Any, checkpoint: Any = None, checkpoint_every: int = 5, resume: bool = False
+        self, X: Any, y: Any, checkpoint: Any = None, checkpoint_every: int = 5, resume: bool = False,
+        sample_weight: Any = None,
     ) -> NystromModelBase:
         self._validate_params()
         X, y = self._check_fit_input(X, y)
-        return self._run_nystrom(X, y, checkpoint=checkpoint, checkpoint_every=checkpoint_every, resume=resume)
+        sample_weight = check_sample_weight(sample_weight, X)
+        refuse_weighted_std(self, sample_weight)
+        return self._run_nystrom(X, y, checkpoint=checkpoint, checkpoint_every=checkpoint_every, resume=resume,
+                                 sample_weight=sample_weight)
 
     def _run_nystrom(
-        self, X: Any, y: Any, checkpoint: Any = None, checkpoint_every: int = 5, resume: bool = False
+        self, X: Any, y: Any, checkpoint: Any = None, checkpoint_every: int = 5, resume: bool = False,
+        sample_weight: Any = None,
     ) -> NystromModelBase:
-        """The pipeline on checked input (see :meth:`_check_fit_input`); the fitted state onto ``self``."""
+        """The pipeline on checked input (see :meth:`_check_fit_input` and
+        :func:`~daskkrr.models.weights.check_sample_weight`); the fitted state onto ``self``."""
         ctx = run_fit(self, X, y, self._fit_stages(), checkpoint=checkpoint, checkpoint_every=checkpoint_every,
-                      resume=resume, iterative=self._solver == "falkon")
+                      resume=resume, iterative=self._solver == "falkon", sample_weight=sample_weight)
         for name, value in ctx.fitted.items():
             setattr(self, name, value)
         self.posterior_ = ctx.fitted.get("posterior_")  # None without compute_std (also after a refit)

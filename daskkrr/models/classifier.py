@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import dask.array as da
 import numpy as np
 from sklearn.base import ClassifierMixin
+from sklearn.utils._param_validation import StrOptions
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import column_or_1d
 
 from daskkrr.data.inputs import is_in_memory
 from daskkrr.models.base import NystromModelBase
-from daskkrr.models.regressors import FALKON_PARAMS, FalkonRegressor, params_doc
+from daskkrr.models.regressors import FALKON_PARAMS, SAMPLE_WEIGHT_DOC, FalkonRegressor, params_doc
+from daskkrr.models.weights import check_class_weight, check_sample_weight, class_row_weights, refuse_weighted_std
 
 
 def _one_vs_all(yb: np.ndarray, classes: np.ndarray) -> np.ndarray:
@@ -36,11 +39,13 @@ class FalkonClassifier(ClassifierMixin, NystromModelBase):
     single column for two classes), all columns are solved in one CG run, and the
     predicted class is the one with the largest decision value.
 
-    {params_doc(*FALKON_PARAMS)}
+    {params_doc(*FALKON_PARAMS, "class_weight")}
     Attributes
     ----------
     classes_ : ndarray of shape (n_classes,)
         Class labels, sorted.
+    class_weight_ : ndarray of shape (n_classes,)
+        The weight of each class in the fit (all ones with ``class_weight=None``).
     coef_ : ndarray of shape (M, 1) for two classes, else (M, n_classes)
     feature_names_in_ : ndarray of shape (n_features,) of str
         Names of the features seen in fit, when ``X`` carried them; checked at predict.
@@ -50,15 +55,62 @@ class FalkonClassifier(ClassifierMixin, NystromModelBase):
     _solver = "falkon"
     _squeeze_single_target = False
 
-    # Same parameters as FalkonRegressor (scikit-learn reads them from __init__'s signature).
-    __init__ = FalkonRegressor.__init__
-    _parameter_constraints: ClassVar[dict[str, Any]] = FalkonRegressor._parameter_constraints
+    # FalkonRegressor's parameters and class_weight (scikit-learn reads them from __init__'s signature).
+    _parameter_constraints: ClassVar[dict[str, Any]] = {
+        **FalkonRegressor._parameter_constraints,
+        "class_weight": [dict, StrOptions({"balanced"}), None],
+    }
     classes_: np.ndarray  # fitted: the sorted class labels (set by _encode_targets and fit)
+
+    def __init__(
+        self,
+        kernel: Any = "gaussian",
+        sigma: float | Sequence[float] | np.ndarray | None = None,
+        penalty: float = 1e-6,
+        n_centers: int = 1000,
+        sampler: Any = "uniform",
+        max_iter: int = 50,
+        tol: float = 1e-4,
+        kernel_params: dict | None = None,
+        dtype: str = "float64",
+        standardize: bool = True,
+        chunks: int | None = None,
+        random_state: Any = None,
+        verbose: bool = False,
+        strategy: str = "auto",
+        fit_intercept: bool = True,
+        preconditioner_rows: int | str | None = "auto",
+        compute_std: bool = False,
+        class_weight: dict | str | None = None,
+    ):
+        self.kernel = kernel
+        self.sigma = sigma
+        self.penalty = penalty
+        self.n_centers = n_centers
+        self.sampler = sampler
+        self.max_iter = max_iter
+        self.tol = tol
+        self.kernel_params = kernel_params
+        self.dtype = dtype
+        self.standardize = standardize
+        self.chunks = chunks
+        self.random_state = random_state
+        self.verbose = verbose
+        self.strategy = strategy
+        self.fit_intercept = fit_intercept
+        self.preconditioner_rows = preconditioner_rows
+        self.compute_std = compute_std
+        self.class_weight = class_weight
+
+    def _check_params(self) -> None:
+        super()._check_params()
+        check_class_weight(self.class_weight)
 
     def fit(
         self,
         X: Any,
         y: Any = None,
+        sample_weight: Any = None,
         *,
         checkpoint: Any = None,
         checkpoint_every: int = 5,
@@ -69,17 +121,43 @@ class FalkonClassifier(ClassifierMixin, NystromModelBase):
         Labels may be any sortable values (strings too) when ``y`` is in memory;
         labels in a dask array or Zarr store must be numeric. ``checkpoint``,
         ``checkpoint_every`` and ``resume`` are as for :meth:`FalkonRegressor.fit`.
+
+        Parameters
+        ----------
+        X, y
+            Training data (``y`` may be omitted when ``X`` is a store holding it).
+        sample_weight : array-like of shape (n,), dask array, str or None, default=None
+            {SAMPLE_WEIGHT_DOC} ``class_weight`` multiplies them.
         """
         self._validate_params()
         X, y = self._check_fit_input(X, y)
-        labels = None
+        sample_weight = check_sample_weight(sample_weight, X)
+        refuse_weighted_std(self, sample_weight)
+        self._labels = None
         if y is not None and is_in_memory(y) and np.asarray(y).dtype.kind not in "biuf":
             # Text labels become integer codes; classes_ maps them back.
-            labels, y = np.unique(np.asarray(y).reshape(-1), return_inverse=True)
-        self._run_nystrom(X, y, checkpoint=checkpoint, checkpoint_every=checkpoint_every, resume=resume)
+            self._labels, y = np.unique(np.asarray(y).reshape(-1), return_inverse=True)
+        try:
+            self._run_nystrom(X, y, checkpoint=checkpoint, checkpoint_every=checkpoint_every, resume=resume,
+                              sample_weight=sample_weight)
+        finally:
+            labels = self.__dict__.pop("_labels", None)
         if labels is not None:
             self.classes_ = labels[self.classes_.astype(np.int64)]
         return self
+
+    fit.__doc__ = (fit.__doc__ or "").replace("{SAMPLE_WEIGHT_DOC}", SAMPLE_WEIGHT_DOC)
+
+    def _row_weights(self, y: da.Array, sample_weight: da.Array | None) -> da.Array | None:
+        """The fit's row weights: ``sample_weight`` times the weight of each row's class.
+
+        Called by the statistics stage after :meth:`_encode_targets` (which sets
+        ``classes_``); sets ``class_weight_``.
+        """
+        labels = getattr(self, "_labels", None)
+        rows, weights = class_row_weights(self.class_weight, y, self.classes_, sample_weight, labels=labels)
+        self.class_weight_ = np.ones(len(self.classes_)) if weights is None else weights
+        return rows
 
     #: Class labels are kept as they are (strings too), not made numeric.
     _target_dtype = None

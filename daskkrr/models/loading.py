@@ -20,9 +20,13 @@ from daskkrr.models.persistence import (
     FORMAT_VERSION,
     METADATA_FILE,
     POSTERIOR_PREFIX,
+    STATE_PREFIX,
     ModelFormatError,
 )
-from daskkrr.models.registry import classes_by_class_name
+from daskkrr.models.registry import UNSUPERVISED, classes_by_class_name
+from daskkrr.models.unsupervised_persistence import load_unsupervised
+
+UNSUPERVISED_NAMES = {cls.__name__ for cls in UNSUPERVISED.values()}
 
 
 def _estimator_classes() -> dict[str, type]:
@@ -72,7 +76,10 @@ def load_model(path: str | os.PathLike) -> Any:
     except (OSError, EOFError, zipfile.BadZipFile) as exc:
         raise ModelFormatError(f"{path / ARRAYS_FILE} cannot be read: {exc}") from exc
     try:
-        model = _build(classes[name], meta, arrays, path)
+        if name in UNSUPERVISED_NAMES:
+            model = load_unsupervised(classes[name], meta, arrays, path)
+        else:
+            model = _build(classes[name], meta, arrays, path)
     except ModelFormatError:
         raise
     except (TypeError, ValueError, KeyError) as exc:
@@ -131,6 +138,13 @@ def _build(cls: type, meta: dict[str, Any], arrays: dict[str, np.ndarray], path:
             )
         model.feature_names_in_ = np.asarray(names, dtype=object)
     model.sampler_info_ = meta.get("sampler_info", {})
+    if "class_weight" in arrays:
+        model.class_weight_ = arrays["class_weight"]
+    restore = getattr(model, "_restore_saved_state", None)
+    if restore is not None:
+        if not isinstance(meta.get("state"), dict):
+            raise ModelFormatError(f"{path / METADATA_FILE}: {cls.__name__} needs its stream 'state'")
+        restore(meta["state"], {k[len(STATE_PREFIX):]: v for k, v in arrays.items() if k.startswith(STATE_PREFIX)})
     if "classes" in arrays:
         model.classes_ = arrays["classes"]
     elif "classes" in meta:

@@ -34,6 +34,8 @@ ARRAYS_FILE = "arrays.npz"
 _ARRAYS = ("centers_", "coef_", "center_indices_", "center_weights_", "residuals_", "y_mean_")
 #: Arrays added after format version 1 was fixed; a file without them gets the default.
 _OPTIONAL_ARRAYS = {"intercept_": lambda model: np.asarray(model.y_mean_, dtype=np.float64)}
+#: Arrays of a model's stream state (``_saved_state``) are stored under this prefix.
+STATE_PREFIX = "state_"
 #: Prefix of the arrays of ``posterior_`` (:class:`daskkrr.solvers.variance.PosteriorVariance`).
 POSTERIOR_PREFIX = "posterior_"
 _SCALARS = ("n_features_in_", "n_iter_", "converged_", "jitter_", "n_data_passes_", "fit_time_")
@@ -62,6 +64,8 @@ def save_model(model: Any, path: str | os.PathLike, *, overwrite: bool = False) 
     # Any: numpy's savez stub lets a str-keyed dict collide with its allow_pickle flag.
     arrays: dict[str, Any] = {k.rstrip("_"): np.asarray(getattr(model, k)) for k in (*_ARRAYS, *_OPTIONAL_ARRAYS)
               if hasattr(model, k)}
+    if hasattr(model, "class_weight_"):  # classifiers: the weight of each class in the fit
+        arrays["class_weight"] = np.asarray(model.class_weight_, dtype=np.float64)
     posterior = getattr(model, "posterior_", None)
     meta["posterior"] = posterior is not None  # what predict(X, return_std=True) needs
     if posterior is not None:
@@ -72,6 +76,10 @@ def save_model(model: Any, path: str | os.PathLike, *, overwrite: bool = False) 
             meta["classes"] = classes.tolist()  # strings travel in JSON
         else:
             arrays["classes"] = classes
+    saved_state = getattr(model, "_saved_state", None)
+    if saved_state is not None:  # a model that goes on learning (online): its stream state too
+        meta["state"], state_arrays = saved_state()
+        arrays.update({STATE_PREFIX + name: np.asarray(value) for name, value in state_arrays.items()})
     with atomic_directory(path, overwrite=overwrite) as tmp:
         np.savez(tmp / ARRAYS_FILE, **arrays)
         (tmp / METADATA_FILE).write_text(dumps_strict(meta, indent=2, sort_keys=True))

@@ -9,11 +9,13 @@ names (and a flag for every parameter of its classes), and
 from __future__ import annotations
 
 from daskkrr.models.classifier import FalkonClassifier
+from daskkrr.models.online import OnlineKernelRidge
 from daskkrr.models.regressors import (
     ExactKernelRidge,
     FalkonRegressor,
     NystromRegressor,
 )
+from daskkrr.models.unsupervised import NystromKernelKMeans, NystromKernelPCA
 
 #: name -> estimator class.
 ESTIMATORS: dict[str, type] = {
@@ -21,6 +23,13 @@ ESTIMATORS: dict[str, type] = {
     "nystrom": NystromRegressor,
     "exact": ExactKernelRidge,
     "classifier": FalkonClassifier,
+    "online": OnlineKernelRidge,
+}
+
+#: name -> unsupervised estimator class (``daskkrr embed`` / ``daskkrr cluster``; no target).
+UNSUPERVISED: dict[str, type] = {
+    "kpca": NystromKernelPCA,
+    "kmeans": NystromKernelKMeans,
 }
 
 #: The estimator of configs that name none.
@@ -36,4 +45,4 @@ def estimator_class(name: str) -> type:
 
 def classes_by_class_name() -> dict[str, type]:
     """Registered classes by ``__name__``, as model files name them."""
-    return {cls.__name__: cls for cls in ESTIMATORS.values()}
+    return {cls.__name__: cls for cls in (*ESTIMATORS.values(), *UNSUPERVISED.values())}

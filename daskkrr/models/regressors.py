@@ -14,8 +14,10 @@ from sklearn.utils._param_validation import Interval, StrOptions
 
 from daskkrr.data.feature_names import check_feature_names
 from daskkrr.data.inputs import is_in_memory, load_training_data
+from daskkrr.data.sample_weight import open_sample_weight
 from daskkrr.models.base import NystromModelBase
 from daskkrr.models.kernel_model import KernelModelBase, ParameterError, positive
+from daskkrr.models.weights import check_sample_weight, refuse_weighted_std
 from daskkrr.parallel import Executor
 from daskkrr.pipeline import run_fit
 from daskkrr.pipeline.exact_pcg import check_preconditioner, choose_solver, exact_krr_stages
@@ -40,7 +42,10 @@ PARAM_DOCS = {
     "n_centers": """n_centers : int, default=1000
     Number of Nystrom centers M (cost per pass is O(n M d)).""",
     "sampler": """sampler : str or CenterSampler, default="uniform"
-    How centers are chosen (see :mod:`daskkrr.sampling`).""",
+    How centers are chosen (see :mod:`daskkrr.sampling`). With ``fit``'s
+    ``sample_weight``, "uniform" draws rows in proportion to their weights; the
+    leverage-score samplers choose as if unweighted (the weighted problem is
+    then solved exactly on their centers).""",
     "max_iter": """max_iter : int, default=50
     Maximum CG iterations (each is one pass over the data, or M x M work with
     the "gram" strategy). With the row-sketch preconditioner, ``tol=1e-4`` took
@@ -138,6 +143,12 @@ PARAM_DOCS = {
     Seed of the random features (or the Nystrom centers) and of the
     adaptive probe. The features of a row depend only on the seed and the row,
     not on the chunking or the workers.""",
+    "class_weight": """class_weight : dict, "balanced" or None, default=None
+    Weights of the classes, multiplied into ``fit``'s ``sample_weight``:
+    None weighs every class 1, a dict ``{label: weight}`` names some classes
+    (the others weigh 1), "balanced" takes scikit-learn's
+    ``n_samples / (n_classes * np.bincount(y))`` (the counts weighted by
+    ``sample_weight`` when there is one), at the cost of one pass over ``y``.""",
     "compute_std": """compute_std : bool, default=False
     Also compute what ``predict(X, return_std=True)`` needs: the posterior of
     the Gaussian process that matches the model (``fitted posterior_``, see the
@@ -147,6 +158,18 @@ PARAM_DOCS = {
     data for ``K_MN K_NM``, which the direct solve and the "gram" strategy
     already have. Exact KRR keeps its ``n x n`` factor (``8 n^2`` bytes).""",
 }
+
+
+#: The ``sample_weight`` entry of every ``fit`` docstring.
+SAMPLE_WEIGHT_DOC = """Row weights ``w_i >= 0``: the fit minimises
+            ``sum_i w_i (y_i - f(x_i))^2 + penalty * sum(w) * ||f||^2``, so an integer
+            weight k counts as k copies of the row. numpy or dask (read block by block
+            with the rows), or, when ``X`` is a Zarr store, the name of one of its
+            arrays. NaN, inf, negative weights, all zeros and a length other than
+            the number of rows are refused before any work. The standardisation and
+            the intercept use weighted means. The uniform sampler draws centers in
+            proportion to the weights (never a row of weight 0); the leverage-score
+            samplers ignore them (see the user guide, "Sample and class weights")."""
 
 
 def params_doc(*names: str) -> str:
@@ -252,17 +275,24 @@ class _RegressorMixin(RegressorMixin):
         return out
 
     def score(self, X: Any, y: Any, sample_weight: Any = None) -> float:
-        """Coefficient of determination R^2; computed blockwise for dask input."""
-        if is_in_memory(X):
+        """Coefficient of determination R^2 (weighted by ``sample_weight``, as scikit-learn's
+        ``r2_score``); computed blockwise for dask input, whose weights may also be a dask array
+        or the name of an array of the store ``X``."""
+        if is_in_memory(X) and (sample_weight is None or is_in_memory(sample_weight)):
             return super().score(X, y, sample_weight=sample_weight)
-        if sample_weight is not None:
-            raise ValueError("sample_weight is only supported for in-memory input")
         check_feature_names(self, X)  # predict sees only the opened (nameless) dask array
         Xd, yd = load_training_data(X, y, self.chunks)
         pred = self.predict(Xd)
         Y = yd.astype(np.float64)
-        ss_res = ((Y - pred) ** 2).sum(axis=0)
-        ss_tot = ((Y - Y.mean(axis=0)) ** 2).sum(axis=0)
+        w = open_sample_weight(check_sample_weight(sample_weight, X), X, Xd, self.chunks)
+        if w is None:
+            ss_res = ((Y - pred) ** 2).sum(axis=0)
+            ss_tot = ((Y - Y.mean(axis=0)) ** 2).sum(axis=0)
+        else:
+            W = w[:, None] if Y.ndim == 2 else w
+            mean = (W * Y).sum(axis=0) / w.sum()
+            ss_res = (W * (Y - pred) ** 2).sum(axis=0)
+            ss_tot = (W * (Y - mean) ** 2).sum(axis=0)
         res, tot = Executor().compute(ss_res, ss_tot)
         r2 = 1 - np.asarray(res) / np.where(np.asarray(tot) > 0, tot, 1.0)
         return float(np.mean(r2))
@@ -338,6 +368,7 @@ class FalkonRegressor(_RegressorMixin, NystromModelBase):
         self,
         X: Any,
         y: Any = None,
+        sample_weight: Any = None,
         *,
         checkpoint: Any = None,
         checkpoint_every: int = 5,
@@ -349,6 +380,8 @@ class FalkonRegressor(_RegressorMixin, NystromModelBase):
         ----------
         X, y
             Training data (``y`` may be omitted when ``X`` is a store holding it).
+        sample_weight : array-like of shape (n,), dask array, str or None, default=None
+            {SAMPLE_WEIGHT_DOC}
         checkpoint : str, os.PathLike or None
             Directory in which to save the fit's state as it goes (centers, the
             right-hand side, and the CG state every ``checkpoint_every``
@@ -362,7 +395,10 @@ class FalkonRegressor(_RegressorMixin, NystromModelBase):
             ``tol`` and ``compute_std`` may change). Without it an existing
             checkpoint is an error.
         """
-        return self._fit_nystrom(X, y, checkpoint=checkpoint, checkpoint_every=checkpoint_every, resume=resume)
+        return self._fit_nystrom(X, y, checkpoint=checkpoint, checkpoint_every=checkpoint_every, resume=resume,
+                                 sample_weight=sample_weight)
+
+    fit.__doc__ = (fit.__doc__ or "").replace("{SAMPLE_WEIGHT_DOC}", SAMPLE_WEIGHT_DOC)
 
 
 class NystromRegressor(_RegressorMixin, NystromModelBase):
@@ -413,9 +449,19 @@ class NystromRegressor(_RegressorMixin, NystromModelBase):
         self.fit_intercept = fit_intercept
         self.compute_std = compute_std
 
-    def fit(self, X: Any, y: Any = None) -> NystromRegressor:
-        """Fit on anything :func:`daskkrr.open_dataset` takes."""
-        return self._fit_nystrom(X, y)
+    def fit(self, X: Any, y: Any = None, sample_weight: Any = None) -> NystromRegressor:
+        """Fit on anything :func:`daskkrr.open_dataset` takes.
+
+        Parameters
+        ----------
+        X, y
+            Training data (``y`` may be omitted when ``X`` is a store holding it).
+        sample_weight : array-like of shape (n,), dask array, str or None, default=None
+            {SAMPLE_WEIGHT_DOC}
+        """
+        return self._fit_nystrom(X, y, sample_weight=sample_weight)
+
+    fit.__doc__ = (fit.__doc__ or "").replace("{SAMPLE_WEIGHT_DOC}", SAMPLE_WEIGHT_DOC)
 
 
 class ExactKernelRidge(_RegressorMixin, KernelModelBase):
@@ -554,14 +600,19 @@ class ExactKernelRidge(_RegressorMixin, KernelModelBase):
                     f"srht_features must be smaller than n_features={self.n_features}; got {self.srht_features}",
                     parameter="srht_features")
 
-    def fit(self, X: Any, y: Any = None, *, checkpoint: Any = None, checkpoint_every: int = 5,
-            resume: bool = False) -> ExactKernelRidge:
+    def fit(self, X: Any, y: Any = None, sample_weight: Any = None, *, checkpoint: Any = None,
+            checkpoint_every: int = 5, resume: bool = False) -> ExactKernelRidge:
         """Fit on anything :func:`daskkrr.open_dataset` takes.
 
         Parameters
         ----------
         X, y
-            Training data (arrays, dask, xarray, Zarr).
+            Training data (arrays, dask, xarray, Zarr; ``y`` may be omitted when ``X`` is a store
+            holding it).
+        sample_weight : array-like of shape (n,), dask array, str or None, default=None
+            {SAMPLE_WEIGHT_DOC} Solved in the symmetric form
+            ``(W^1/2 K W^1/2 + penalty * sum(w) I) beta = W^1/2 y``, ``coef_ = W^1/2 beta``,
+            so zero weights are allowed (their rows get ``coef_ = 0``), by both solvers.
         checkpoint : path or None
             Directory where the PCG state is saved every ``checkpoint_every``
             iterations (solver "pcg"); see :class:`daskkrr.checkpoint.FitCheckpoint`.
@@ -572,10 +623,13 @@ class ExactKernelRidge(_RegressorMixin, KernelModelBase):
         """
         self._validate_params()
         X, y = self._check_fit_input(X, y)
+        sample_weight = check_sample_weight(sample_weight, X)
+        refuse_weighted_std(self, sample_weight)
         n, d = training_shape(X, y, self.chunks)
         solver = choose_solver(self, n, d)
         ctx = run_fit(self, X, y, exact_krr_stages(solver), checkpoint=checkpoint,
-                      checkpoint_every=checkpoint_every, resume=resume, iterative=solver == "pcg")
+                      checkpoint_every=checkpoint_every, resume=resume, iterative=solver == "pcg",
+                      sample_weight=sample_weight)
         fitted = {"solver_": solver, "n_features_": 0, "preconditioner_penalty_": 0.0, "kernel_tiles_": "",
                   "adaptive_trace_": [], **ctx.fitted}
         if solver == "direct":
@@ -583,3 +637,5 @@ class ExactKernelRidge(_RegressorMixin, KernelModelBase):
         for name, value in fitted.items():
             setattr(self, name, value)
         return self
+
+    fit.__doc__ = (fit.__doc__ or "").replace("{SAMPLE_WEIGHT_DOC}", SAMPLE_WEIGHT_DOC)

@@ -6,23 +6,28 @@
 - :mod:`~daskkrr.parallel.strategies` and :mod:`~daskkrr.parallel.cost`: how the solver's
   products are computed (recompute, cache, gram) and the cost model that chooses;
 - :mod:`~daskkrr.parallel.resources`: slots, cores, memory and thread budgets;
-- :mod:`~daskkrr.parallel.client`: clusters started or joined by the CLI and workflows.
+- :mod:`~daskkrr.parallel.client`: clusters started or joined by the CLI and workflows;
+- :mod:`~daskkrr.parallel.tasks`: independent whole-function tasks (one model fit each), as a search runs.
 """
 
 from daskkrr.parallel.backends import Backend, DistributedBackend, ThreadedBackend, backend_for, current_client
 from daskkrr.parallel.client import cluster_client, local_cluster_kwargs
 from daskkrr.parallel.executor import BlockPasses, Executor, gather_rows, tree_reduce
+from daskkrr.parallel.tasks import TaskOutcome, TaskRunner, task_slots
 
 __all__ = [
     "Backend",
     "BlockPasses",
     "DistributedBackend",
     "Executor",
+    "TaskOutcome",
+    "TaskRunner",
     "ThreadedBackend",
     "backend_for",
     "cluster_client",
     "current_client",
     "gather_rows",
     "local_cluster_kwargs",
+    "task_slots",
     "tree_reduce",
 ]

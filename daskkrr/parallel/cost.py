@@ -218,3 +218,10 @@ def should_persist(strategy: str, data_bytes: int, budget: Budget, in_memory: bo
     if in_memory or strategy != "recompute":
         return False
     return data_bytes <= PERSIST_MEMORY_FRACTION * budget.memory_bytes
+
+
+def embedding_fits(n: int, width: int, budget: Budget, iterations: int = 2) -> bool:
+    """Whether the ``n x width`` float64 Nystrom embedding of the unsupervised fits may be kept in
+    the workers' memory: as the cache strategy, within :data:`CACHE_MEMORY_FRACTION` of it, and
+    only when it is read more than once (Lloyd's iterations)."""
+    return iterations > 1 and n * width * 8 <= CACHE_MEMORY_FRACTION * budget.memory_bytes

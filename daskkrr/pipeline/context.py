@@ -47,6 +47,8 @@ class FitContext:
     store: StageStore
     X_in: Any = None
     y_in: Any = None
+    #: ``fit``'s checked ``sample_weight`` (None, numpy, dask or a store variable's name).
+    sample_weight_in: Any = None
     #: Whether the training input is in memory (numpy); the cost model reads it.
     in_memory: bool = False
     #: ``y (dask) -> Y (n, t) float64``: regression targets or one-vs-all codes.
@@ -61,6 +63,11 @@ class FitContext:
     scaler: Any = None
     y_mean: np.ndarray | None = None
     kernel: Any = None
+    #: Row weights, float64 (n,) with the row chunks of ``X`` (dask), or None when every weight is 1.
+    #: The objective is ``sum_i w_i (y_i - f(x_i))^2 + penalty * weight_sum * ||f||^2``.
+    sample_weight: Any = None
+    #: Sum of the row weights: the "n" that scales the penalty (``n`` when unweighted).
+    weight_sum: float = 0.0
     # centers
     dictionary: Any = None
     centers: np.ndarray | None = None
@@ -71,7 +78,7 @@ class FitContext:
     plan: Any = None
     passes: Any = None
     operator: Any = None
-    #: ``K_nM^T 1 / n`` when an intercept is fitted (the rhs pass's extra column).
+    #: ``K_nM^T w / weight_sum`` when an intercept is fitted (the rhs pass's extra column).
     mu: np.ndarray | None = None
     # solve
     coef: np.ndarray | None = None

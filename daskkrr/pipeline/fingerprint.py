@@ -28,7 +28,8 @@ def block_digest(*blocks: np.ndarray) -> str:
 def fit_fingerprint(ctx: FitContext) -> dict[str, Any]:
     """The estimator and its parameters (:data:`FREE_PARAMS` excepted), the scaled data's
     shape, dtype and row chunking, a SHA-256 of its first row block (computed where the
-    block lives; only the digest comes back) and the feature and target statistics.
+    block lives; only the digest comes back) and the feature and target statistics;
+    with row weights, their sum and a SHA-256 of their first block.
 
     Returns
     -------
@@ -54,4 +55,8 @@ def fit_fingerprint(ctx: FitContext) -> dict[str, Any]:
         "y_mean": np.asarray(ctx.y_mean if ctx.y_mean is not None else []),
         "classes": None if classes is None else np.asarray(classes),
     }
+    if ctx.sample_weight is not None:  # the weighted statistics are in "scaler"; these catch other weights
+        (digest,) = ctx.executor.passes(ctx.sample_weight[:, None]).map(
+            block_digest, name="digest", blocks=[0])
+        fingerprint["sample_weight"] = {"sum": float(ctx.weight_sum), "first_block_sha256": digest}
     return json.loads(dumps_strict(fingerprint))  # plain values, as read back from a checkpoint

@@ -35,6 +35,7 @@ def run_fit(
     checkpoint_every: int = 5,
     resume: bool = False,
     iterative: bool = False,
+    sample_weight: Any = None,
 ) -> FitContext:
     """Run ``stages`` on ``(X, y)`` for ``estimator`` and return the finished context.
 
@@ -46,7 +47,8 @@ def run_fit(
     Whatever a stage holds on the workers is released, however the fit ends.
 
     ``iterative`` marks fits whose solve counts iterations (``max_iter``), for the
-    progress estimate.
+    progress estimate. ``sample_weight`` is ``fit``'s, checked by
+    :func:`daskkrr.models.weights.check_sample_weight`; the statistics stage opens it.
     """
     # Checks its arguments and refuses an existing checkpoint without resume, before any work.
     store = FitCheckpoint(checkpoint, every=checkpoint_every, resume=resume)
@@ -70,7 +72,7 @@ def run_fit(
         bus.emit(started)
         ctx = FitContext(
             params=estimator, executor=executor, events=bus, store=store, X_in=X, y_in=y,
-            in_memory=is_in_memory(X), encode_targets=estimator._encode_targets,
+            sample_weight_in=sample_weight, in_memory=is_in_memory(X), encode_targets=estimator._encode_targets,
         )
         t0 = time.perf_counter()
         try:

@@ -14,6 +14,7 @@ instead of recomputing, and says so in its event (``restored=True``).
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import logging
 import time
 import warnings
@@ -28,8 +29,10 @@ from daskkrr import events as ev
 from daskkrr.data import Standardizer
 from daskkrr.data.feature_names import fitted_feature_names
 from daskkrr.data.inputs import is_in_memory, load_training_data
+from daskkrr.data.sample_weight import open_sample_weight
 from daskkrr.guards import check_quadratic, quadratic_cost
 from daskkrr.parallel.strategies import make_operator, plan_strategy, prepare_passes
+from daskkrr.parallel.weighted import make_weighted_operator, with_weights
 from daskkrr.pipeline.context import FitContext
 from daskkrr.pipeline.fingerprint import fit_fingerprint
 from daskkrr.sampling import make_sampler
@@ -55,12 +58,17 @@ def statistics(ctx: FitContext) -> None:
     """Open and validate the data; one pass for the feature and target statistics; scale.
 
     Leaves the scaled features ``ctx.X`` (row-chunked, in the fit's dtype), the
-    centred 2-D targets ``ctx.Y`` and the kernel with resolved parameters, then
-    opens the checkpoint store (which may refuse another fit's checkpoint).
+    centred 2-D targets ``ctx.Y``, the row weights ``ctx.sample_weight`` (None
+    without) and their sum ``ctx.weight_sum``, and the kernel with resolved
+    parameters, then opens the checkpoint store (which may refuse another fit's
+    checkpoint). With weights the statistics are weighted (a row of weight k
+    counts k times), and bad weights (NaN, inf, negative, all zero, wrong length)
+    are refused here, before anything is written.
     """
     p = ctx.params
     t0 = time.perf_counter()
     Xd, yd = load_training_data(ctx.X_in, ctx.y_in, p.chunks)
+    w = open_sample_weight(ctx.sample_weight_in, ctx.X_in, Xd, p.chunks)
     n, d = (int(s) for s in Xd.shape)
     n_centers = getattr(p, "n_centers", None)
     if n_centers is not None and n_centers > n:
@@ -77,7 +85,10 @@ def statistics(ctx: FitContext) -> None:
     if ctx.encode_targets is None:
         raise RuntimeError("the fit context has no target encoder; the estimator must set encode_targets")
     Y = ctx.encode_targets(yd)
-    scaler.fit(Xd, Y)  # one pass: statistics and finiteness of X and Y
+    row_weights = getattr(p, "_row_weights", None)
+    if row_weights is not None:  # e.g. a classifier's class_weight, multiplied into the sample weights
+        w = row_weights(yd, w)
+    scaler.fit(Xd, Y, sample_weight=w)  # one pass: statistics and finiteness of X, Y and the weights
     ctx.events.emit(ev.PassDone("statistics", Xd.numblocks[0]))
     logger.info("statistics pass over %d rows in %.2fs", n, time.perf_counter() - t0)
     fits_intercept = bool(getattr(p, "fit_intercept", False))
@@ -88,6 +99,8 @@ def statistics(ctx: FitContext) -> None:
     Xs = scaler.transform(Xd) if p.standardize else Xd
     ctx.X = Xs.astype(p._feature_dtype())
     ctx.Y = Y - ctx.y_mean if centre_y else Y
+    ctx.sample_weight = w
+    ctx.weight_sum = float(scaler.weight_sum_)
     ctx.one_d = yd.ndim == 1 and getattr(p, "_squeeze_single_target", True)
     ctx.kernel = p._make_kernel(d)
     ctx.fitted.update(
@@ -99,7 +112,11 @@ def statistics(ctx: FitContext) -> None:
 
 # --------------------------------------------------------------------------- centers
 def choose_centers(ctx: FitContext) -> None:
-    """The Nystrom centers: the sampler's choice, or the interrupted fit's."""
+    """The Nystrom centers: the sampler's choice, or the interrupted fit's.
+
+    A sampler whose ``select`` takes ``sample_weight`` gets the row weights of a
+    weighted fit (the uniform sampler then draws rows in proportion to them); the
+    others choose as if unweighted."""
     p = ctx.params
     saved = ctx.store.saved_centers()
     if saved is not None:
@@ -108,9 +125,11 @@ def choose_centers(ctx: FitContext) -> None:
     else:
         t0 = time.perf_counter()
         sampler = make_sampler(p.sampler)
+        weighted = ctx.sample_weight is not None and "sample_weight" in inspect.signature(sampler.select).parameters
         dictionary = sampler.select(
             ctx.X, ctx.kernel, n_centers=ctx.n_centers, penalty=float(p.penalty),
             random_state=seed_of(p.random_state), executor=ctx.executor,
+            **({"sample_weight": ctx.sample_weight} if weighted else {}),
         )
         logger.info("selected %d centers with %s in %.2fs", dictionary.size, type(sampler).__name__,
                     time.perf_counter() - t0)
@@ -131,15 +150,34 @@ def falkon_preconditioner(ctx: FitContext, *, sketch: bool = True) -> None:
     rows = p._sketch_rows(n, Z.shape[0]) if sketch else 0
     row_sketch = None
     if rows:
-        sampled = ctx.executor.passes(ctx.X).gather_rows(sketch_indices(n, rows, Z))
-        row_sketch = KernelRowSketch(ctx.kernel, sampled, Z)
+        idx = sketch_indices(n, rows, Z)
+        sampled = ctx.executor.passes(ctx.X).gather_rows(idx)
+        row_sketch = KernelRowSketch(ctx.kernel, sampled, Z, row_weights=sketch_row_weights(ctx, idx))
     Z64 = Z.astype(np.float64)
     ctx.preconditioner = FalkonPreconditioner.from_kernel_matrix(
-        ctx.kernel(Z64, Z64), penalty=float(p.penalty), n=n,
+        ctx.kernel(Z64, Z64), penalty=float(p.penalty), n=weight_sum(ctx),
         weights=None if ctx.dictionary.is_uniform else ctx.dictionary.weights, sketch=row_sketch,
         center_sketch=bool(getattr(p, "fit_intercept", False)),
     )
     ctx.sketch_rows = 0 if row_sketch is None else int(row_sketch.rows)
+
+
+def weight_sum(ctx: FitContext) -> float:
+    """The "n" of the penalty: the sum of the row weights (the number of rows without weights)."""
+    return float(ctx.weight_sum) if ctx.sample_weight is not None else float(ctx.n)
+
+
+def sketch_row_weights(ctx: FitContext, idx: np.ndarray) -> np.ndarray | None:
+    """Weights of the sketch rows ``idx`` (drawn uniformly): ``w_i / mean(w)``, or None without weights.
+
+    ``(1/s) sum_i (w_i / mean(w)) k_i k_i^T`` over uniform rows estimates
+    ``K_nM^T W K_nM / W_sum`` as the unweighted sketch estimates ``K_nM^T K_nM / n``;
+    only the ``s`` sampled weights travel to the client.
+    """
+    if ctx.sample_weight is None:
+        return None
+    w = ctx.executor.passes(ctx.sample_weight[:, None]).gather_rows(idx)[:, 0]
+    return np.asarray(w, dtype=np.float64) * (ctx.n / weight_sum(ctx))
 
 
 # --------------------------------------------------------------------------- operator
@@ -148,7 +186,10 @@ def kernel_operator(ctx: FitContext, *, strategy: str | None = None, preconditio
 
     The strategy (recompute, cache, gram) comes from the cost model unless given
     (see :mod:`daskkrr.parallel.strategies`). With an intercept the targets get a
-    column of ones, so the rhs pass also yields ``K_nM^T 1``.
+    column of ones, so the rhs pass also yields ``K_nM^T 1``. With row weights
+    the operator is the weighted one (:mod:`daskkrr.parallel.weighted`):
+    ``K_nM^T W Y`` and ``K_nM^T W K_nM u``, the weights riding as the targets'
+    last column.
     """
     p = ctx.params
     Z = ctx.centers
@@ -159,14 +200,18 @@ def kernel_operator(ctx: FitContext, *, strategy: str | None = None, preconditio
         ones = da.ones((ctx.n, 1), chunks=(Y.chunks[0], (1,)))
         # "tasks": a column merge needs no shuffle (and Dask's choice would import distributed).
         Y = da.concatenate([Y, ones], axis=1).rechunk({1: -1}, method="tasks")
+    weighted = ctx.sample_weight is not None
+    if weighted:
+        Y = with_weights(Y, ctx.sample_weight)
     ctx.plan = plan_strategy(
         strategy if strategy else getattr(p, "strategy", "auto"), ctx.X, n_centers=Z.shape[0], n_targets=Y.shape[1],
         iterations=int(getattr(p, "max_iter", 1)), tol=float(getattr(p, "tol", 1e-7)),
         executor=ctx.executor, in_memory=ctx.in_memory, sketched=ctx.sketch_rows > 0,
     )
     ctx.passes = prepare_passes(ctx.X, Y, ctx.executor, ctx.plan)
-    ctx.operator = make_operator(ctx.plan.strategy, ctx.passes, ctx.kernel, ctx.executor.broadcast(Z),
-                                 Z.shape[0], preconditioner=ctx.preconditioner if preconditioned else None)
+    build = make_weighted_operator if weighted else make_operator
+    ctx.operator = build(ctx.plan.strategy, ctx.passes, ctx.kernel, ctx.executor.broadcast(Z),
+                         Z.shape[0], preconditioner=ctx.preconditioner if preconditioned else None)
 
 
 # --------------------------------------------------------------------------- solve
@@ -180,10 +225,10 @@ def cg_solve(ctx: FitContext) -> None:
     else:
         rhs = saved
         ctx.events.emit(ev.RhsComputed(rhs, restored=True))
-    b, ctx.mu = split_column_sums(rhs, ctx.n, bool(getattr(p, "fit_intercept", False)))
+    b, ctx.mu = split_column_sums(rhs, weight_sum(ctx), bool(getattr(p, "fit_intercept", False)))
     gram_matvec = ctx.operator.gram_matvec
     if ctx.mu is not None:
-        gram_matvec = centered_gram_matvec(gram_matvec, ctx.mu, ctx.n)
+        gram_matvec = centered_gram_matvec(gram_matvec, ctx.mu, weight_sum(ctx))
 
     def step(iteration: int, rel: np.ndarray) -> None:
         ctx.events.emit(ev.SolverStep(int(iteration), float(np.max(rel))))
@@ -206,13 +251,13 @@ def cg_solve(ctx: FitContext) -> None:
 def direct_solve(ctx: FitContext) -> None:
     """One Gram pass (the operator's), then the ``M x M`` system on the client."""
     p = ctx.params
-    b, ctx.mu = split_column_sums(ctx.operator.knm_t_y, ctx.n, bool(getattr(p, "fit_intercept", False)))
+    b, ctx.mu = split_column_sums(ctx.operator.knm_t_y, weight_sum(ctx), bool(getattr(p, "fit_intercept", False)))
     gram = ctx.operator.gram
     if getattr(ctx.operator, "factor", None) is not None:  # accumulated preconditioned (compute_std)
         coef = ctx.preconditioner.direct_solve_preconditioned(gram, b, ctx.mu)
     else:
         if ctx.mu is not None:
-            gram -= ctx.n * np.outer(ctx.mu, ctx.mu)
+            gram -= weight_sum(ctx) * np.outer(ctx.mu, ctx.mu)
         coef = ctx.preconditioner.direct_solve(gram, b)
     ctx.fitted.update(n_iter_=0, residuals_=np.zeros((1, b.shape[1])), converged_=True)
     _nystrom_model(ctx, coef)
@@ -220,7 +265,7 @@ def direct_solve(ctx: FitContext) -> None:
 
 def _nystrom_model(ctx: FitContext, coef: np.ndarray) -> None:
     """The fitted Nystrom model: centers, coefficients, intercept and how the fit went."""
-    if ctx.mu is not None:  # f(x) = k(x, Z) coef + b with b = mean(y - K_nM coef), unpenalised
+    if ctx.mu is not None:  # f(x) = k(x, Z) coef + b with b = mean_w(y - K_nM coef), unpenalised
         ctx.fitted["intercept_"] = ctx.y_mean - ctx.mu @ coef.reshape(coef.shape[0], -1)
     d = ctx.dictionary
     ctx.fitted.update(
@@ -233,12 +278,16 @@ def _nystrom_model(ctx: FitContext, coef: np.ndarray) -> None:
 
 
 def exact_solve(ctx: FitContext) -> None:
-    """Exact KRR: the training data on the client, ``(K + penalty n I) c = y`` factored there."""
+    """Exact KRR: the training data on the client, ``(K + penalty n I) c = y`` factored there
+    (with weights, the symmetric ``(W^1/2 K W^1/2 + penalty W_sum I)``, see
+    :func:`~daskkrr.solvers.exact_krr_coefficients`)."""
     p = ctx.params
     n = ctx.n
-    Xn, Yn = (np.asarray(a) for a in ctx.executor.compute(ctx.X, ctx.Y))
-    coef, factor = exact_krr_solve(ctx.kernel(Xn, Xn), Yn, float(p.penalty))
-    # compute_std keeps the n x n factor of K + lambda n I (see daskkrr.solvers.variance).
+    arrays = (ctx.X, ctx.Y) if ctx.sample_weight is None else (ctx.X, ctx.Y, ctx.sample_weight)
+    Xn, Yn, *wn = (np.asarray(a) for a in ctx.executor.compute(*arrays))
+    coef, factor = exact_krr_solve(ctx.kernel(Xn, Xn), Yn, float(p.penalty), sample_weight=wn[0] if wn else None)
+    # compute_std keeps the n x n factor of K + lambda n I (see daskkrr.solvers.variance);
+    # a weighted fit refuses compute_std before any work (daskkrr.models.weights.refuse_weighted_std).
     post = exact_posterior(factor, Yn, coef, float(p.penalty) * n) if getattr(p, "compute_std", False) else None
     del factor
     ctx.fitted.update(
@@ -323,8 +372,9 @@ def warn_not_converged(result: Any, *, tol: float, max_iter: int, dtype: str) ->
     )
 
 
-def split_column_sums(knm_t_y: np.ndarray, n: int, intercept: bool) -> tuple[np.ndarray, np.ndarray | None]:
-    """``K_nM^T Y`` and, with an intercept, ``mu = K_nM^T 1 / n`` (the last column)."""
+def split_column_sums(knm_t_y: np.ndarray, n: float, intercept: bool) -> tuple[np.ndarray, np.ndarray | None]:
+    """``K_nM^T Y`` and, with an intercept, ``mu = K_nM^T 1 / n`` (the last column; with
+    weights ``K_nM^T w / W_sum``, ``n`` being the sum of the weights)."""
     if not intercept:
         return knm_t_y, None
     return np.ascontiguousarray(knm_t_y[:, :-1]), knm_t_y[:, -1] / n

@@ -1,4 +1,4 @@
-"""Uniform sampling of centers without replacement."""
+"""Uniform sampling of centers without replacement (in proportion to the row weights of a weighted fit)."""
 
 from __future__ import annotations
 
@@ -7,13 +7,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from daskkrr.kernels import Kernel
-from daskkrr.parallel.executor import gather_rows
+from daskkrr.parallel.executor import Executor, gather_rows
 from daskkrr.sampling.base import (
     CenterDictionary,
     CenterSampler,
     register,
     resolve_executor,
 )
+from daskkrr.sampling.weighted_rows import choose_weighted_rows
 
 if TYPE_CHECKING:
     import dask.array as da
@@ -26,6 +27,12 @@ class UniformSampler(CenterSampler):
     The row indices depend only on ``n``, ``n_centers`` and ``random_state``, so the
     centers are the same for any chunking and any number of workers. Only the chosen
     rows travel to the client.
+
+    With ``sample_weight`` (a weighted fit passes its row weights) the rows are drawn
+    in proportion to their weights, still without replacement, as drawing uniformly
+    from the data with each row repeated by its weight would
+    (:mod:`daskkrr.sampling.weighted_rows`; one pass over the weights, independent
+    of the chunking); rows of weight 0 are never drawn.
     """
 
     name = "uniform"
@@ -40,6 +47,7 @@ class UniformSampler(CenterSampler):
         random_state: int | None,
         executor: Any = None,
         client: Any = None,
+        sample_weight: da.Array | None = None,
     ) -> CenterDictionary:
         n = int(X.shape[0])
         if n_centers is None:
@@ -49,9 +57,16 @@ class UniformSampler(CenterSampler):
                 f"n_centers={n_centers} is larger than the number of rows ({n}); "
                 f"use n_centers <= {n}"
             )
-        rng = np.random.default_rng(random_state)
-        idx = np.sort(rng.choice(n, size=n_centers, replace=False)).astype(np.int64)
-        centers = gather_rows(X, idx, resolve_executor(executor, client))
+        run: Executor = resolve_executor(executor, client)
+        if sample_weight is None:
+            rng = np.random.default_rng(random_state)
+            idx = np.sort(rng.choice(n, size=n_centers, replace=False)).astype(np.int64)
+        else:
+            idx = choose_weighted_rows(run.passes(sample_weight[:, None]), n_centers, random_state)
+        centers = gather_rows(X, idx, run)
+        # Drawn in proportion to the weights, the centers are a uniform sample of the weighted data:
+        # their importance weights (FALKON's D) are all one.
         return CenterDictionary(
-            centers=centers, indices=idx, weights=np.ones(n_centers), info={"sampler": self.name}
+            centers=centers, indices=idx, weights=np.ones(idx.size),
+            info={"sampler": self.name, **({"weighted": True} if sample_weight is not None else {})},
         )

@@ -8,14 +8,30 @@ import scipy.linalg as sla
 from daskkrr.utils.linalg import cholesky_jitter, solve_upper
 
 
-def exact_krr_coefficients(K: np.ndarray, y: np.ndarray, penalty: float) -> np.ndarray:
-    """Solve ``(K + penalty * n * I) c = y`` (scikit-learn's KernelRidge with alpha = penalty * n)."""
-    return exact_krr_solve(K, y, penalty)[0]
+def exact_krr_coefficients(K: np.ndarray, y: np.ndarray, penalty: float,
+                           sample_weight: np.ndarray | None = None) -> np.ndarray:
+    """Solve ``(K + penalty * n * I) c = y`` (scikit-learn's KernelRidge with alpha = penalty * n).
+
+    With ``sample_weight`` see :func:`exact_krr_solve`.
+    """
+    return exact_krr_solve(K, y, penalty, sample_weight)[0]
 
 
-def exact_krr_solve(K: np.ndarray, y: np.ndarray, penalty: float) -> tuple[np.ndarray, np.ndarray]:
+def exact_krr_solve(K: np.ndarray, y: np.ndarray, penalty: float,
+                    sample_weight: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """``c`` with ``(K + penalty * n * I) c = y``, and the upper factor ``R^T R = K + penalty * n * I``
-    (what the predictive variance needs, :func:`daskkrr.solvers.variance.exact_posterior`)."""
+    (what the predictive variance needs, :func:`daskkrr.solvers.variance.exact_posterior`).
+
+    With ``sample_weight`` ``w`` (>= 0, not all zero) it minimises
+    ``sum_i w_i (y_i - (K c)_i)^2 + penalty * W c^T K c`` (``W = sum w``) through the
+    symmetric positive definite system
+
+        (S K S + penalty W I) beta = S y,    c = S beta,    S = diag(sqrt(w)),
+
+    which needs no inverse weight: a row of weight 0 gets ``c_i = 0``. Integer
+    weights give the coefficients of the data with each row repeated ``w_i``
+    times (summed over the copies). ``R`` is then the factor of ``S K S + penalty W I``.
+    """
     K = np.asarray(K, dtype=np.float64)
     n = K.shape[0]
     if K.shape != (n, n):
@@ -25,10 +41,20 @@ def exact_krr_solve(K: np.ndarray, y: np.ndarray, penalty: float) -> tuple[np.nd
         raise ValueError(f"y has {y.shape[0]} rows but K has {n}")
     if not penalty > 0:
         raise ValueError(f"penalty must be > 0; got {penalty!r}")
-    S = K.copy()
-    S[np.diag_indices(n)] += penalty * n
-    R, _ = cholesky_jitter(S, what="regularised kernel matrix K + lambda n I")
-    return solve_upper(R, solve_upper(R, y, trans=True)), R
+    if sample_weight is None:
+        S = K.copy()
+        S[np.diag_indices(n)] += penalty * n
+        R, _ = cholesky_jitter(S, what="regularised kernel matrix K + lambda n I")
+        return solve_upper(R, solve_upper(R, y, trans=True)), R
+    w = np.asarray(sample_weight, dtype=np.float64).reshape(-1)
+    if w.shape != (n,) or not np.all(np.isfinite(w)) or np.any(w < 0) or not w.sum() > 0:
+        raise ValueError(f"sample_weight must be {n} finite weights >= 0, not all zero")
+    root = np.sqrt(w)
+    S = root[:, None] * K * root[None, :]
+    S[np.diag_indices(n)] += penalty * w.sum()
+    R, _ = cholesky_jitter(S, what="regularised weighted kernel matrix W^1/2 K W^1/2 + lambda W I")
+    col = root.reshape((n,) + (1,) * (y.ndim - 1))  # broadcasts over the target columns
+    return col * solve_upper(R, solve_upper(R, col * y, trans=True)), R
 
 
 def nystrom_lstsq_coefficients(

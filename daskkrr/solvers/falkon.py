@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import warnings
 from collections.abc import Callable, Iterable
+from typing import Any
 
 import numpy as np
 
@@ -36,15 +37,15 @@ from daskkrr.utils.linalg import JitterWarning, cholesky_jitter, mirror_triangle
 class FalkonPreconditioner:
     """The factors ``T`` and ``A`` of FALKON's preconditioner.
 
-    Build it with :meth:`from_kernel_matrix`. ``n`` is the number of training rows,
-    ``penalty`` FALKON's lambda.
+    Build it with :meth:`from_kernel_matrix`. ``n`` is the number of training rows
+    (the sum of the row weights in a weighted fit), ``penalty`` FALKON's lambda.
     """
 
     T: np.ndarray
     A: np.ndarray
     d: np.ndarray
     penalty: float
-    n: int
+    n: float
     jitter: float
 
     @classmethod
@@ -53,9 +54,9 @@ class FalkonPreconditioner:
         Kmm: np.ndarray,
         *,
         penalty: float,
-        n: int,
+        n: float,
         weights: np.ndarray | None = None,
-        sketch: Iterable[np.ndarray] | None = None,
+        sketch: Iterable[Any] | None = None,
         center_sketch: bool = False,
     ) -> FalkonPreconditioner:
         """Factor the preconditioner from ``K_MM`` (and optionally a row sketch of ``K_nM``).
@@ -64,8 +65,9 @@ class FalkonPreconditioner:
         ----------
         Kmm : ndarray of shape (M, M)
             Kernel matrix of the centers (float64; not modified).
-        penalty, n : float, int
-            FALKON's lambda and the number of training rows.
+        penalty, n : float
+            FALKON's lambda and the number of training rows (the sum of the row
+            weights in a weighted fit: the "n" that scales the penalty).
         weights : ndarray of shape (M,), optional
             Importance weights of the centers (``D = diag(sqrt(weights))``).
         sketch : iterable of ndarrays of shape (rows_i, M), optional
@@ -77,6 +79,10 @@ class FalkonPreconditioner:
             Avron, Clarkson and Woodruff (2017) applied to the Nystrom system. With
             a small penalty a sketch of a few times ``M`` rows approximates
             ``K_nM^T K_nM`` much better and cuts the CG iterations severalfold.
+            A block may come with the weights of its rows, ``(K_b, c_b)``: each row
+            then counts ``c_b`` times (a weighted fit's sketch rows, drawn
+            uniformly, weigh ``w_i / mean(w)``, so that the sketch estimates
+            ``K_nM^T W K_nM / sum(w)``).
         center_sketch : bool, default=False
             Centre the sketch rows (or FALKON's, the centers) on their mean first (the Gram matrix of a model
             with an unpenalised intercept, ``K_nM^T K_nM - n mu mu^T``).
@@ -97,7 +103,7 @@ class FalkonPreconditioner:
         inner = _sketch_gram(T, d, () if sketch is None else sketch, center_sketch)
         inner[np.diag_indices(M)] += penalty
         A, _ = cholesky_jitter(inner, what="FALKON inner matrix W^T W / s + lambda I", overwrite=True)
-        return cls(T=T, A=A, d=d, penalty=float(penalty), n=int(n), jitter=jitter)
+        return cls(T=T, A=A, d=d, penalty=float(penalty), n=float(n), jitter=jitter)
 
     @property
     def n_centers(self) -> int:
@@ -170,8 +176,11 @@ class FalkonPreconditioner:
         return self._d_col(v) * solve_upper(self.T, v)
 
 
-def _sketch_gram(T: np.ndarray, d: np.ndarray, blocks: Iterable[np.ndarray], center: bool) -> np.ndarray:
+def _sketch_gram(T: np.ndarray, d: np.ndarray, blocks: Iterable[Any], center: bool) -> np.ndarray:
     """``W^T W / r`` over the ``r = M + s`` rows of ``W = [T^T; K_sM D T^{-1}]`` (``M x M``).
+
+    A block given as ``(K_b, c_b)`` has row weights ``c_b``: its rows count ``c_b``
+    times in the sum, the mean and ``r``.
 
     The first ``M`` rows are FALKON's (the centers: ``K_MM D T^{-1} = T^T``), the
     others come from the sketch blocks. Each block becomes ``W_b^T = T^{-T} D K_b^T``
@@ -183,17 +192,25 @@ def _sketch_gram(T: np.ndarray, d: np.ndarray, blocks: Iterable[np.ndarray], cen
     M = T.shape[0]
     inner = dsyrk(1.0, np.asfortranarray(T), trans=0, lower=0)  # T T^T, upper triangle
     total = T.sum(axis=1)
-    rows = M
-    for K in blocks:
+    rows = float(M)
+    for block in blocks:
+        K, c = block if isinstance(block, tuple) else (block, None)
         K = np.asarray(K, dtype=np.float64)
         if K.ndim != 2 or K.shape[1] != M:
             raise ValueError(f"sketch blocks must have shape (rows, {M}); got {K.shape}")
         if not K.shape[0]:
             continue
         Wt = solve_upper(T, np.asfortranarray(d[:, None] * K.T), trans=True)  # (M, rows)
-        inner = dsyrk(1.0, Wt, beta=1.0, c=inner, trans=0, lower=0, overwrite_c=1)
-        total += Wt.sum(axis=1)
-        rows += K.shape[0]
+        if c is None:
+            inner = dsyrk(1.0, Wt, beta=1.0, c=inner, trans=0, lower=0, overwrite_c=1)
+            total += Wt.sum(axis=1)
+            rows += K.shape[0]
+        else:
+            c = np.asarray(c, dtype=np.float64).reshape(-1)
+            inner = dsyrk(1.0, np.asfortranarray(Wt * np.sqrt(c)[None, :]), beta=1.0, c=inner, trans=0,
+                          lower=0, overwrite_c=1)
+            total += Wt @ c
+            rows += float(c.sum())
     if center:
         # sum (w - wbar)(w - wbar)^T = sum w w^T - r wbar wbar^T, as a rank-one update of the upper triangle
         inner = dsyr(-1.0 / rows, total, lower=0, a=inner, overwrite_a=1)

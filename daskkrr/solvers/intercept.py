@@ -11,6 +11,10 @@ so only the Gram product changes, by a rank-one term. It is what scikit-learn's
 ``Ridge(fit_intercept=True)`` does with the Nystroem features (which centres the
 feature columns), and it matters for kernels such as the Gaussian whose RKHS does
 not contain the constants: without it the penalty shrinks the mean level too.
+
+With row weights ``w`` (sum ``W``) the same holds with weighted means:
+``b = mean_w(y) - mu^T alpha``, ``mu = K_nM^T w / W``, and
+``K_c^T W K_c = K_nM^T W K_nM - W mu mu^T``.
 """
 
 from __future__ import annotations
@@ -21,9 +25,12 @@ import numpy as np
 
 
 def centered_gram_matvec(
-    gram_matvec: Callable[[np.ndarray], np.ndarray], mu: np.ndarray, n: int
+    gram_matvec: Callable[[np.ndarray], np.ndarray], mu: np.ndarray, n: float
 ) -> Callable[[np.ndarray], np.ndarray]:
-    """``u -> K_nM^T K_nM u - n mu (mu^T u)`` for ``u`` of shape ``(M,)`` or ``(M, t)``."""
+    """``u -> K_nM^T K_nM u - n mu (mu^T u)`` for ``u`` of shape ``(M,)`` or ``(M, t)``.
+
+    With row weights ``w``: ``gram_matvec`` gives ``K_nM^T W K_nM u``, ``mu`` is
+    ``K_nM^T w / n`` and ``n`` the sum of the weights (the weighted centring)."""
     mu = np.asarray(mu, dtype=np.float64).reshape(-1)
 
     def apply(u: np.ndarray) -> np.ndarray:

@@ -11,6 +11,11 @@ Woodruff 2017) cuts that to 21 iterations with ``s = 2 M`` and 11 with
 
 The rows are chosen from a seed derived from the centers, so a resumed fit (whose
 centers come from its checkpoint) rebuilds the same preconditioner.
+
+With row weights the rows are still drawn uniformly (drawing them in proportion
+to the weights would need every weight on the client) and each counts
+``w_i / mean(w)`` times in the sketch, an unbiased estimate of
+``K_nM^T W K_nM / sum(w)``; zero-weight rows drawn add nothing.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 
@@ -59,20 +65,29 @@ class KernelRowSketch:
     """The kernel rows ``k(x_i, Z)`` of the sketch rows, produced block by block.
 
     Iterating yields float64 arrays of at most :data:`SKETCH_BLOCK_ROWS` rows, so
-    the whole ``s x M`` matrix never exists at once.
+    the whole ``s x M`` matrix never exists at once; with ``row_weights``, pairs
+    ``(block, weights of its rows)``.
     """
 
-    def __init__(self, kernel: Kernel, rows: np.ndarray, centers: np.ndarray):
+    def __init__(self, kernel: Kernel, rows: np.ndarray, centers: np.ndarray,
+                 row_weights: np.ndarray | None = None):
         self.kernel = kernel
         self.X = np.ascontiguousarray(rows)
         self.Z = np.ascontiguousarray(centers, dtype=self.X.dtype)
+        self.row_weights = None if row_weights is None else np.asarray(row_weights, dtype=np.float64).reshape(-1)
+        if self.row_weights is not None and self.row_weights.shape[0] != self.X.shape[0]:
+            raise ValueError(f"{self.X.shape[0]} sketch rows but {self.row_weights.shape[0]} row weights")
 
     @property
     def rows(self) -> int:
         return int(self.X.shape[0])
 
-    def __iter__(self) -> Iterator[np.ndarray]:
+    def __iter__(self) -> Iterator[Any]:
         engine = engine_for(self.kernel)
         for start in range(0, self.rows, SKETCH_BLOCK_ROWS):
             block = engine.kernel_block(self.kernel, self.X[start:start + SKETCH_BLOCK_ROWS], self.Z)
-            yield np.asarray(block, dtype=np.float64)
+            block = np.asarray(block, dtype=np.float64)
+            if self.row_weights is None:
+                yield block
+            else:
+                yield block, self.row_weights[start:start + SKETCH_BLOCK_ROWS]

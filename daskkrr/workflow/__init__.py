@@ -13,6 +13,7 @@ are reused. See :mod:`daskkrr.workflow.spec` for the file format.
 from daskkrr.workflow.rundir import WorkflowLockedError, read_status
 from daskkrr.workflow.runner import RunResult, WorkflowRunError, run_workflow
 from daskkrr.workflow.spec import WorkflowError, read_workflow
+from daskkrr.workflow.unsupervised import run_unsupervised_workflow
 
 __all__ = [
     "RunResult",
@@ -21,5 +22,6 @@ __all__ = [
     "WorkflowRunError",
     "read_status",
     "read_workflow",
+    "run_unsupervised_workflow",
     "run_workflow",
 ]

@@ -5,7 +5,8 @@
   and converted again only when the table's size or modification time changes;
 - ``generate``: synthetic data written once into a cache keyed by its settings.
 
-Then the preprocessing: keep the first ``max_rows`` rows and re-chunk to ``chunk_rows``.
+Then the preprocessing: keep the first ``max_rows`` rows and re-chunk to ``chunk_rows``
+(the ``sample_weight`` array of a store alike, see :func:`load_sample_weight`).
 """
 
 from __future__ import annotations
@@ -101,3 +102,18 @@ def load_data(config: dict[str, Any]) -> tuple[da.Array, da.Array, Path]:
         X = X.rechunk({0: pre["chunk_rows"], 1: -1})
         y = y.rechunk({0: pre["chunk_rows"]})
     return X, y, store
+
+
+def load_sample_weight(config: dict[str, Any], X: da.Array) -> da.Array | None:
+    """The ``[data] sample_weight`` array of the store, cut and chunked like the run's ``X`` (or None)."""
+    from daskkrr.data import open_dataset
+    from daskkrr.data.sample_weight import open_sample_weight
+
+    name = config["data"].get("sample_weight")
+    if name is None:
+        return None
+    store = config["data"]["store"]
+    _, w = open_dataset(store, y=name)
+    if w is None or w.ndim != 1 or w.shape[0] < X.shape[0]:
+        raise ValueError(f"[data] sample_weight {name!r} of {store} must hold one weight per row of X")
+    return open_sample_weight(w[: X.shape[0]], store, X, None)

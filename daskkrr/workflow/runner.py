@@ -15,7 +15,7 @@ from typing import Any
 
 import daskkrr
 from daskkrr.workflow import rundir as rd
-from daskkrr.workflow.data import load_data
+from daskkrr.workflow.data import load_data, load_sample_weight
 from daskkrr.workflow.evaluate import better, compute_metrics, holdout_split, kfold, summarize_folds
 from daskkrr.workflow.spec import WorkflowError, model_variants, read_workflow, resolve
 
@@ -54,12 +54,13 @@ class WorkflowRunError(RuntimeError):
 
 def _fit_and_score(
     params: dict[str, Any], X_train: Any, y_train: Any, X_test: Any, y_test: Any, metrics: list[str],
+    w_train: Any = None,
 ) -> tuple[Any, dict[str, Any]]:
     from daskkrr.config import build_estimator
 
     model = build_estimator(params)  # fits on the run's client: _client_for made it current
     t0 = time.perf_counter()
-    model.fit(X_train, y_train)
+    model.fit(X_train, y_train, **({} if w_train is None else {"sample_weight": w_train}))
     fit_seconds = time.perf_counter() - t0
     scores: dict[str, Any] = {}
     if X_test is not None:
@@ -79,31 +80,51 @@ def _fit_figures(model: Any) -> dict[str, Any]:
     }
 
 
+def _split_weights(w: Any, X: Any, ev: dict[str, Any]) -> list[Any]:
+    """The training rows' weights of each split (the same rows as X's: same split, same blocks)."""
+    if w is None:
+        return [None] * (int(ev["folds"]) if ev["method"] == "cv" else 1)
+    as_x = w[:, None].rechunk({0: X.chunks[0]})
+    if ev["method"] == "holdout":
+        return [holdout_split(as_x, w, float(ev["test_fraction"]), ev["split"], int(ev["seed"]))[1]]
+    return [fold[1] for fold in kfold(as_x, w, int(ev["folds"]), ev["split"], int(ev["seed"]))]
+
+
 def _evaluate_variant(
-    params: dict[str, Any], X: Any, y: Any, ev: dict[str, Any]
+    params: dict[str, Any], X: Any, y: Any, ev: dict[str, Any], w: Any = None
 ) -> tuple[Any, dict[str, Any], Any]:
-    """Fit one variant as the evaluation says; return (model or None, scores, held-out X)."""
+    """Fit one variant as the evaluation says; return (model or None, scores, held-out X).
+
+    ``w``: the rows' weights (fit's ``sample_weight``) or None; the metrics weigh every row alike.
+    """
     if ev["method"] == "holdout":
         X_tr, y_tr, X_te, y_te = holdout_split(X, y, float(ev["test_fraction"]), ev["split"], int(ev["seed"]))
-        model, scores = _fit_and_score(params, X_tr, y_tr, X_te, y_te, ev["metrics"])
+        (w_tr,) = _split_weights(w, X, ev)
+        model, scores = _fit_and_score(params, X_tr, y_tr, X_te, y_te, ev["metrics"], w_tr)
         scores.update(n_train=int(X_tr.shape[0]), n_test=int(X_te.shape[0]))
         return model, scores, X_te
     if ev["method"] == "cv":
         per_fold = []
-        for k, (X_tr, y_tr, X_te, y_te) in enumerate(kfold(X, y, int(ev["folds"]), ev["split"], int(ev["seed"]))):
+        folds = kfold(X, y, int(ev["folds"]), ev["split"], int(ev["seed"]))
+        for k, ((X_tr, y_tr, X_te, y_te), w_tr) in enumerate(zip(folds, _split_weights(w, X, ev))):
             logger.info("fold %d/%d", k + 1, ev["folds"])
-            _, s = _fit_and_score(params, X_tr, y_tr, X_te, y_te, ev["metrics"])
+            _, s = _fit_and_score(params, X_tr, y_tr, X_te, y_te, ev["metrics"], w_tr)
             per_fold.append(s)
         scores = summarize_folds([{k: v for k, v in s.items() if isinstance(v, (int, float))} for s in per_fold])
         return None, scores, None
-    model, scores = _fit_and_score(params, X, y, None, None, ev["metrics"])
+    model, scores = _fit_and_score(params, X, y, None, None, ev["metrics"], w)
     scores.update(n_train=int(X.shape[0]))
     return model, scores, None
 
 
 def _execute(config: dict[str, Any], run: rd.RunDirectory) -> dict[str, Any]:
+    from daskkrr.workflow.online import ONLINE_ESTIMATOR, execute_online
+
+    if config["model"].get("estimator") == ONLINE_ESTIMATOR:  # update the last run's model, no refit
+        return execute_online(config, run)
     ev, outputs = config["evaluation"], config["outputs"]
     X, y, store = load_data(config)
+    w = load_sample_weight(config, X)
     logger.info("data: %s, %d rows x %d features in %d blocks", store, X.shape[0], X.shape[1], X.numblocks[0])
     variants = model_variants(config["model"], config["sweep"])
     primary = ev["metrics"][0]
@@ -112,7 +133,7 @@ def _execute(config: dict[str, Any], run: rd.RunDirectory) -> dict[str, Any]:
         if len(variants) > 1:
             swept = {k: params[k] for k in config["sweep"]}
             logger.info("variant %d/%d: %s", i + 1, len(variants), swept)
-        model, scores, X_test = _evaluate_variant(params, X, y, ev)
+        model, scores, X_test = _evaluate_variant(params, X, y, ev, w)
         entry = {"params": {k: params[k] for k in config["sweep"]} if config["sweep"] else {}, **scores}
         results.append(entry)
         score = scores.get(primary, float("nan"))
@@ -125,7 +146,7 @@ def _execute(config: dict[str, Any], run: rd.RunDirectory) -> dict[str, Any]:
     held_out_model = model
     if outputs["model"] and (model is None or (outputs["refit"] and ev["method"] == "holdout")):
         logger.info("refitting the best model on all %d rows", X.shape[0])
-        model, refit_scores = _fit_and_score(params, X, y, None, None, ev["metrics"])
+        model, refit_scores = _fit_and_score(params, X, y, None, None, ev["metrics"], w)
         scores = {**scores, "refit": refit_scores}
     if outputs["predictions"] and X_test is not None:
         from daskkrr.data import write_array_zarr

@@ -11,6 +11,7 @@
     # table = "houses.tsv.gz"         # CSV/TSV(.gz), converted once to a cached Zarr store
     # target = "median_house_value"   #   (required with table)
     # generate = { n = 20000, d = 8, seed = 0 }   # synthetic data, cached
+    # sample_weight = "w"             # store only: its array of row weights (fit's sample_weight)
 
     [preprocess]
     max_rows = 1_000_000              # use the first max_rows rows
@@ -82,6 +83,7 @@ _SCHEMA: dict[str, dict[str, tuple[tuple[type, ...], Any]]] = {
         "sep": ((str,), None),
         "cache": ((str,), None),
         "generate": ((dict,), None),
+        "sample_weight": ((str,), None),
     },
     "preprocess": {
         "max_rows": ((int,), None),
@@ -278,6 +280,8 @@ def _check_data(data: dict[str, Any], base_dir: Path, where: str) -> None:
         raise WorkflowError(f"{where}: [data] table needs target = \"<name of the target column>\"")
     if data["table"] is None and data["target"] is not None:
         raise WorkflowError(f"{where}: [data] target only applies to table sources; remove it")
+    if data["sample_weight"] is not None and data["store"] is None:
+        raise WorkflowError(f"{where}: [data] sample_weight names an array of the store; it needs store = \"...\"")
     if data["generate"] is not None:
         gen = dict(data["generate"])
         bad = sorted(set(gen) - set(_GENERATE))

@@ -1,0 +1,400 @@
+"""Online and sliding-window kernel ridge regression (Ray and Musco): ``partial_fit`` on a stream.
+
+The sampling is :mod:`daskkrr.sampling.online_rls`, the regression and its
+statistics :mod:`daskkrr.solvers.online`; this module is the estimator: input
+checks (all before any update, so a refused batch leaves the model as it was),
+batching, reading only the new rows of a growing Zarr store, and the fitted
+attributes every daskkrr model has (``centers_``, ``coef_``: ``predict`` and
+``save`` are those of the other estimators).
+
+Where the work runs
+    A batch of ``batch_size`` rows is scored against the current dictionary in
+    one blockwise computation (:func:`daskkrr.solvers.online.batch_projections`
+    over the batch's row blocks; for a Zarr store or a dask array it is a
+    :meth:`~daskkrr.parallel.executor.BlockPasses.map` on the Dask workers):
+    ``O(b m (d + m))`` flops for ``m`` landmarks, two triangular solves per row --
+    the dominant cost once the dictionary has a few thousand landmarks. The
+    sequential part -- accept or reject each row, in arrival order, and the
+    rank-``b`` update of the statistics -- runs on the client. It holds the
+    batch's rows and its coordinates against the dictionary: about
+    ``8 b (d + m + r + k)`` bytes for ``m`` landmarks, ``r`` basis vectors and
+    ``k`` rows kept from the batch, plus ``O(k b (d + m))`` flops for the
+    rows kept. Batches of 1 000 to 100 000 rows suit dictionaries of up to a few
+    thousand landmarks. With a window the sweep of Algorithm 1 runs over the
+    batch and the surviving landmarks on the client (``O(s (b + s)(d + s))``)
+    and the statistics are rebuilt from the kept window rows
+    (``O(W s (d + s))``); see :mod:`daskkrr.solvers.online`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import textwrap
+import time
+from numbers import Integral, Real
+from typing import Any, ClassVar
+
+import numpy as np
+from sklearn.utils import Tags
+from sklearn.utils._param_validation import Interval
+from sklearn.utils.validation import validate_data
+
+from daskkrr.data.inputs import is_in_memory, is_store, load_training_data
+from daskkrr.models.kernel_model import KernelModelBase, positive
+from daskkrr.models.regressors import PARAM_DOCS, _RegressorMixin
+from daskkrr.parallel import Executor
+from daskkrr.solvers.online import (
+    OnlineState,
+    Projections,
+    batch_projections,
+    online_step,
+    ridge_coefficients,
+    window_step,
+)
+
+logger = logging.getLogger("daskkrr")
+
+_ONLINE_DOCS = {
+    "penalty": """penalty : float, default=1.0
+    The ridge ``lam`` of the unnormalised objective
+    ``sum_i (y_i - f(x_i))^2 + lam ||f||^2`` over the rows seen (or the window),
+    fixed for the whole stream as in Ray and Musco: the leverage scores, the
+    spectral guarantee and the regret bound use the same ``lam``. Unlike the
+    batch estimators it is *not* multiplied by the number of rows: after ``n``
+    rows the model equals ``ExactKernelRidge(penalty=penalty / n)`` when every
+    point is kept.""",
+    "window": """window : int or None, default=None
+    Keep only the last ``window`` rows (counted in rows, not batches): the
+    sliding-window Algorithm 1 with reverse online leverage scores. None: the
+    unbounded online model.""",
+    "c": """c : float, default=4.0
+    Oversampling constant: a row is kept with probability
+    ``min(c * l~, 1)``. Larger keeps more landmarks and makes the spectral
+    guarantee hold for more streams (the theory takes ``c = O(log n)``).""",
+    "batch_size": """batch_size : int, default=1000
+    Rows scored together against the dictionary (one blockwise computation);
+    ``fit`` and ``partial_fit`` split their input into batches of this size.
+    The unbounded model does not depend on it; the window model runs
+    Algorithm 1 once per batch (per row with ``batch_size=1``).""",
+    "random_state": """random_state : int or None, default=None
+    Seed of the sampling; the generator's state is saved with the model, so
+    a resumed stream continues exactly.""",
+}
+
+_FITTED = """
+    Attributes
+    ----------
+    centers_ : ndarray of shape (r, n_features)
+        The landmarks spanning the model (the dictionary, without those already
+        in the span of earlier ones).
+    coef_ : ndarray of shape (r,) or (r, n_targets)
+        ``f(x) = sum_j coef_j k(x, centers_j)``.
+    center_indices_ : ndarray of shape (r,)
+        Stream row numbers of the centers.
+    center_weights_ : ndarray of shape (r,)
+        ``1 / p`` of the centers (their weight in the leverage-score estimates).
+    n_landmarks_ : int
+        Size of the sampled dictionary.
+    n_rows_seen_ : int
+        Rows of the stream processed; a Zarr store passed to ``partial_fit`` is
+        read from this row on.
+    state_ : OnlineState
+        Dictionary, factors and sufficient statistics (see :mod:`daskkrr.solvers.online`).
+    intercept_ : ndarray of shape (n_targets,)
+        Zeros: the model has no intercept (centre the targets if needed).
+"""
+
+
+ONLINE_PARAMS = ("kernel", "sigma", "penalty", "window", "c", "batch_size", "kernel_params", "chunks",
+                 "random_state", "verbose")
+
+
+def _params_doc() -> str:
+    entries = "\n".join(textwrap.indent({**PARAM_DOCS, **_ONLINE_DOCS}[name], "    ") for name in ONLINE_PARAMS)
+    return f"""Parameters
+    ----------
+{entries}
+"""
+
+
+class OnlineKernelRidge(_RegressorMixin, KernelModelBase):
+    __doc__ = f"""Online (or sliding-window) kernel ridge regression on sampled landmarks.
+
+    ``partial_fit`` processes rows in arrival order: each is kept as a landmark
+    with probability ``min(c l~, 1)`` (its approximate online ridge leverage
+    score, Ray and Musco; the window variant runs their Algorithm 1), then the
+    ridge regression in the span of the landmarks is updated from sufficient
+    statistics; past rows are never stored (except the last ``window`` rows of
+    a window model). ``fit`` is ``partial_fit`` over the rows in order from a
+    fresh state. ``predict`` works after any batch.
+
+    {_params_doc()}{_FITTED}
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from daskkrr.models.online import OnlineKernelRidge
+    >>> rng = np.random.default_rng(0)
+    >>> X = rng.normal(size=(600, 2)); y = np.sin(X[:, 0])
+    >>> model = OnlineKernelRidge(penalty=1.0, random_state=0)
+    >>> for start in range(0, 600, 200):
+    ...     model = model.partial_fit(X[start:start + 200], y[start:start + 200])
+    >>> model.n_rows_seen_
+    600
+    >>> bool(model.score(X, y) > 0.95)
+    True
+    """
+
+    _parameter_constraints: ClassVar[dict[str, Any]] = {
+        "kernel": KernelModelBase._parameter_constraints["kernel"],
+        "sigma": KernelModelBase._parameter_constraints["sigma"],
+        "penalty": [positive(Real)],
+        "window": [positive(Integral), None],
+        "c": [positive(Real)],
+        "batch_size": [positive(Integral)],
+        "kernel_params": [dict, None],
+        "chunks": [positive(Integral), None],
+        "random_state": [Interval(Integral, 0, None, closed="left"), None],
+        "verbose": ["boolean"],
+    }
+
+    def __init__(
+        self,
+        kernel: Any = "gaussian",
+        sigma: float | None = None,
+        penalty: float = 1.0,
+        window: int | None = None,
+        c: float = 4.0,
+        batch_size: int = 1000,
+        kernel_params: dict | None = None,
+        chunks: int | None = None,
+        random_state: int | None = None,
+        verbose: bool = False,
+    ):
+        self.kernel = kernel
+        self.sigma = sigma
+        self.penalty = penalty
+        self.window = window
+        self.c = c
+        self.batch_size = batch_size
+        self.kernel_params = kernel_params
+        self.chunks = chunks
+        self.random_state = random_state
+        self.verbose = verbose
+
+    def __sklearn_tags__(self) -> Tags:
+        tags = super().__sklearn_tags__()
+        tags.target_tags.multi_output = True
+        return tags
+
+    # ------------------------------------------------------------------ fit
+    def fit(self, X: Any, y: Any = None) -> OnlineKernelRidge:
+        """Start a new stream and process ``X`` in row order (``partial_fit`` from scratch)."""
+        self._validate_params()
+        return self._process(X, y, restart=True)
+
+    def partial_fit(self, X: Any, y: Any = None) -> OnlineKernelRidge:
+        """Process the next rows of the stream, in order.
+
+        Parameters
+        ----------
+        X : array of shape (b, n_features), dask array, or a Zarr store path
+            The new rows. A store (path, zarr group, xarray Dataset) is the whole
+            stream so far: only its rows after ``n_rows_seen_`` are read, so a
+            store that grows by appending is consumed incrementally; a store with
+            fewer rows than were already seen is refused.
+        y : array of shape (b,) or (b, n_targets), or None
+            Targets (None for a store holding ``y``).
+
+        Every check (features, targets, NaN and inf, parameters changed since
+        the stream began, a shrunk store) is done before anything changes: a
+        refused call leaves the model as it was.
+        """
+        self._validate_params()
+        return self._process(X, y, restart=not hasattr(self, "state_"))
+
+    def _process(self, X: Any, y: Any, restart: bool) -> OnlineKernelRidge:
+        # The input checks may set n_features_in_/feature_names_in_: put them back if anything is refused.
+        saved = {k: getattr(self, k) for k in ("n_features_in_", "feature_names_in_") if hasattr(self, k)}
+        try:
+            return self._update(X, y, restart)
+        except BaseException:
+            for key in ("n_features_in_", "feature_names_in_"):
+                if key in saved:
+                    setattr(self, key, saved[key])
+                elif hasattr(self, key):
+                    delattr(self, key)
+            raise
+
+    def _update(self, X: Any, y: Any, restart: bool) -> OnlineKernelRidge:
+        started = time.perf_counter()
+        executor = Executor()
+        first_row = 0 if restart else int(self.state_.n_seen)
+        source = _Source.open(self, X, y, first_row, restart, executor)
+        if restart:
+            kernel = self._make_kernel(source.n_features)
+            state = OnlineState.empty(self.penalty, self.c, self.window, source.n_features, source.n_targets)
+            rng = np.random.default_rng(self.random_state)
+        else:
+            self._check_same_stream(source)
+            kernel, state, rng = self.kernel_, self.state_, _copy_rng(self.rng_)
+        for start in range(0, source.n_rows, int(self.batch_size)):
+            stop = min(start + int(self.batch_size), source.n_rows)
+            Xb, Yb, proj = source.batch(start, stop, kernel, state)
+            if self.window is None:
+                state, _ = online_step(state, Xb, Yb, proj, kernel, rng)  # type: ignore[arg-type]
+            else:
+                state, _ = window_step(state, Xb, Yb, kernel, rng)
+            if self.verbose:
+                logger.info("online KRR: %d rows seen, %d landmarks", state.n_seen, state.landmarks.shape[0])
+        if restart:
+            self.n_features_in_ = source.n_features
+            if not isinstance(source.X, np.ndarray) and hasattr(self, "feature_names_in_"):
+                del self.feature_names_in_  # names come from in-memory frames only
+        self._set_fitted(kernel, state, rng, source.one_d if restart else self._one_d)
+        self.fit_time_ = float(time.perf_counter() - started)
+        return self
+
+    def _check_same_stream(self, source: _Source) -> None:
+        state = self.state_
+        if source.n_targets != state.n_targets:
+            raise ValueError(f"y has {source.n_targets} target column(s) but the stream so far has "
+                             f"{state.n_targets}; pass the same targets as before, or call fit to restart")
+        changed = [name for name, now, then in (("penalty", float(self.penalty), state.lam),
+                                                 ("c", float(self.c), state.c), ("window", self.window, state.window))
+                   if now != then]
+        if self._make_kernel(state.n_features).to_dict() != self.kernel_.to_dict():
+            changed.append("kernel")
+        if changed:
+            raise ValueError(f"{', '.join(changed)} changed since the stream began; partial_fit continues the "
+                             "stream with its parameters: set them back, or call fit to start a new stream")
+
+    def _set_fitted(self, kernel: Any, state: OnlineState, rng: np.random.Generator, one_d: bool) -> None:
+        coef = ridge_coefficients(state)
+        basis = state.basis
+        self.kernel_ = kernel
+        self.state_ = state
+        self.rng_ = rng
+        self._one_d = one_d
+        self.scaler_ = None
+        self.centers_ = np.ascontiguousarray(state.landmarks[basis])
+        self.coef_ = coef[:, 0] if one_d else coef
+        self.center_indices_ = state.landmark_rows[basis]
+        self.center_weights_ = 1.0 / state.landmark_probs[basis] if basis.size else np.zeros(0)
+        t = state.n_targets
+        self.y_mean_ = np.zeros(t)
+        self.intercept_ = np.zeros(t)
+        self.residuals_ = np.zeros((1, t))
+        self.n_iter_, self.converged_, self.jitter_ = 0, True, 0.0
+        self.n_rows_seen_ = int(state.n_seen)
+        self.n_landmarks_ = int(state.landmarks.shape[0])
+
+    # ----------------------------------------------------------- persistence
+    def _saved_state(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        """JSON scalars and arrays that let a loaded model continue the stream exactly."""
+        meta = {**self.state_.scalars(), "rng": self.rng_.bit_generator.state, "one_d": self._one_d}
+        return meta, self.state_.arrays()
+
+    def _restore_saved_state(self, meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
+        """Inverse of :meth:`_saved_state` (called by :func:`daskkrr.load`)."""
+        state = OnlineState.from_saved(meta, arrays)
+        rng = np.random.default_rng()
+        rng.bit_generator.state = meta["rng"]
+        self._set_fitted(self.kernel_, state, rng, bool(meta["one_d"]))
+
+
+def _copy_rng(rng: np.random.Generator) -> np.random.Generator:
+    """An independent generator in the same state (the model's is untouched until the update succeeds)."""
+    out = np.random.default_rng()
+    out.bit_generator.state = rng.bit_generator.state
+    return out
+
+
+@dataclasses.dataclass
+class _Source:
+    """The new rows of one ``partial_fit`` call, checked, read batch by batch."""
+
+    X: Any
+    Y: Any
+    n_rows: int
+    n_features: int
+    n_targets: int
+    one_d: bool
+    executor: Executor
+
+    @classmethod
+    def open(cls, model: OnlineKernelRidge, X: Any, y: Any, first_row: int, restart: bool,
+             executor: Executor) -> _Source:
+        if is_in_memory(X):
+            return cls._in_memory(model, X, y, restart, executor)
+        Xd, yd = load_training_data(X, y, model.chunks)
+        total = int(Xd.shape[0])
+        if is_store(X):
+            if total < first_row:
+                raise ValueError(
+                    f"the store has {total} rows but this model has already seen {first_row}: it shrank, or it "
+                    "is another store. partial_fit reads only rows appended since the last call; call fit to "
+                    "start a new stream"
+                )
+            Xd, yd = Xd[first_row:], yd[first_row:]
+        if Xd.ndim != 2 or (not restart and Xd.shape[1] != model.n_features_in_):
+            raise ValueError(f"X has shape {tuple(Xd.shape)} but this model was fitted on {model.n_features_in_} "
+                             "features; pass the same columns, in the same order")
+        if Xd.shape[0] and not np.all(executor.passes(Xd, yd).map_reduce(_count_bad, name="onlinecheck",
+                                                                          with_y=True) == 0):
+            bad = executor.passes(Xd, yd).map(_first_bad, name="onlinecheck", with_y=True, with_offsets=False)
+            raise ValueError(f"X or y has NaN or inf in the new rows (first in block {_first(bad)}); the "
+                             "batch was refused before any update: clean or impute the rows")
+        Y = yd[:, None] if yd.ndim == 1 else yd
+        return cls(Xd, Y, int(Xd.shape[0]), int(Xd.shape[1]), int(Y.shape[1]), yd.ndim == 1, executor)
+
+    @classmethod
+    def _in_memory(cls, model: OnlineKernelRidge, X: Any, y: Any, restart: bool, executor: Executor) -> _Source:
+        x_checks = dict(accept_sparse=False, dtype="numeric", ensure_all_finite=False)
+        y_checks = dict(ensure_2d=False, dtype="numeric", ensure_all_finite=False)
+        Xn, yn = validate_data(model, X, y, reset=restart, validate_separately=(x_checks, y_checks))
+        Xn = np.asarray(Xn, dtype=np.float64)
+        yn = np.asarray(yn, dtype=np.float64)
+        if yn.ndim not in (1, 2) or yn.shape[0] != Xn.shape[0]:
+            raise ValueError(f"y has shape {yn.shape}; expected ({Xn.shape[0]},) or ({Xn.shape[0]}, t)")
+        bad = np.flatnonzero(~(np.isfinite(Xn).all(axis=1) & np.isfinite(yn.reshape(len(yn), -1)).all(axis=1)))
+        if bad.size:
+            raise ValueError(f"X or y has NaN or inf in {bad.size} row(s) of the batch, the first at row "
+                             f"{int(bad[0])}; the batch was refused before any update: clean or impute the rows")
+        Y = yn.reshape(len(yn), -1)
+        return cls(Xn, Y, Xn.shape[0], Xn.shape[1], Y.shape[1], yn.ndim == 1, executor)
+
+    def batch(self, start: int, stop: int, kernel: Any, state: OnlineState) -> tuple[np.ndarray, np.ndarray,
+                                                                                         Projections | None]:
+        """Rows ``start:stop`` and (unbounded stream) their projections on the current dictionary."""
+        args = (kernel, state.landmarks, state.landmark_probs, state.sampler_factor, state.basis, state.basis_factor)
+        unbounded = state.window is None
+        if isinstance(self.X, np.ndarray):
+            Xb, Yb = self.X[start:stop], self.Y[start:stop]
+            return Xb, Yb, batch_projections(Xb, *args) if unbounded else None
+        parts = self.executor.passes(self.X[start:stop], self.Y[start:stop]).map(
+            _block_with_projections, unbounded, *args, name="onlinescores", with_y=True)
+        Xb = np.concatenate([p[0] for p in parts]).astype(np.float64)
+        Yb = np.concatenate([p[1] for p in parts]).astype(np.float64)
+        return Xb, Yb.reshape(len(Yb), -1), Projections.concat([p[2] for p in parts]) if unbounded else None
+
+
+def _block_with_projections(Xb: np.ndarray, Yb: np.ndarray, unbounded: bool, *args: Any) -> tuple[Any, Any, Any]:
+    Xb = np.asarray(Xb, dtype=np.float64)
+    return Xb, np.asarray(Yb), batch_projections(Xb, *args) if unbounded else None
+
+
+def _count_bad(Xb: np.ndarray, Yb: np.ndarray) -> np.ndarray:
+    Y2 = np.asarray(Yb).reshape(len(Yb), -1)
+    return np.array([float((~(np.isfinite(Xb).all(axis=1) & np.isfinite(Y2).all(axis=1))).sum())])
+
+
+def _first_bad(Xb: np.ndarray, Yb: np.ndarray) -> bool:
+    return bool(_count_bad(Xb, Yb)[0] > 0)
+
+
+def _first(flags: list[bool]) -> int:
+    return next(i for i, flag in enumerate(flags) if flag)
+
+
+__all__ = ["OnlineKernelRidge"]

@@ -1,0 +1,143 @@
+"""The tuning space: log-uniform ranges of ``sigma`` (scalar or per feature), ``penalty``
+and ``n_centers``, and the finite candidate set drawn from it.
+
+Candidates are points of a scrambled Sobol sequence in the unit cube of the
+log-parameters, so they cover the space evenly; the bandit's arms are these unit
+coordinates (each log-range mapped to [0, 1]).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from numbers import Integral, Real
+from typing import Any
+
+import numpy as np
+from scipy.stats import qmc
+
+#: Parameters the space can tune, in the order of the arms' coordinates.
+TUNABLE = ("sigma", "penalty", "n_centers")
+
+
+@dataclasses.dataclass(frozen=True)
+class Range:
+    """A log-uniform range ``[low, high]`` of one parameter (a vector range for ARD sigma)."""
+
+    name: str
+    low: np.ndarray
+    high: np.ndarray
+    integer: bool = False
+
+    @property
+    def width(self) -> int:
+        return int(self.low.size)
+
+    def values(self, unit: np.ndarray) -> np.ndarray:
+        """Parameter values at unit coordinates (n, width)."""
+        lo, hi = np.log(self.low), np.log(self.high)
+        v = np.exp(lo + unit * (hi - lo))
+        return np.rint(v) if self.integer else v
+
+
+def _bound(name: str, value: Any, width: int) -> np.ndarray:
+    arr = np.atleast_1d(np.asarray(value, dtype=np.float64))
+    if arr.ndim != 1 or arr.size not in (1, width):
+        raise ValueError(f"the {name} range must hold scalars or vectors of length {width} (one per "
+                         f"feature); got shape {np.shape(value)}")
+    if not np.all(np.isfinite(arr) & (arr > 0)):
+        raise ValueError(f"the {name} range must be > 0 and finite (it is searched in log space); got {value!r}")
+    return np.broadcast_to(arr, (width,)).copy()
+
+
+def parse_space(space: Mapping[str, Any], n_features: int, *, ard: bool) -> list[Range]:
+    """The ranges of ``space`` (``{"sigma": (lo, hi), "penalty": (lo, hi), "n_centers": (lo, hi)}``).
+
+    With ``ard`` the sigma range is per feature: ``lo``/``hi`` scalars (the same range
+    for every feature) or vectors of length ``n_features``.
+    """
+    unknown = sorted(set(space) - set(TUNABLE))
+    if unknown:
+        raise ValueError(f"cannot tune {unknown}; the space takes {list(TUNABLE)}")
+    if not space:
+        raise ValueError(f"the tuning space is empty; give ranges for some of {list(TUNABLE)}")
+    ranges = []
+    for name in TUNABLE:
+        if name not in space:
+            continue
+        bounds = space[name]
+        if not isinstance(bounds, (tuple, list)) or len(bounds) != 2:
+            raise ValueError(f"space[{name!r}] must be a (low, high) pair; got {bounds!r}")
+        width = n_features if (name == "sigma" and ard) else 1
+        low, high = _bound(name, bounds[0], width), _bound(name, bounds[1], width)
+        if np.any(low > high):
+            raise ValueError(f"space[{name!r}]: low must be <= high; got {bounds!r}")
+        if name == "n_centers":
+            for b in bounds:
+                if isinstance(b, bool) or not isinstance(b, (Integral, Real)) or b < 1:
+                    raise ValueError(f"space['n_centers'] must hold integers >= 1; got {bounds!r}")
+        ranges.append(Range(name, low, high, integer=(name == "n_centers")))
+    return ranges
+
+
+def default_space(n_features: int) -> dict[str, tuple[float, float]]:
+    """sigma around the estimators' default ``sqrt(d)`` (for standardised features) and
+    penalty from 1e-8 to 1e-1 (below, wide kernels are too ill-conditioned: a fit that
+    validates well can still blow up on new rows)."""
+    root = math.sqrt(n_features)
+    return {"sigma": (root / 10, root * 10), "penalty": (1e-8, 1e-1)}
+
+
+@dataclasses.dataclass
+class CandidateSet:
+    """Candidates: the bandit's arms (unit coordinates) and the parameters of each."""
+
+    arms: np.ndarray
+    params: list[dict[str, Any]]
+
+
+def draw_candidates(ranges: list[Range], n_candidates: int, random_state: Any,
+                    max_centers: int | None = None) -> CandidateSet:
+    """``n_candidates`` scrambled-Sobol points of the log-space; candidates with more
+    centers than ``max_centers`` (the training rows) are dropped, duplicates too.
+
+    Raises ValueError when no valid candidate is left.
+    """
+    dim = sum(r.width for r in ranges)
+    seed = np.random.default_rng(random_state).integers(2**32)
+    unit = qmc.Sobol(dim, scramble=True, seed=int(seed)).random(n_candidates) if dim else np.zeros((1, 0))
+    columns: list[np.ndarray] = []
+    values: dict[str, np.ndarray] = {}
+    at = 0
+    for r in ranges:
+        u = unit[:, at : at + r.width]
+        values[r.name] = r.values(u)
+        # For integers, the arm is where the rounded value lies, so equal values share an arm.
+        if r.integer:
+            lo, hi = np.log(r.low), np.log(r.high)
+            u = (np.log(values[r.name]) - lo) / np.where(hi > lo, hi - lo, 1.0)
+        columns.append(u)
+        at += r.width
+    arms = np.column_stack(columns) if columns else np.zeros((unit.shape[0], 0))
+    valid = np.ones(arms.shape[0], dtype=bool)
+    if "n_centers" in values and max_centers is not None:
+        valid &= values["n_centers"][:, 0] <= max_centers
+    if not valid.any():
+        raise ValueError(f"the tuning space has no valid point: every candidate asks for more centers than "
+                         f"the {max_centers} training rows of a split; lower space['n_centers']")
+    _, first = np.unique(arms[valid], axis=0, return_index=True)
+    keep = np.flatnonzero(valid)[np.sort(first)]
+    params = []
+    for i in keep:
+        p: dict[str, Any] = {}
+        for r in ranges:
+            v = values[r.name][i]
+            if r.integer:
+                p[r.name] = int(v[0])
+            elif r.width > 1:
+                p[r.name] = v.copy()
+            else:
+                p[r.name] = float(v[0])
+        params.append(p)
+    return CandidateSet(arms=np.ascontiguousarray(arms[keep]), params=params)

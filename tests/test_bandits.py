@@ -1,0 +1,261 @@
+"""BKB and BatchBKB against exact GP-UCB (written here) on a discretised Branin function."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from daskkrr.bandits import BKB, BatchBKB, HallucinatedVariance, NystromPosterior, confidence_width, nystrom_embedding
+from daskkrr.kernels import make_kernel
+from daskkrr.utils.threads import blas_threads
+
+# Branin on [0, 1]^2 (rescaled from [-5, 10] x [0, 15]), maximised, rewards standardised.
+SIGMA, PENALTY, NOISE, XI, F_BOUND, QBAR = 0.3, 0.01, 0.1, 0.05, 0.5, 2.0
+
+
+def branin_arms(n: int = 30) -> tuple[np.ndarray, np.ndarray]:
+    g = np.linspace(0.0, 1.0, n)
+    X = np.array([(a, b) for a in g for b in g])
+    x1, x2 = -5 + 15 * X[:, 0], 15 * X[:, 1]
+    f = (x2 - 5.1 / (4 * np.pi**2) * x1**2 + 5 / np.pi * x1 - 6) ** 2 + 10 * (1 - 1 / (8 * np.pi)) * np.cos(x1) + 10
+    r = -f
+    return X, (r - r.mean()) / r.std()
+
+
+class ExactGPUCB:
+    """GP-UCB with the exact posterior, in BKB's units (prior k / lambda, unit noise).
+
+    The Cholesky factor ``L`` of ``K_t + lambda I`` and ``V = L^{-1} K_{t,A}`` grow by
+    one row per step, so a step costs ``O(t A)``.
+    """
+
+    def __init__(self, arms: np.ndarray, rng: np.random.Generator):
+        self.arms, self.rng = arms, rng
+        self.k = make_kernel("gaussian", sigma=SIGMA)
+        self.L = np.zeros((0, 0))
+        self.V = np.zeros((0, len(arms)))
+        self.alpha = np.zeros(0)  # L^{-1} y
+        self.pulled: list[int] = []
+        self.mean = np.zeros(len(arms))
+        self.variance = np.ones(len(arms)) / PENALTY
+        self.beta = self._beta()
+
+    def _beta(self) -> float:
+        return confidence_width(variance_sum=float(self.variance[self.pulled].sum()), t=len(self.pulled),
+                                kappa2=1.0, penalty=PENALTY, noise_bound=XI, norm_bound=F_BOUND, delta=0.5,
+                                epsilon=0.0)
+
+    def ask(self) -> int:
+        u = self.mean + self.beta * np.sqrt(self.variance)
+        best = np.flatnonzero(u == u.max())
+        return int(self.rng.choice(best))
+
+    def tell(self, i: int, reward: float) -> None:
+        k_new = self.k(self.arms, self.arms[i : i + 1])[:, 0]
+        l_row = np.linalg.solve(self.L, k_new[self.pulled]) if self.pulled else np.zeros(0)
+        l_diag = math.sqrt(k_new[i] + PENALTY - l_row @ l_row)
+        n = len(self.pulled)
+        L = np.zeros((n + 1, n + 1))
+        L[:n, :n], L[n, :n], L[n, n] = self.L, l_row, l_diag
+        v_new = (k_new - l_row @ self.V) / l_diag
+        a_new = (reward - l_row @ self.alpha) / l_diag
+        self.L, self.V = L, np.vstack([self.V, v_new])
+        self.alpha = np.append(self.alpha, a_new)
+        self.pulled.append(i)
+        self.mean = self.mean + v_new * a_new
+        self.variance = np.maximum(self.variance - v_new**2 / PENALTY, 0.0)
+        self.beta = self._beta()
+
+
+def _run(make, arms, f, T, seed, batch=False):
+    rng = np.random.default_rng(seed)
+    bandit = make(arms, rng)
+    regret: list[float] = []
+    while len(regret) < T:
+        chosen = bandit.ask() if batch else [bandit.ask()]
+        rewards = [f[i] + NOISE * rng.normal() for i in chosen]
+        if batch:
+            bandit.tell_many(chosen, rewards)
+        else:
+            bandit.tell(chosen[0], rewards[0])
+        regret += [f.max() - f[i] for i in chosen]
+    return np.cumsum(regret[:T]), bandit
+
+
+def _params(rng, kw):
+    return {"sigma": SIGMA, "penalty": PENALTY, "qbar": QBAR, "noise_bound": XI, "norm_bound": F_BOUND,
+            "epsilon": 0.0, "random_state": rng, **kw}
+
+
+def _bkb(arms, rng, **kw):
+    return BKB(arms, **_params(rng, kw))
+
+
+def _batch(arms, rng, **kw):
+    return BatchBKB(arms, **_params(rng, kw))
+
+
+def _exponent(R: np.ndarray) -> float:
+    """Slope of log R_t against log t over the last three quarters."""
+    t = np.arange(1, len(R) + 1)
+    start = len(R) // 4
+    return float(np.polyfit(np.log(t[start:]), np.log(R[start:]), 1)[0])
+
+
+@pytest.fixture(scope="module")
+def regrets():
+    arms, f = branin_arms(30)
+    T, seeds, B = 300, range(3), 5
+    out: dict[str, list] = {"gp": [], "bkb": [], "batch": [], "size": [], "rounds": []}
+    with blas_threads(1):
+        for seed in seeds:
+            out["gp"].append(_run(ExactGPUCB, arms, f, T, seed)[0])
+            R, bandit = _run(_bkb, arms, f, T, seed)
+            out["bkb"].append(R)
+            out["size"].append(bandit.dictionary_size_[-1])
+            R, bandit = _run(lambda a, r: _batch(a, r, batch_size=B), arms, f, T, seed, batch=True)
+            out["batch"].append(R)
+            out["rounds"].append(bandit.n_rounds_)
+    return {k: np.array(v) for k, v in out.items()} | {"T": T, "B": B}
+
+
+def test_bkb_regret_is_within_a_small_constant_of_exact_gp_ucb(regrets):
+    gp, bkb = regrets["gp"].mean(0), regrets["bkb"].mean(0)
+    assert bkb[-1] <= 2.0 * gp[-1]
+
+
+def test_bkb_regret_is_sublinear(regrets):
+    bkb = regrets["bkb"].mean(0)
+    assert _exponent(bkb) < 0.8
+    T = regrets["T"]
+    # Average regret falls: the second half's per-step regret is well below the first's.
+    assert bkb[-1] - bkb[T // 2] < 0.7 * bkb[T // 2]
+
+
+def test_dictionary_stays_far_below_t(regrets):
+    assert np.max(regrets["size"]) <= regrets["T"] / 3
+
+
+def test_batch_bkb_reaches_the_regret_in_t_over_b_rounds(regrets):
+    assert np.all(regrets["rounds"] == regrets["T"] // regrets["B"])
+    assert regrets["batch"].mean(0)[-1] <= 2.0 * regrets["gp"].mean(0)[-1]
+    assert _exponent(regrets["batch"].mean(0)) < 0.8
+
+
+def test_with_every_point_kept_bkb_is_the_exact_gp():
+    arms, f = branin_arms(12)
+    rng = np.random.default_rng(1)
+    exact = ExactGPUCB(arms, np.random.default_rng(1))
+    bandit = _bkb(arms, rng, qbar=1e15)
+    for _ in range(40):
+        i = bandit.ask()
+        r = f[i] + NOISE * rng.normal()
+        bandit.tell(i, r)
+        exact.tell(i, r)
+        assert set(bandit.dictionary_) == set(exact.pulled)
+    np.testing.assert_allclose(bandit.mean_, exact.mean, rtol=1e-7, atol=1e-8)
+    np.testing.assert_allclose(bandit.variance_, exact.variance, rtol=1e-6, atol=1e-8)
+    # In the units of a GP with prior k and noise variance lambda: lambda * sigma~^2.
+    K = exact.k(arms[exact.pulled], arms[exact.pulled]) + PENALTY * np.eye(len(exact.pulled))
+    Ka = exact.k(arms, arms[exact.pulled])
+    gp_var = 1.0 - np.einsum("ij,ji->i", Ka, np.linalg.solve(K, Ka.T))
+    np.testing.assert_allclose(PENALTY * bandit.variance_, gp_var, rtol=1e-6, atol=1e-9)
+    assert bandit.beta_ == pytest.approx(exact.beta)
+
+
+def test_hallucinated_batch_variance_equals_the_posterior_with_the_batch_observed():
+    rng = np.random.default_rng(0)
+    arms = rng.uniform(size=(40, 2))
+    k = make_kernel("gaussian", sigma=0.3)
+    counts = np.zeros(40, dtype=np.int64)
+    counts[[1, 5, 7]] = [2, 1, 1]
+    sums = rng.normal(size=40) * counts
+    start = NystromPosterior(nystrom_embedding(k, arms, np.array([1, 5])), k.diag(arms), counts, sums, 0.1)
+    hallucinated = HallucinatedVariance(start, k, arms, counts)
+    batch = [3, 7, 3, 20]  # 7 pulled but outside the dictionary, 3 twice
+    for j in batch:
+        hallucinated.add(j)
+    after = counts.copy()
+    np.add.at(after, batch, 1)
+    full = NystromPosterior(nystrom_embedding(k, arms, np.array([1, 5, 3, 7, 20])), k.diag(arms), after, sums, 0.1)
+    np.testing.assert_allclose(hallucinated.variance, full.variance, rtol=1e-9, atol=1e-12)
+
+
+def test_adaptive_batches_stop_on_the_variance_ratio():
+    arms, f = branin_arms(20)
+    rng = np.random.default_rng(0)
+    bandit = _batch(arms, rng, ratio_threshold=3.0)
+    for _ in range(40):
+        batch = bandit.ask()
+        frozen = bandit.variance_[batch]
+        # BBKB's rule: the batch grows while 1 + sum of the frozen variances of the previous arms <= C~.
+        assert 1.0 + frozen[:-1].sum() <= 3.0
+        assert len(batch) == bandit.n_arms or 1.0 + frozen.sum() > 3.0
+        bandit.tell_many(batch, [f[i] for i in batch])
+    assert max(bandit.batch_sizes_) > 1  # once variances fall, batches grow
+    assert bandit.t_ == sum(bandit.batch_sizes_)
+
+
+def test_ard_sigma_vector_equals_scaled_arms():
+    rng = np.random.default_rng(0)
+    arms = rng.uniform(size=(30, 2))
+    scale = np.array([0.2, 0.5])
+    a = BKB(arms, sigma=scale, penalty=0.1, random_state=0)
+    b = BKB(arms / scale, sigma=1.0, penalty=0.1, random_state=0)
+    for _ in range(10):
+        i, j = a.ask(), b.ask()
+        assert i == j
+        a.tell(i, float(arms[i].sum()))
+        b.tell(j, float(arms[j].sum()))
+    np.testing.assert_allclose(a.mean_, b.mean_)
+    with pytest.raises(ValueError, match="length 2"):
+        BKB(arms, sigma=[1.0, 2.0, 3.0])
+
+
+@pytest.mark.parametrize("arms", [np.zeros((0, 2)), []])
+def test_empty_arm_set_is_refused(arms):
+    with pytest.raises(ValueError, match="arm set is empty"):
+        BKB(arms)
+
+
+def test_tell_needs_an_asked_arm_and_a_finite_reward():
+    bandit = BKB(np.linspace(0, 1, 5)[:, None], sigma=0.5, random_state=0)
+    with pytest.raises(ValueError, match="was not asked"):
+        bandit.tell(0, 1.0)
+    i = bandit.ask()
+    with pytest.raises(ValueError, match="finite"):
+        bandit.tell(i, float("nan"))
+    with pytest.raises(IndexError, match="out of range"):
+        bandit.tell(7, 1.0)
+    bandit.tell(i, 1.0)
+    with pytest.raises(ValueError, match="already told"):
+        bandit.tell(i, 1.0)
+    assert bandit.t_ == 1
+
+
+def test_batch_needs_its_rewards_before_the_next_batch():
+    bandit = BatchBKB(np.linspace(0, 1, 5)[:, None], sigma=0.5, batch_size=2, random_state=0)
+    batch = bandit.ask()
+    bandit.tell(batch[0], 0.0)
+    with pytest.raises(ValueError, match="without a reward"):
+        bandit.ask()
+    bandit.exclude(batch[1])  # a failed evaluation: dropped, never asked again
+    assert bandit.n_rounds_ == 1 and batch[1] not in bandit.ask(3)
+
+
+def test_asking_with_every_arm_excluded_is_refused():
+    bandit = BKB(np.eye(2), sigma=0.5, random_state=0)
+    bandit.exclude(0)
+    bandit.exclude(1)
+    assert bandit.n_arms_left == 0
+    with pytest.raises(ValueError, match="every arm is excluded"):
+        bandit.ask()
+
+
+@pytest.mark.parametrize("bad", [{"penalty": 0.0}, {"delta": 1.0}, {"qbar": -1}, {"epsilon": 1.0},
+                                 {"noise_bound": float("nan")}])
+def test_bad_parameters_are_refused(bad):
+    with pytest.raises(ValueError, match=next(iter(bad))):
+        BKB(np.eye(3), **bad)
