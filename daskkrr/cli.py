@@ -549,7 +549,7 @@ def _checkpoint_kwargs(args: argparse.Namespace, model: Any) -> dict[str, Any]:
 
     if "checkpoint" not in inspect.signature(model.fit).parameters:
         raise UsageError(
-            f"--checkpoint is supported by the falkon and classifier estimators, not by "
+            f"--checkpoint is supported by the falkon, classifier and exact estimators, not by "
             f"{type(model).__name__}; drop --checkpoint or use --estimator falkon"
         )
     from daskkrr.checkpoint import FitCheckpoint
