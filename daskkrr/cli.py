@@ -252,7 +252,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_model_flags(p)
     p.add_argument("--overwrite", action="store_true", help="replace an existing model directory")
     p.add_argument("--checkpoint", metavar="DIR", default=None,
-                   help="save the fit's state to DIR as it goes (falkon, classifier and logistic estimators; "
+                   help="save the fit's state to DIR as it goes (falkon, classifier, logistic and exact estimators; "
                         "default: no checkpoint)")
     p.add_argument("--checkpoint-every", dest="checkpoint_every", type=_positive_int, default=5, metavar="K",
                    help="CG iterations between checkpoints")
@@ -550,7 +550,7 @@ def _checkpoint_kwargs(args: argparse.Namespace, model: Any) -> dict[str, Any]:
 
     if "checkpoint" not in inspect.signature(model.fit).parameters:
         raise UsageError(
-            f"--checkpoint is supported by the falkon, classifier and logistic estimators, not by "
+            f"--checkpoint is supported by the falkon, classifier, logistic and exact estimators, not by "
             f"{type(model).__name__}; drop --checkpoint or use --estimator falkon"
         )
     from daskkrr.checkpoint import FitCheckpoint

@@ -26,7 +26,7 @@ def big():
 
 @pytest.mark.parametrize("make, alternative", [
     (lambda: FalkonRegressor(sampler="rls", n_centers=100), "sampler='squeak' or 'bless'"),
-    (lambda: ExactKernelRidge(), "FalkonRegressor"),
+    (lambda: ExactKernelRidge(solver="direct"), "FalkonRegressor"),
 ])
 def test_n_squared_methods_are_refused_at_once_with_the_estimate(big, make, alternative):
     X, y = big
@@ -54,7 +54,7 @@ def test_memory_guard_refuses_before_any_pass_over_a_store(tmp_path, monkeypatch
             FalkonRegressor(sampler="rls", n_centers=50).fit(store)
         assert "force=True" in str(info.value) and FORCE_ENV in str(info.value)
         with pytest.raises(ResourceGuardError, match="FalkonRegressor"):
-            ExactKernelRidge().fit(store)
+            ExactKernelRidge(solver="direct").fit(store)
     assert passes == []  # refused from the store's metadata
 
 

@@ -20,6 +20,7 @@ import yaml
 
 from daskkrr.cli import _parser
 from daskkrr.workflow import read_workflow
+from daskkrr.workflow.unsupervised import is_unsupervised, read_unsupervised_workflow
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "workflows" / "examples"
 CLUSTER = EXAMPLES / "cluster"
@@ -37,7 +38,7 @@ JOBQUEUE_SLURM_KEYS = {
 
 def test_every_computing_command_takes_scheduler():
     sub = next(a for a in _parser()._actions if a.dest == "command")
-    computing = {"generate", "fit", "predict", "quickstart", "run", "score"}
+    computing = {"generate", "fit", "predict", "quickstart", "run", "score", "embed", "cluster", "tune"}
     for name in computing:
         options = {o for a in sub.choices[name]._actions for o in a.option_strings}
         assert {"--scheduler", "--workers"} <= options, name
@@ -163,6 +164,10 @@ def test_systemd_units_are_complete():
 
 def test_every_example_workflow_validates():
     for path in EXAMPLES.glob("*.toml"):
+        if is_unsupervised(tomllib.loads(path.read_text())):  # [kpca] / [kmeans] tables: daskkrr run dispatches
+            config = read_unsupervised_workflow(path)
+            assert config["workflow"]["name"] and ({"kpca", "kmeans"} & set(config)), path
+            continue
         config = read_workflow(path)
         assert config["workflow"]["name"] and config["model"]["estimator"]
     tomllib.loads((EXAMPLES / "nightly_retrain.toml").read_text())

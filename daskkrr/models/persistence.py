@@ -38,7 +38,9 @@ _OPTIONAL_ARRAYS = {"intercept_": lambda model: np.asarray(model.y_mean_, dtype=
 STATE_PREFIX = "state_"
 #: Prefix of the arrays of ``posterior_`` (:class:`daskkrr.solvers.variance.PosteriorVariance`).
 POSTERIOR_PREFIX = "posterior_"
-_SCALARS = ("n_features_in_", "n_iter_", "converged_", "jitter_", "n_data_passes_", "fit_time_")
+_SCALARS = ("n_features_in_", "n_iter_", "converged_", "jitter_", "n_data_passes_", "fit_time_",
+            # ExactKernelRidge: the solver chosen and, for PCG, its preconditioner (JSON scalars and lists)
+            "solver_", "n_features_", "preconditioner_penalty_", "kernel_tiles_", "adaptive_trace_")
 
 
 class ModelFormatError(ValueError):

@@ -10,17 +10,18 @@ from typing import Any, ClassVar
 import numpy as np
 from sklearn.base import RegressorMixin
 from sklearn.utils import Tags
-from sklearn.utils._param_validation import StrOptions
+from sklearn.utils._param_validation import Interval, StrOptions
 
 from daskkrr.data.feature_names import check_feature_names
 from daskkrr.data.inputs import is_in_memory, load_training_data
 from daskkrr.data.sample_weight import open_sample_weight
 from daskkrr.models.base import NystromModelBase
-from daskkrr.models.kernel_model import KernelModelBase, positive
+from daskkrr.models.kernel_model import KernelModelBase, ParameterError, positive
 from daskkrr.models.weights import check_sample_weight, refuse_weighted_std
 from daskkrr.parallel import Executor
 from daskkrr.pipeline import run_fit
-from daskkrr.pipeline.stages import exact_stages
+from daskkrr.pipeline.exact_pcg import check_preconditioner, choose_solver, exact_krr_stages
+from daskkrr.pipeline.stages import training_shape
 
 #: numpydoc entry of every estimator parameter; each class lists those it takes (and
 #: :mod:`daskkrr.models.schema` reads them back as the help of TOML keys and CLI flags).
@@ -97,7 +98,51 @@ PARAM_DOCS = {
     n), None keeps FALKON's own preconditioner. More rows cost ``2 s M^2``
     flops once on the client and save CG iterations, i.e. passes over the data.""",
     "max_samples": """max_samples : int, default=20000
-    Largest n accepted (the kernel matrix takes 8 n^2 bytes).""",
+    Largest n the "direct" solver accepts (the kernel matrix takes 8 n^2 bytes).""",
+    "exact_solver": """solver : {"auto", "direct", "pcg"}, default="auto"
+    "direct" gathers the data on the client and factors ``K + lambda I``
+    (memory 24 n^2 bytes, time n^3 / 3); "pcg" solves the same system by
+    preconditioned CG on the Dask workers (Avron, Clarkson and Woodruff; see
+    :mod:`daskkrr.pipeline.exact_pcg`): memory of the kept kernel tiles or of a
+    tile per task, time n^2 d per iteration. "auto" factors directly up to
+    10 000 rows when its matrices fit in memory, and uses "pcg" beyond.""",
+    "exact_preconditioner": """preconditioner : {"random_features", "nystrom"} or None, default="random_features"
+    PCG's preconditioner ``Z Z^T + lambda_p I``: "random_features" takes ``Z``
+    from random features of the kernel (Fourier features for the
+    Gaussian, Laplacian and Matern kernels, TensorSketch for the polynomial one;
+    :mod:`daskkrr.kernels.random_features`), "nystrom" from ``n_features``
+    uniformly sampled Nystrom centers, None runs plain CG.""",
+    "exact_n_features": """n_features : int or "auto", default="auto"
+    s, the number of features of the preconditioner. "auto" doubles s from 256
+    until the preconditioned system's condition number, estimated by a few
+    Lanczos steps, is small (see :mod:`daskkrr.pipeline.exact_pcg`); the chosen s
+    is ``n_features_``.""",
+    "preconditioner_penalty": """preconditioner_penalty : float, default=10.0
+    ``lambda_p / lambda``: the preconditioner is ``Z Z^T + lambda_p I`` with
+    ``lambda_p = preconditioner_penalty * penalty * n``. The paper's Table 2 found
+    ``lambda_p = 10 lambda`` a good rule of thumb; 1.0 is its Algorithm 1.""",
+    "srht_features": """srht_features : int or None, default=None
+    Multi-level sketching (the paper's Algorithm 2): compress the
+    ``n_features`` random features with a subsampled randomised Hadamard
+    transform to this many (fewer) features. None: one level.""",
+    "exact_tol": """tol : float, default=1e-5
+    Stop when ``||y - (K + lambda I) c|| <= tol ||y||`` (the paper's criterion;
+    it used 1e-5 for regression and 1e-3 for classification).""",
+    "exact_max_iter": """max_iter : int, default=1000
+    Maximum PCG iterations (each is one product with the n x n kernel matrix).""",
+    "kernel_tiles": """kernel_tiles : {"auto", "keep", "recompute"}, default="auto"
+    "keep" holds the upper-triangle kernel tiles in worker memory after one
+    pass (n^2 / 2 entries of ``tile_dtype``); "recompute" builds them anew on
+    every product (a tile per task: any n); "auto" keeps them when they take at
+    most half the workers' memory.""",
+    "tile_dtype": """tile_dtype : {"auto", "float32", "float64"}, default="auto"
+    Precision of kept tiles: "auto" is float32 (half the memory) when
+    ``tol >= 1e-5`` and float64 for smaller ``tol``. Recomputed tiles have the
+    data's precision (float64).""",
+    "exact_random_state": """random_state : int, numpy Generator or None, default=None
+    Seed of the random features (or the Nystrom centers) and of the
+    adaptive probe. The features of a row depend only on the seed and the row,
+    not on the chunking or the workers.""",
     "class_weight": """class_weight : dict, "balanced" or None, default=None
     Weights of the classes, multiplied into ``fit``'s ``sample_weight``:
     None weighs every class 1, a dict ``{label: weight}`` names some classes
@@ -143,7 +188,8 @@ FALKON_PARAMS = ("kernel", "sigma", "penalty", "n_centers", "sampler", "max_iter
 NYSTROM_PARAMS = ("kernel", "sigma", "penalty", "n_centers", "sampler", "kernel_params", "dtype", "standardize",
                   "chunks", "random_state", "verbose", "direct_strategy", "fit_intercept", "compute_std")
 EXACT_PARAMS = ("kernel", "sigma", "penalty", "kernel_params", "standardize", "chunks", "max_samples", "verbose",
-                "compute_std")
+                "compute_std", "exact_solver", "exact_preconditioner", "exact_n_features", "preconditioner_penalty",
+                "srht_features", "exact_tol", "exact_max_iter", "kernel_tiles", "tile_dtype", "exact_random_state")
 
 _FITTED_DOC = """
     Attributes
@@ -419,23 +465,78 @@ class NystromRegressor(_RegressorMixin, NystromModelBase):
 
 
 class ExactKernelRidge(_RegressorMixin, KernelModelBase):
-    __doc__ = f"""Exact kernel ridge regression, ``(K + penalty * n I) c = y``, for small n.
+    __doc__ = f"""Exact kernel ridge regression, ``(K + penalty * n I) c = y``.
 
-    It gathers the training data on the client and factors the ``n x n`` kernel
-    matrix, so it refuses ``n > max_samples``, and, before any pass over the data,
-    an ``n`` whose three ``n x n`` matrices would not fit in this machine's or the
-    workers' memory (the message gives the estimate; ``DASKKRR_FORCE_EXACT=1``
-    runs it anyway, see :mod:`daskkrr.guards`); use :class:`FalkonRegressor` beyond.
-    Equal to scikit-learn's ``KernelRidge(alpha=penalty * n)`` with the same kernel.
-    The fitted model has every training point as a center (``centers_``, ``coef_``).
+    Equal to scikit-learn's ``KernelRidge(alpha=penalty * n)`` with the same kernel:
+    every training point is a center (``centers_``, ``coef_``). Two solvers:
 
-    {params_doc(*EXACT_PARAMS)}"""
+    - "direct" gathers the training data on the client and factors the ``n x n``
+      matrix. It refuses ``n > max_samples``, and, before any pass over the data,
+      an ``n`` whose three ``n x n`` matrices would not fit in this machine's or
+      the workers' memory (the message gives the estimate; ``DASKKRR_FORCE_EXACT=1``
+      runs it anyway, see :mod:`daskkrr.guards`).
+    - "pcg" solves the same system on the Dask workers by CG preconditioned with
+      random features (Avron, Clarkson and Woodruff, "Faster kernel ridge
+      regression using sketching and preconditioning"): one product with the
+      kernel matrix per iteration over upper-triangle tiles, kept in worker
+      memory or recomputed. Its estimated time and memory are logged (printed
+      with ``verbose``) before the work starts. See :mod:`daskkrr.pipeline.exact_pcg`.
+
+    {params_doc(*EXACT_PARAMS)}
+    Attributes
+    ----------
+    centers_ : ndarray of shape (n, n_features)
+        The training rows, standardised.
+    coef_ : ndarray of shape (n,) or (n, n_targets)
+        ``f(x) = sum_i coef_i k(x, x_i) + intercept_``.
+    solver_ : str
+        The solver that ran: "direct" or "pcg".
+    n_iter_ : int
+        PCG iterations (1 for "direct": the factorisation).
+    residuals_ : ndarray of shape (``n_iter_ + 1``, n_targets)
+        ``||y - (K + lambda I) c|| / ||y||`` after each iteration.
+    converged_ : bool
+        Whether PCG reached ``tol``.
+    n_features_ : int
+        s, the preconditioner's features (0 without a preconditioner or for "direct").
+    preconditioner_penalty_ : float
+        ``lambda_p`` (absolute).
+    kernel_tiles_ : str
+        "keep" or "recompute" (PCG), "" for "direct".
+    adaptive_trace_ : list of dict
+        With ``n_features="auto"``: s, the Lanczos estimates of the extreme
+        eigenvalues of the preconditioned system, its condition number and the
+        predicted iterations, for every s tried.
+    fit_time_ : float
+        Wall-clock seconds of the fit.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from daskkrr import ExactKernelRidge
+    >>> rng = np.random.default_rng(0)
+    >>> X = rng.normal(size=(500, 3)); y = np.sin(X[:, 0])
+    >>> model = ExactKernelRidge(solver="pcg", penalty=1e-5, random_state=0).fit(X, y)
+    >>> bool(model.converged_)
+    True
+    """
 
     _solver = "exact"
     _parameter_constraints: ClassVar[dict[str, Any]] = {
         **KernelModelBase._parameter_constraints,
         "max_samples": [positive(Integral)],
         "compute_std": ["boolean"],
+        "solver": [StrOptions({"auto", "direct", "pcg"})],
+        "preconditioner": [StrOptions({"random_features", "nystrom"}), None],
+        "n_features": [positive(Integral), StrOptions({"auto"})],
+        "preconditioner_penalty": [positive(Real)],
+        "srht_features": [positive(Integral), None],
+        "tol": [positive(Real)],
+        "max_iter": [positive(Integral)],
+        "kernel_tiles": [StrOptions({"auto", "keep", "recompute"})],
+        "tile_dtype": [StrOptions({"auto", "float32", "float64"})],
+        "random_state": [Interval(Integral, 0, None, closed="left"), np.random.Generator,
+                         np.random.RandomState, None],
     }
 
     def __init__(
@@ -449,6 +550,16 @@ class ExactKernelRidge(_RegressorMixin, KernelModelBase):
         max_samples: int = 20000,
         verbose: bool = False,
         compute_std: bool = False,
+        solver: str = "auto",
+        preconditioner: str | None = "random_features",
+        n_features: int | str = "auto",
+        preconditioner_penalty: float = 10.0,
+        srht_features: int | None = None,
+        tol: float = 1e-5,
+        max_iter: int = 1000,
+        kernel_tiles: str = "auto",
+        tile_dtype: str = "auto",
+        random_state: Any = None,
     ):
         self.kernel = kernel
         self.sigma = sigma
@@ -459,25 +570,71 @@ class ExactKernelRidge(_RegressorMixin, KernelModelBase):
         self.max_samples = max_samples
         self.verbose = verbose
         self.compute_std = compute_std
+        self.solver = solver
+        self.preconditioner = preconditioner
+        self.n_features = n_features
+        self.preconditioner_penalty = preconditioner_penalty
+        self.srht_features = srht_features
+        self.tol = tol
+        self.max_iter = max_iter
+        self.kernel_tiles = kernel_tiles
+        self.tile_dtype = tile_dtype
+        self.random_state = random_state
 
-    def fit(self, X: Any, y: Any = None, sample_weight: Any = None) -> ExactKernelRidge:
-        """Fit on anything :func:`daskkrr.open_dataset` takes (gathered to the client).
+    def _check_params(self) -> None:
+        super()._check_params()
+        if self.compute_std and self.solver == "pcg":
+            raise ParameterError(
+                "compute_std keeps the n x n Cholesky factor of the direct solve; use solver='direct' (or "
+                "'auto', which factors directly when compute_std=True) for predictive standard deviations",
+                parameter="compute_std")
+        if self.preconditioner == "random_features":
+            check_preconditioner(self._make_kernel(None), self.preconditioner)
+        if self.srht_features is not None:
+            if self.preconditioner != "random_features":
+                raise ParameterError(
+                    f"srht_features compresses random features; it needs preconditioner='random_features', "
+                    f"got {self.preconditioner!r}", parameter="srht_features")
+            if self.n_features != "auto" and int(self.srht_features) >= int(self.n_features):
+                raise ParameterError(
+                    f"srht_features must be smaller than n_features={self.n_features}; got {self.srht_features}",
+                    parameter="srht_features")
+
+    def fit(self, X: Any, y: Any = None, sample_weight: Any = None, *, checkpoint: Any = None,
+            checkpoint_every: int = 5, resume: bool = False) -> ExactKernelRidge:
+        """Fit on anything :func:`daskkrr.open_dataset` takes.
 
         Parameters
         ----------
         X, y
-            Training data (``y`` may be omitted when ``X`` is a store holding it).
+            Training data (arrays, dask, xarray, Zarr; ``y`` may be omitted when ``X`` is a store
+            holding it).
         sample_weight : array-like of shape (n,), dask array, str or None, default=None
             {SAMPLE_WEIGHT_DOC} Solved in the symmetric form
             ``(W^1/2 K W^1/2 + penalty * sum(w) I) beta = W^1/2 y``, ``coef_ = W^1/2 beta``,
-            so zero weights are allowed (their rows get ``coef_ = 0``).
+            so zero weights are allowed (their rows get ``coef_ = 0``), by both solvers.
+        checkpoint : path or None
+            Directory where the PCG state is saved every ``checkpoint_every``
+            iterations (solver "pcg"); see :class:`daskkrr.checkpoint.FitCheckpoint`.
+        checkpoint_every : int
+            PCG iterations between saves.
+        resume : bool
+            Continue from the checkpoint in ``checkpoint``.
         """
         self._validate_params()
         X, y = self._check_fit_input(X, y)
         sample_weight = check_sample_weight(sample_weight, X)
         refuse_weighted_std(self, sample_weight)
-        ctx = run_fit(self, X, y, exact_stages(), sample_weight=sample_weight)
-        for name, value in ctx.fitted.items():
+        n, d = training_shape(X, y, self.chunks)
+        solver = choose_solver(self, n, d)
+        ctx = run_fit(self, X, y, exact_krr_stages(solver), checkpoint=checkpoint,
+                      checkpoint_every=checkpoint_every, resume=resume, iterative=solver == "pcg",
+                      sample_weight=sample_weight)
+        fitted = {"solver_": solver, "n_features_": 0, "preconditioner_penalty_": 0.0, "kernel_tiles_": "",
+                  "adaptive_trace_": [], **ctx.fitted}
+        if solver == "direct":
+            fitted["n_iter_"] = 1  # the factorisation, one step (scikit-learn: n_iter_ >= 1 with max_iter)
+        for name, value in fitted.items():
             setattr(self, name, value)
         return self
 

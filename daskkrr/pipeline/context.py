@@ -85,6 +85,18 @@ class FitContext:
     n_iter: int = 0
     converged: bool = True
 
+    # exact KRR by PCG (daskkrr.pipeline.exact_pcg)
+    tile_plan: Any = None
+    #: The row blocks of ``X`` as task arguments (kept on the workers when they fit).
+    x_blocks: Any = None
+    #: ``sqrt`` of the sample weights, ``(n, 1)`` chunked like ``X`` (None: unweighted).
+    row_scale: Any = None
+    #: ``lambda`` of ``K + lambda I`` and ``lambda_p`` of the preconditioner.
+    shift: float = 0.0
+    preconditioner_penalty: float = 0.0
+    features: Any = None
+    adaptive_trace: list = dataclasses.field(default_factory=list)
+
     fitted: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @property

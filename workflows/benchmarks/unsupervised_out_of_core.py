@@ -60,7 +60,7 @@ def child(store: str, task: str, n_centers: int) -> None:
 
     from daskkrr import NystromKernelKMeans, NystromKernelPCA
 
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, memory_limit="4GiB",
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, memory_limit="4GiB", host="127.0.0.1",
                       dashboard_address=None) as cluster, Client(cluster):
         t0 = time.perf_counter()
         if task == "kpca":
