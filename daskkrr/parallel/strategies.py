@@ -215,9 +215,14 @@ class GramOperator:
             self.factor = (np.asarray(preconditioner.T, dtype=np.float64),
                            np.asarray(preconditioner.d, dtype=np.float64))
             right = passes.executor.broadcast(self.factor)
-        GB = passes.map_reduce(_gram_rhs_task, kernel, Z, right, name="gram", with_y=True)
+        GB = passes.map_reduce(self._block_task(), kernel, Z, right, name="gram", with_y=True)
         self.gram = np.ascontiguousarray(GB[:, :n_centers])
         self.knm_t_y = np.ascontiguousarray(GB[:, n_centers:])
+
+    @staticmethod
+    def _block_task() -> Any:
+        """The per-block task of the Gram pass: ``[G_b | K_b^T Y_b]`` (a weighted subclass weighs the rows)."""
+        return _gram_rhs_task
 
     def rhs(self) -> np.ndarray:
         return self.knm_t_y

@@ -28,7 +28,7 @@ from daskkrr.kernels.weighted import (
     weighted_t_matvec,
 )
 from daskkrr.parallel.executor import BlockPasses
-from daskkrr.parallel.strategies import Operator
+from daskkrr.parallel.strategies import GramOperator, Operator
 
 
 def with_weights(Y: da.Array, w: da.Array) -> da.Array:
@@ -104,42 +104,17 @@ class WeightedCachedOperator:
         self.blocks = []
 
 
-class WeightedGramOperator:
+class WeightedGramOperator(GramOperator):
     """One pass accumulates the weighted Gram matrix and ``K_nM^T (w Y)``; products are ``M x M``.
 
-    As :class:`~daskkrr.parallel.strategies.GramOperator`: with FALKON's factors
-    it keeps the preconditioned ``T^-T D K^T W K D T^-1`` (for CG), otherwise
-    ``K^T W K`` (for the direct solve).
+    As :class:`~daskkrr.parallel.strategies.GramOperator`, whose products it
+    reuses: with FALKON's factors it keeps the preconditioned
+    ``T^-T D K^T W K D T^-1`` (for CG), otherwise ``K^T W K`` (for the direct solve).
     """
 
-    name = "gram"
-
-    def __init__(self, passes: BlockPasses, kernel: Kernel, Z: Any, n_centers: int,
-                 preconditioner: Any | None = None):
-        self.factor = None
-        right = None
-        if preconditioner is not None:
-            self.factor = (np.asarray(preconditioner.T, dtype=np.float64),
-                           np.asarray(preconditioner.d, dtype=np.float64))
-            right = passes.executor.broadcast(self.factor)
-        GB = passes.map_reduce(_gram_rhs_task, kernel, Z, right, name="gram", with_y=True)
-        self.gram = np.ascontiguousarray(GB[:, :n_centers])
-        self.knm_t_y = np.ascontiguousarray(GB[:, n_centers:])
-
-    def rhs(self) -> np.ndarray:
-        return self.knm_t_y
-
-    def gram_matvec(self, u: np.ndarray) -> np.ndarray:
-        u = np.asarray(u, dtype=np.float64)
-        U = u.reshape(self.gram.shape[0], -1)
-        if self.factor is None:
-            return (self.gram @ U).reshape(u.shape)
-        T, d = self.factor
-        out = (T.T @ (self.gram @ (T @ (U / d[:, None])))) / d[:, None]
-        return out.reshape(u.shape)
-
-    def close(self) -> None:
-        pass
+    @staticmethod
+    def _block_task() -> Any:
+        return _gram_rhs_task
 
 
 def make_weighted_operator(strategy: str, passes: BlockPasses, kernel: Kernel, Z: Any, n_centers: int,
