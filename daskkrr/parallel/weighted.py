@@ -28,7 +28,7 @@ from daskkrr.kernels.weighted import (
     weighted_t_matvec,
 )
 from daskkrr.parallel.executor import BlockPasses
-from daskkrr.parallel.strategies import GramOperator, Operator
+from daskkrr.parallel.strategies import CachedOperator, GramOperator, Operator, RecomputeOperator
 
 
 def with_weights(Y: da.Array, w: da.Array) -> da.Array:
@@ -61,18 +61,9 @@ def _cached_rhs_task(Kb: np.ndarray, Yb: np.ndarray) -> np.ndarray:
     return engine_for(None).cached_t_matvec(Kb, np.sqrt(Yb[:, -1:]) * Yb[:, :-1])
 
 
-def _cached_gram_matvec_task(Kb: np.ndarray, U: np.ndarray) -> np.ndarray:
-    return engine_for(None).cached_gram_matvec(Kb, U)
-
-
 # --------------------------------------------------------------------------- operators
-class WeightedRecomputeOperator:
+class WeightedRecomputeOperator(RecomputeOperator):
     """Recompute ``k(X_b, Z)`` on every pass; each product weighs the rows."""
-
-    name = "recompute"
-
-    def __init__(self, passes: BlockPasses, kernel: Kernel, Z: Any):
-        self.passes, self.kernel, self.Z = passes, kernel, Z
 
     def rhs(self) -> np.ndarray:
         return self.passes.map_reduce(_rhs_task, self.kernel, self.Z, name="rhs", with_y=True)
@@ -80,14 +71,9 @@ class WeightedRecomputeOperator:
     def gram_matvec(self, u: np.ndarray) -> np.ndarray:
         return self.passes.map_reduce(_gram_matvec_task, self.kernel, self.Z, u, name="matvec", with_y=True)
 
-    def close(self) -> None:
-        pass
 
-
-class WeightedCachedOperator:
+class WeightedCachedOperator(CachedOperator):
     """Keep every ``sqrt(w_b) k(X_b, Z)`` in worker memory; iterations are the unweighted cached products."""
-
-    name = "cache"
 
     def __init__(self, passes: BlockPasses, kernel: Kernel, Z: Any):
         self.passes = passes
@@ -95,13 +81,6 @@ class WeightedCachedOperator:
 
     def rhs(self) -> np.ndarray:
         return self.passes.reduce_kept(self.blocks, _cached_rhs_task, name="rhs", with_y=True)
-
-    def gram_matvec(self, u: np.ndarray) -> np.ndarray:
-        return self.passes.reduce_kept(self.blocks, _cached_gram_matvec_task, np.asarray(u), name="matvec")
-
-    def close(self) -> None:
-        self.passes.release(self.blocks)
-        self.blocks = []
 
 
 class WeightedGramOperator(GramOperator):
@@ -118,7 +97,7 @@ class WeightedGramOperator(GramOperator):
 
 
 def make_weighted_operator(strategy: str, passes: BlockPasses, kernel: Kernel, Z: Any, n_centers: int,
-                           preconditioner: Any | None = None) -> Operator | Any:
+                           preconditioner: Any | None = None) -> Operator:
     """The weighted operator of a concrete strategy; ``passes`` must carry ``[Y | w]`` (:func:`with_weights`)."""
     if strategy == "recompute":
         return WeightedRecomputeOperator(passes, kernel, Z)
