@@ -149,7 +149,8 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--rows", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--centers", type=int, default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--lam", type=float, default=LAM, help=argparse.SUPPRESS)
+    parser.add_argument("--lam", type=float, default=LAM,
+                        help=f"ridge of the part-2 stream and its refits (default {LAM}; larger keeps fewer landmarks)")
     args = parser.parse_args()
     if args.child:
         {"online": child_online, "refit": child_refit, "falkon": child_falkon}[args.child](args)
@@ -179,7 +180,8 @@ def main() -> None:
                 title=f"Per-batch update time vs dictionary size (batches of {sizes_batch}, d={D})")
 
     # Part 2: the whole stream vs refitting after every batch.
-    online = _run([*me, "--child", "online", "--n", str(n), "--batch", str(batch)], args.repeats)
+    online = _run([*me, "--child", "online", "--n", str(n), "--batch", str(batch), "--lam", str(args.lam)],
+                  args.repeats)
     centers = int(online[0].get("centers", 500))
     ks = ([int(k) for k in args.refit_at.split(",")] if args.refit_at
           else sorted({1, n_batches // 2, n_batches}))
@@ -202,8 +204,8 @@ def main() -> None:
     for label, python, child in methods:
         secs, rmses, peaks = [], [], []
         for k in ks:
-            res = _run([*me, "--child", child, "--n", str(n), "--rows", str(k * batch), "--centers", str(centers)],
-                       args.repeats, python)
+            res = _run([*me, "--child", child, "--n", str(n), "--rows", str(k * batch), "--centers", str(centers),
+                        "--lam", str(args.lam)], args.repeats, python)
             if any("error" in r for r in res):
                 print(f"{label} after batch {k} failed:\n{res[0].get('error')}")
             secs.append(_median(res, "seconds") or float("nan"))
@@ -222,11 +224,11 @@ def main() -> None:
             r["ratio_to_online"] = round(r["total_s"] / online_total, 1)
     print_table(rows, ["part", "method", "batches", "rows", "total_s", "ratio_to_online", "measured", "centers",
                        "test_rmse", "peak_mb"],
-                title=f"Stream of {n} rows in batches of {batch}: online vs refitting after every batch")
+                title=f"Stream of {n} rows in batches of {batch} (lam={args.lam}): online vs refit after each batch")
     if skipped:
         print("skipped:", skipped)
     meta = {"machine": machine(), "quick": args.quick, "n": n, "batch": batch, "d": D, "sigma": SIGMA,
-            "lam": LAM, "repeats": args.repeats, "refit_measured_at": ks, "skipped": skipped}
+            "lam": args.lam, "repeats": args.repeats, "refit_measured_at": ks, "skipped": skipped}
     write_results([*size_rows, *rows], args.out, "online_speed", meta)
 
 
