@@ -257,6 +257,9 @@ def _newton_loop(
         H_ab = G[:M, C:].reshape(M, C, C) / N if fit_intercept else np.zeros((M, C, C))
         H_bb_pinv = intercept_pinv(G[M, C:].reshape(C, C) / N) if fit_intercept else np.zeros((C, C))
         g_s = g_a - np.einsum("mcd,d->mc", H_ab, H_bb_pinv @ g_b)
+        # Block-diagonal preconditioner: class c's FALKON factor weighted by p_c (1 - p_c) at the
+        # centers, the diagonal of H_i; H_i <= 2 diag(p_i (1 - p_i)) since its rows sum to zero
+        # (module docstring), so no curvature is overestimated more than twice.
         centers_p = softmax(Kmm @ st.coef + st.intercept)
         curvature = centers_p * (1.0 - centers_p)
         pre = LogisticPreconditioner.build(factor, curvature, lam, fit_intercept)
