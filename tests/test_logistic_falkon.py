@@ -1,18 +1,20 @@
 """Logistic FALKON: the optimum of scikit-learn's LogisticRegression on the same Nystrom
-features, probabilities, a cluster fit from Zarr, resume after a crash, bad input,
-and the calibrated path of the least-squares classifier."""
+features (one-vs-rest and multinomial), probabilities, a cluster fit from Zarr, resume
+after a crash, bad input, and the calibrated path of the least-squares classifier."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 from scipy.linalg import eigh
+from scipy.special import log_softmax
 from sklearn.exceptions import NotFittedError
 from sklearn.linear_model import LogisticRegression
 from sklearn.multiclass import OneVsRestClassifier
 
 from daskkrr import FalkonClassifier, LogisticFalkonClassifier
 from daskkrr.checkpoint import FitCheckpoint
+from daskkrr.solvers import softmax
 from daskkrr.solvers.logistic import (
     CenterFactor,
     gradient_block,
@@ -52,7 +54,7 @@ def _objective(scores: np.ndarray, y: np.ndarray, w: np.ndarray, penalty: float)
 def test_objective_equals_logistic_regression_on_nystrom_features(classes):
     X, y = _data(classes=classes)
     n = len(y)
-    model = LogisticFalkonClassifier(**EXACT).fit(X, y)
+    model = LogisticFalkonClassifier(**EXACT, multi_class="ovr").fit(X, y)
     assert model.converged_
     Phi = _nystrom_features(model, X)
     C = 1.0 / (EXACT["penalty"] * n)  # the docstring's C
@@ -72,11 +74,12 @@ def test_objective_equals_logistic_regression_on_nystrom_features(classes):
     np.testing.assert_allclose(model.predict_log_proba(X), np.log(model.predict_proba(X)), atol=1e-10)
 
 
-def test_probabilities_numpy_and_dask():
+@pytest.mark.parametrize("multi_class", ["ovr", "multinomial"])
+def test_probabilities_numpy_and_dask(multi_class):
     import dask.array as da
 
     X, y = _data(classes=3)
-    model = LogisticFalkonClassifier(n_centers=40, penalty=1e-4, random_state=0).fit(X, y)
+    model = LogisticFalkonClassifier(n_centers=40, penalty=1e-4, random_state=0, multi_class=multi_class).fit(X, y)
     P = model.predict_proba(X)
     assert P.shape == (len(y), 3) and np.allclose(P.sum(axis=1), 1.0)
     np.testing.assert_array_equal(model.classes_[P.argmax(axis=1)], model.predict(X))
@@ -129,15 +132,126 @@ def test_sample_weights_equal_duplicated_rows():
     np.testing.assert_allclose(weighted.intercept, duplicated.intercept, rtol=1e-8)
 
 
+# ---------------------------------------------------------------- multinomial
+def _softmax_objective(F: np.ndarray, y: np.ndarray, norm2: float, penalty: float,
+                       s: np.ndarray | None = None) -> float:
+    """Our multinomial objective: weighted mean cross-entropy + penalty / 2 sum_c ||w_c||^2."""
+    s = np.ones(len(y)) if s is None else s
+    ce = -log_softmax(F, axis=1)[np.arange(len(y)), y]
+    return float(s @ ce / s.sum() + 0.5 * penalty * norm2)
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("fit_intercept", [True, False])
+def test_multinomial_objective_equals_logistic_regression_on_nystrom_features(fit_intercept, weighted):
+    X, y = _data(classes=4)
+    n = len(y)
+    s = np.random.default_rng(1).integers(0, 4, size=n).astype(float) if weighted else None
+    model = LogisticFalkonClassifier(**EXACT, fit_intercept=fit_intercept).fit(X, y, sample_weight=s)
+    assert model.converged_ and model.objective_.shape == (1,) and model.coef_.shape == (30, 4)
+    Phi = _nystrom_features(model, X)
+    C = 1.0 / (EXACT["penalty"] * (n if s is None else s.sum()))  # the docstring's C, n the weight sum
+    lr = LogisticRegression(C=C, tol=1e-12, max_iter=10000, fit_intercept=fit_intercept).fit(Phi, y, sample_weight=s)
+    best = _softmax_objective(lr.decision_function(Phi), y, float(np.sum(lr.coef_ ** 2)), EXACT["penalty"], s)
+    assert abs(model.objective_[0] - best) <= 1e-6 * best, (model.objective_[0], best)
+    ours = _softmax_objective(model.decision_function(X), y, float(np.sum(model.coef_ * (model.kernel_(
+        model.centers_, model.centers_) @ model.coef_))), EXACT["penalty"], s)
+    np.testing.assert_allclose(ours, model.objective_[0], rtol=1e-12)
+    # the same probabilities; the functions sum to zero over the classes (softmax ignores a common shift)
+    np.testing.assert_allclose(model.predict_proba(X), lr.predict_proba(Phi), atol=1e-5)
+    np.testing.assert_allclose(model.predict_log_proba(X), np.log(model.predict_proba(X)), atol=1e-10)
+    assert np.abs(model.coef_.sum(axis=1)).max() <= 1e-9 * np.abs(model.coef_).max()
+    assert abs(model.intercept_.sum()) <= 1e-9 * max(1.0, np.abs(model.intercept_).max())
+
+
+def test_softmax_hessian_pass_is_the_derivative_of_the_gradient_pass():
+    rng = np.random.default_rng(4)
+    K = rng.uniform(size=(50, 6))
+    codes = np.where(rng.integers(0, 3, size=50)[:, None] == np.arange(3)[None, :], 1.0, -1.0)
+    Y = np.column_stack([codes, rng.uniform(0.5, 2.0, size=50)])  # with row weights
+    coef, b, U = rng.normal(size=(6, 3)), rng.normal(size=3), rng.normal(size=(6, 3))
+    eps = 1e-6
+    diff = (softmax.gradient_terms(K, Y, coef + eps * U, b)
+            - softmax.gradient_terms(K, Y, coef - eps * U, b)) / (2 * eps)
+    np.testing.assert_allclose(softmax.hessian_terms(K, Y, coef, b, U), diff[:6, :3], rtol=1e-7, atol=1e-9)
+    # the intercepts' blocks: H_ab U summed over centers and classes, and H_bb (rows sum to zero)
+    G = softmax.gradient_terms(K, Y, coef, b)
+    H_ab, H_bb = G[:6, 3:].reshape(6, 3, 3), G[6, 3:].reshape(3, 3)
+    np.testing.assert_allclose(np.einsum("mcd,mc->d", H_ab, U), diff[6, :3], rtol=1e-7, atol=1e-9)
+    np.testing.assert_allclose(H_bb.sum(axis=1), 0.0, atol=1e-12)
+
+
+def test_multinomial_sample_weights_equal_duplicated_rows():
+    rng = np.random.default_rng(3)
+    X, y = _data(n=150, classes=3)
+    codes = np.where(y[:, None] == np.arange(3)[None, :], 1.0, -1.0)
+    s = rng.integers(0, 4, size=len(y)).astype(float)
+    from daskkrr.kernels import make_kernel
+
+    kernel = make_kernel("gaussian", sigma=1.0)
+    Z = X[:20]
+    factor = CenterFactor.from_kernel_matrix(kernel(Z, Z))
+    path = penalty_path(1e-3, "auto", 30)
+
+    def solve(Xr, Yr, total, fractions):
+        return softmax.newton_solve(
+            factor, lambda c, b: softmax.gradient_block(Xr, Yr, kernel, Z, c, b),
+            lambda c, b, U: softmax.hessian_block(Xr, Yr, kernel, Z, c, b, U), path=path, weight_sum=total,
+            intercept0=softmax.start_intercept(fractions), fit_intercept=True, tol=1e-13, max_iter=100)
+
+    weighted = solve(X, np.column_stack([codes, s]), s.sum(), np.bincount(y, weights=s) / s.sum())
+    rep = np.repeat(np.arange(len(y)), s.astype(int))
+    duplicated = solve(X[rep], codes[rep], float(len(rep)), np.bincount(y[rep]) / len(rep))
+    assert weighted.converged and duplicated.converged
+    np.testing.assert_allclose(weighted.coef, duplicated.coef, rtol=1e-8, atol=1e-8 * np.abs(duplicated.coef).max())
+    np.testing.assert_allclose(weighted.intercept, duplicated.intercept, rtol=1e-8, atol=1e-10)
+
+
+def test_two_classes_are_the_same_model_for_both_multi_class():
+    X, y = _data()
+    fits = [LogisticFalkonClassifier(n_centers=30, penalty=1e-4, random_state=0, multi_class=m).fit(X, y)
+            for m in ("ovr", "multinomial")]
+    np.testing.assert_array_equal(fits[0].coef_, fits[1].coef_)
+    np.testing.assert_array_equal(fits[0].intercept_, fits[1].intercept_)
+    np.testing.assert_array_equal(fits[0].predict_proba(X), fits[1].predict_proba(X))
+
+
+def test_multinomial_save_load_and_files_from_before_multi_class(tmp_path):
+    import json
+
+    from daskkrr import load
+    from daskkrr.models.persistence import METADATA_FILE
+
+    X, y = _data(classes=3)
+    model = LogisticFalkonClassifier(n_centers=30, penalty=1e-4, random_state=0).fit(X, y)
+    assert model.multi_class == "multinomial"
+    back = load(model.save(tmp_path / "m"))
+    assert back.multi_class == "multinomial"
+    np.testing.assert_array_equal(back.predict_proba(X), model.predict_proba(X))
+    meta_file = tmp_path / "m" / METADATA_FILE
+    meta = json.loads(meta_file.read_text())
+    del meta["params"]["multi_class"]  # as written before the parameter existed (one-vs-rest models)
+    meta_file.write_text(json.dumps(meta))
+    assert load(tmp_path / "m").multi_class == "ovr"
+
+
+def test_bad_multi_class_is_refused():
+    X, y = _data(n=50, classes=3)
+    with pytest.raises(ValueError, match="multi_class"):
+        LogisticFalkonClassifier(n_centers=10, multi_class="softmax").fit(X, y)
+
+
 # ---------------------------------------------------------------- resume and cluster
 class Stop(Exception):
     """Stands in for a crash right after a checkpoint was saved."""
 
 
 @pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")  # the same warning in both fits
-def test_resumed_fit_equals_the_uninterrupted_fit(tmp_path, monkeypatch):
+@pytest.mark.parametrize("multi_class", ["ovr", "multinomial"])
+def test_resumed_fit_equals_the_uninterrupted_fit(tmp_path, monkeypatch, multi_class):
     X, y = _data(n=600, classes=3, seed=1)
-    params = dict(n_centers=50, penalty=1e-5, tol=1e-8, max_iter=30, random_state=0, chunks=200)
+    params = dict(n_centers=50, penalty=1e-5, tol=1e-8, max_iter=30, random_state=0, chunks=200,
+                  multi_class=multi_class)
     full = LogisticFalkonClassifier(**params).fit(X, y)
     save_state = FitCheckpoint.save_state
 
@@ -157,7 +271,8 @@ def test_resumed_fit_equals_the_uninterrupted_fit(tmp_path, monkeypatch):
     np.testing.assert_array_equal(resumed.objective_history_, full.objective_history_)
 
 
-def test_zarr_on_a_two_process_cluster_equals_numpy(tmp_path, cluster2):
+@pytest.mark.parametrize("multi_class", ["ovr", "multinomial"])
+def test_zarr_on_a_two_process_cluster_equals_numpy(tmp_path, cluster2, multi_class):
     from daskkrr.data import write_zarr
 
     # 5 features: K_MM well conditioned, so converged coefficients are determined to round-off
@@ -166,7 +281,8 @@ def test_zarr_on_a_two_process_cluster_equals_numpy(tmp_path, cluster2):
     score = X[:, 0] + np.sin(2 * X[:, 1]) + 0.5 * X[:, 2] * X[:, 3] + 0.5 * rng.normal(size=2000)
     y = np.digitize(score, np.quantile(score, [1 / 3, 2 / 3]))
     write_zarr(X, y.astype(np.float64), tmp_path / "t.zarr", chunk_rows=500)
-    params = dict(n_centers=40, penalty=1e-1, tol=1e-10, max_iter=100, newton_iterations=30, random_state=0)
+    params = dict(n_centers=40, penalty=1e-1, tol=1e-10, max_iter=100, newton_iterations=30, random_state=0,
+                  multi_class=multi_class)
     with cluster2.as_current():
         on_cluster = LogisticFalkonClassifier(**params).fit(tmp_path / "t.zarr")
     in_memory = LogisticFalkonClassifier(**params).fit(X, y)

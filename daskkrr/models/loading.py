@@ -110,6 +110,8 @@ def _build(cls: type, meta: dict[str, Any], arrays: dict[str, np.ndarray], path:
         )
     if "fit_intercept" in accepted and "fit_intercept" not in params:
         params["fit_intercept"] = False  # written before the parameter existed: no intercept was fitted
+    if "multi_class" in accepted and "multi_class" not in params:
+        params["multi_class"] = "ovr"  # logistic models written before the parameter were one-vs-rest
     model = cls(**params)
     model.kernel_ = kernel_from_dict(meta["kernel"])
     model.scaler_ = None if meta.get("scaler") is None else Standardizer.from_dict(meta["scaler"])

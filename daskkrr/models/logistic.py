@@ -7,6 +7,7 @@ from numbers import Integral, Real
 from typing import Any, ClassVar
 
 import numpy as np
+from scipy.special import log_softmax
 from sklearn.utils._param_validation import StrOptions
 
 from daskkrr.models.classifier import FalkonClassifier
@@ -15,6 +16,7 @@ from daskkrr.models.regressors import PARAM_DOCS
 from daskkrr.pipeline import Stage
 from daskkrr.pipeline.logistic import LOGISTIC_STRATEGIES, logistic_stages
 from daskkrr.solvers.logistic import log1pexp, penalty_path, sigmoid
+from daskkrr.solvers.softmax import softmax
 
 #: Parameter docs that differ from FalkonClassifier's, and the new ones.
 LOGISTIC_PARAM_DOCS = {
@@ -43,11 +45,16 @@ LOGISTIC_PARAM_DOCS = {
     ``penalty >= 1e-2``).""",
     "newton_iterations": """newton_iterations : int, default=8
     Most Newton steps at the target penalty (they stop earlier at ``tol``).""",
+    "multi_class": """multi_class : {"multinomial", "ovr"}, default="multinomial"
+    The model for more than two classes: "multinomial", one softmax model
+    (cross-entropy loss, scikit-learn's ``LogisticRegression`` default), or
+    "ovr", one binary problem per class against the rest. Two classes are the
+    same single-logit model either way.""",
 }
 
 LOGISTIC_PARAMS = ("kernel", "sigma", "penalty", "n_centers", "sampler", "max_iter", "tol", "kernel_params",
                    "dtype", "standardize", "chunks", "random_state", "verbose", "strategy", "fit_intercept",
-                   "class_weight", "penalty_schedule", "newton_iterations")
+                   "class_weight", "penalty_schedule", "newton_iterations", "multi_class")
 
 
 def _params_doc() -> str:
@@ -84,29 +91,51 @@ def ovr_log_proba(scores: np.ndarray) -> np.ndarray:
     return L - (top + np.log(np.exp(L - top).sum(axis=1, keepdims=True)))
 
 
+def softmax_proba(scores: np.ndarray) -> np.ndarray:
+    """Class probabilities of the multinomial model: the softmax of each row's decision values."""
+    return softmax(scores)
+
+
+def softmax_log_proba(scores: np.ndarray) -> np.ndarray:
+    """``log(softmax_proba(scores))`` without underflow."""
+    return log_softmax(np.asarray(scores, dtype=np.float64), axis=1)
+
+
 class LogisticFalkonClassifier(FalkonClassifier):
     __doc__ = f"""Kernel logistic regression on Nystrom centers (logistic FALKON), with probabilities.
 
-    Each class against the rest (one binary problem for two classes) minimises
+    Two classes: one binary problem,
 
         (1/n) sum_i log(1 + exp(-y_i f(x_i))) + (penalty / 2) ||f||^2,
 
     over ``f(x) = sum_j coef_j k(x, z_j) + b`` with ``y_i = +-1``, ``||f||^2 =
-    coef^T K_MM coef`` and ``b`` unpenalised (``fit_intercept=True``). With row
-    weights ``s_i`` (``fit(X, y, sample_weight)`` times the weight of the row's
-    class, ``class_weight``) the mean becomes ``sum_i s_i l_i / sum_i s_i``; integer
-    weights give the model of the duplicated rows.
+    coef^T K_MM coef`` and ``b`` unpenalised (``fit_intercept=True``). More
+    classes, ``multi_class="multinomial"`` (the default): one function per
+    class, ``f_c(x) = sum_j coef_jc k(x, z_j) + b_c``, and the cross-entropy of
+    their softmax,
+
+        (1/n) sum_i -log softmax(f(x_i))[y_i] + (penalty / 2) sum_c ||f_c||^2;
+
+    ``multi_class="ovr"``: the binary problem of each class against the rest.
+    With row weights ``s_i`` (``fit(X, y, sample_weight)`` times the weight of
+    the row's class, ``class_weight``) the mean becomes ``sum_i s_i l_i / sum_i
+    s_i``; integer weights give the model of the duplicated rows.
 
     It is scikit-learn's ``LogisticRegression(C=1 / (penalty * n))`` (``n``: the
-    sum of the weights) on the Nystrom features ``Phi = K_nM K_MM^(-1/2)`` of the
-    same centers: with ``w = K_MM^(1/2) coef``, ``Phi w = K_nM coef`` and ``||w||^2 =
-    ||f||^2``, and ``C sum_i l_i + ||w||^2 / 2`` is ``C n`` times the objective
-    above. Multiclass is one-vs-rest, the problems solved together (their
-    vectors are the columns of every pass); probabilities are normalised as
-    scikit-learn's one-vs-rest: ``sigmoid(f_j)`` divided by the row sum.
-    (A multinomial loss would couple the classes in every row's Hessian and in
-    the preconditioner; one-vs-rest keeps one FALKON preconditioner per class
-    and matches scikit-learn's OvR exactly.)
+    sum of the weights; its multinomial loss, or ``OneVsRestClassifier`` of it for
+    "ovr") on the Nystrom features ``Phi = K_nM K_MM^(-1/2)`` of the same centers:
+    with ``w_c = K_MM^(1/2) coef_c``, ``Phi w_c = K_nM coef_c`` and ``||w_c||^2 =
+    ||f_c||^2``, and ``C sum_i l_i + sum_c ||w_c||^2 / 2`` is ``C n`` times the
+    objective above. Probabilities are the softmax of the decision values
+    (multinomial), or, one-vs-rest, normalised as scikit-learn's one-vs-rest:
+    ``sigmoid(f_j)`` divided by the row sum. The multinomial model is the
+    default because it is the maximum-likelihood model of the class
+    probabilities; its test log-loss is the better one at full size (connect_4,
+    54 045 rows, ``n_centers=1000, penalty=1e-6``: 0.567 against 0.587
+    one-vs-rest, in about the same fit time). The one-vs-rest problems are
+    independent, each with its own preconditioner, and cost less per CG
+    iteration when there are many classes (the multinomial gradient pass sums
+    ``C^2`` columns, for the intercepts' coupling).
 
     The solver is Marteau-Ferey, Bach and Rudi's (2019) globally convergent
     Newton method for generalised self-concordant losses, as FALKON's
@@ -114,7 +143,9 @@ class LogisticFalkonClassifier(FalkonClassifier):
     ``penalty`` with one Newton step per warm-up penalty, then up to
     ``newton_iterations`` steps at ``penalty``; each Newton system is solved by
     CG preconditioned with FALKON's factors weighted by the loss's second
-    derivative at the centers (:mod:`daskkrr.solvers.logistic`). Every gradient
+    derivative at the centers (:mod:`daskkrr.solvers.logistic`; for the
+    multinomial model one CG on the ``M x C`` coefficients, preconditioned per
+    class, :mod:`daskkrr.solvers.softmax`). Every gradient
     and Hessian-vector product is one pass over the row blocks; only
     ``M``-sized sums reach the client.
 
@@ -131,11 +162,14 @@ class LogisticFalkonClassifier(FalkonClassifier):
     classes_ : ndarray of shape (n_classes,)
         Class labels, sorted.
     coef_ : ndarray of shape (M, 1) for two classes, else (M, n_classes)
-        Nystrom coefficients of each binary problem.
+        Nystrom coefficients of each binary problem, or of each class's function
+        (multinomial; their sum over the classes is zero).
     intercept_ : ndarray of shape (1,) or (n_classes,)
-        The unpenalised constants (zeros with ``fit_intercept=False``).
-    objective_ : ndarray of shape (1,) or (n_classes,)
-        The objective of each binary problem at the fitted model.
+        The unpenalised constants (zeros with ``fit_intercept=False``; multinomial:
+        centred, since adding a constant to every class changes nothing).
+    objective_ : ndarray of shape (n_problems,)
+        The objective of each problem at the fitted model: one per class for
+        one-vs-rest, a single one for two classes or the multinomial model.
     objective_history_ : ndarray of shape (``n_iter_``, n_problems)
         The objective at the start of every Newton step (each at its own penalty).
     penalty_path_ : ndarray of shape (``n_iter_``,)
@@ -173,6 +207,7 @@ class LogisticFalkonClassifier(FalkonClassifier):
         "penalty_schedule": [StrOptions({"auto"}), list],
         "newton_iterations": [positive(Integral)],
         "tol": [positive(Real)],
+        "multi_class": [StrOptions({"multinomial", "ovr"})],
     }
 
     def __init__(
@@ -195,6 +230,7 @@ class LogisticFalkonClassifier(FalkonClassifier):
         class_weight: dict | str | None = None,
         penalty_schedule: Any = "auto",
         newton_iterations: int = 8,
+        multi_class: str = "multinomial",
     ):
         self.kernel = kernel
         self.sigma = sigma
@@ -214,6 +250,7 @@ class LogisticFalkonClassifier(FalkonClassifier):
         self.class_weight = class_weight
         self.penalty_schedule = penalty_schedule
         self.newton_iterations = newton_iterations
+        self.multi_class = multi_class
 
     def _check_params(self) -> None:
         super()._check_params()
@@ -225,11 +262,16 @@ class LogisticFalkonClassifier(FalkonClassifier):
     def predict_proba(self, X: Any) -> Any:
         """Class probabilities, columns in the order of ``classes_`` (numpy in, numpy out;
         a dask array, xarray or Zarr store in, a lazy dask array out)."""
-        return self._apply_to_scores(X, ovr_proba)
+        return self._apply_to_scores(X, softmax_proba if self._is_multinomial() else ovr_proba)
 
     def predict_log_proba(self, X: Any) -> Any:
         """Logarithms of :meth:`predict_proba`, computed without underflow."""
-        return self._apply_to_scores(X, ovr_log_proba)
+        return self._apply_to_scores(X, softmax_log_proba if self._is_multinomial() else ovr_log_proba)
+
+    def _is_multinomial(self) -> bool:
+        """Whether the fitted model is the softmax one (more than two classes, "multinomial")."""
+        self._check_fitted()
+        return self.multi_class == "multinomial" and len(self.classes_) > 2
 
     def _apply_to_scores(self, X: Any, fn: Any) -> Any:
         scores = self.decision_function(X)

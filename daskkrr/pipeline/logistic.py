@@ -10,6 +10,11 @@ Hessian-vector product is one pass whose block tasks return ``M``-sized sums,
 so nothing of size ``n`` reaches the client. The Newton state is reported as a
 :class:`~daskkrr.events.SolverState` after every Newton step (the checkpoint
 saves it) and taken back from the checkpoint on resume.
+
+With ``multi_class="multinomial"`` and more than two classes the same stages
+run the softmax model of :mod:`daskkrr.solvers.softmax` (:class:`SoftmaxPasses`
+and its Newton loop); otherwise the one-vs-rest problems (a single one for two
+classes) of :mod:`daskkrr.solvers.logistic`.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from daskkrr import events as ev
 from daskkrr.parallel.strategies import plan_strategy, prepare_passes
 from daskkrr.pipeline.context import FitContext
 from daskkrr.pipeline.stages import Stage, choose_centers, guarded_statistics, sampler_guard, weight_sum
+from daskkrr.solvers import softmax
 from daskkrr.solvers.logistic import (
     CenterFactor,
     NewtonState,
@@ -47,6 +53,12 @@ LOGISTIC_STRATEGIES = ("auto", "recompute", "cache")
 class LogisticPasses:
     """The Newton method's two passes over the row blocks, with kernel blocks kept or recomputed."""
 
+    # The block tasks (module functions, so that they travel to the workers by reference).
+    gradient_block = staticmethod(gradient_block)
+    gradient_kept = staticmethod(gradient_kept)
+    hessian_block = staticmethod(hessian_block)
+    hessian_kept = staticmethod(hessian_kept)
+
     def __init__(self, passes: Any, kernel: Any, Z: Any, strategy: str):
         self.passes, self.kernel, self.Z = passes, kernel, Z
         self.strategy = strategy
@@ -56,21 +68,37 @@ class LogisticPasses:
 
     def gradient(self, coef: np.ndarray, intercept: np.ndarray) -> np.ndarray:
         if self.blocks is not None:
-            return self.passes.reduce_kept(self.blocks, gradient_kept, coef, intercept, name="gradient")
-        return self.passes.map_reduce(gradient_block, self.kernel, self.Z, coef, intercept,
+            return self.passes.reduce_kept(self.blocks, self.gradient_kept, coef, intercept, name="gradient")
+        return self.passes.map_reduce(self.gradient_block, self.kernel, self.Z, coef, intercept,
                                       name="gradient", with_y=True)
 
     def hessian(self, coef: np.ndarray, intercept: np.ndarray, U: np.ndarray) -> np.ndarray:
         if self.blocks is not None:
-            return self.passes.reduce_kept(self.blocks, hessian_kept, coef, intercept, np.asarray(U),
+            return self.passes.reduce_kept(self.blocks, self.hessian_kept, coef, intercept, np.asarray(U),
                                            name="hessian")
-        return self.passes.map_reduce(hessian_block, self.kernel, self.Z, coef, intercept, np.asarray(U),
+        return self.passes.map_reduce(self.hessian_block, self.kernel, self.Z, coef, intercept, np.asarray(U),
                                       name="hessian", with_y=True)
 
     def close(self) -> None:
         if self.blocks is not None:
             self.passes.release(self.blocks)
             self.blocks = None
+
+
+class SoftmaxPasses(LogisticPasses):
+    """The same passes for the multinomial model: per block ``V_b = k(X_b, Z) D`` and
+    ``k(X_b, Z)^T (s_i H_i V_b[i])`` row by row (:mod:`daskkrr.solvers.softmax`)."""
+
+    gradient_block = staticmethod(softmax.gradient_block)
+    gradient_kept = staticmethod(softmax.gradient_kept)
+    hessian_block = staticmethod(softmax.hessian_block)
+    hessian_kept = staticmethod(softmax.hessian_kept)
+
+
+def is_multinomial(ctx: FitContext) -> bool:
+    """Whether the fit is the softmax model: ``multi_class="multinomial"`` and more than two
+    classes (two classes are the same single-logit model either way)."""
+    return getattr(ctx.params, "multi_class", "ovr") == "multinomial" and int(ctx.Y.shape[1]) > 1
 
 
 def newton_targets(ctx: FitContext) -> da.Array:
@@ -100,14 +128,18 @@ def logistic_passes(ctx: FitContext) -> None:
     plan.strategy = strategy
     ctx.plan = plan
     ctx.passes = prepare_passes(ctx.X, Y, ctx.executor, plan)
-    ctx.operator = LogisticPasses(ctx.passes, ctx.kernel, ctx.executor.broadcast(Z), strategy)
+    passes = SoftmaxPasses if is_multinomial(ctx) else LogisticPasses
+    ctx.operator = passes(ctx.passes, ctx.kernel, ctx.executor.broadcast(Z), strategy)
 
 
 def _start_intercept(ctx: FitContext, t: int) -> np.ndarray:
-    """The log-odds of each problem's positive class (from the code means), or 0 without intercept."""
+    """The log-odds of each problem's positive class (from the code means), or 0 without intercept;
+    for the multinomial model the centred log-frequencies of the classes."""
     if not getattr(ctx.params, "fit_intercept", False) or ctx.y_mean is None or not np.any(ctx.y_mean):
         return np.zeros(t)
     p = np.clip((1.0 + np.asarray(ctx.y_mean, dtype=np.float64)) / 2.0, 1e-6, 1 - 1e-6)
+    if is_multinomial(ctx):
+        return softmax.start_intercept(p)
     return np.log(p / (1.0 - p))
 
 
@@ -124,8 +156,11 @@ def newton(ctx: FitContext) -> None:
     path = penalty_path(float(p.penalty), p.penalty_schedule, int(p.newton_iterations))
     saved = getattr(ctx.store, "saved_state", lambda prefix: None)(NewtonState.checkpoint_prefix)
     state = None if saved is None else NewtonState.from_arrays(saved)
-    if state is not None and state.coef.shape != (Z.shape[0], t):
-        raise ValueError(f"the checkpoint's Newton state has shape {state.coef.shape}, expected {(Z.shape[0], t)}")
+    multinomial = is_multinomial(ctx)
+    problems = 1 if multinomial else t
+    if state is not None and (state.coef.shape != (Z.shape[0], t) or state.active.shape != (problems,)):
+        raise ValueError(f"the checkpoint's Newton state has shape {state.coef.shape} for {state.active.shape[0]} "
+                         f"problem(s), expected {(Z.shape[0], t)} for {problems}")
     enabled = bool(getattr(ctx.store, "enabled", False))
 
     def step(iteration: int, rel: float) -> None:
@@ -135,7 +170,8 @@ def newton(ctx: FitContext) -> None:
         ctx.events.emit(ev.SolverState(s))
 
     fit_intercept = bool(getattr(p, "fit_intercept", False))
-    result = newton_solve(
+    solve = softmax.newton_solve if multinomial else newton_solve
+    result = solve(
         factor, ctx.operator.gradient, ctx.operator.hessian, path=path,
         weight_sum=weight_sum(ctx), intercept0=_start_intercept(ctx, t),
         fit_intercept=fit_intercept, tol=float(p.tol), max_iter=int(p.max_iter), state=state,

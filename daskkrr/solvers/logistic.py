@@ -274,7 +274,9 @@ class NewtonState:
         (the step is halved while the objective rises); ``prev_objective`` is
         ``inf`` where there is none.
     active : ndarray (t,) of bool
-        Problems still iterating (the others have converged).
+        Problems still iterating (the others have converged); shape (1,), as
+        ``prev_objective``, ``history`` and ``decrements``, for the multinomial
+        model (one problem over the ``t`` classes).
     history : ndarray (k, t)
         Objective at the start of every Newton step so far.
     decrements : ndarray (k, t)
@@ -307,12 +309,16 @@ class NewtonState:
         return int(self.step)
 
     @classmethod
-    def start(cls, M: int, intercept: np.ndarray) -> NewtonState:
+    def start(cls, M: int, intercept: np.ndarray, problems: int | None = None) -> NewtonState:
+        """The state before the first step: ``coef = 0``; ``problems`` (default: one per
+        column of ``coef``) is the length of the per-problem arrays (1 for the
+        multinomial model of :mod:`daskkrr.solvers.softmax`)."""
         t = intercept.shape[0]
+        k = t if problems is None else int(problems)
         zero = np.zeros((M, t))
         return cls(step=0, coef=zero, intercept=intercept.astype(np.float64), prev_coef=zero.copy(),
-                   prev_intercept=intercept.astype(np.float64), prev_objective=np.full(t, np.inf),
-                   active=np.ones(t, dtype=bool), history=np.zeros((0, t)), decrements=np.zeros((0, t)))
+                   prev_intercept=intercept.astype(np.float64), prev_objective=np.full(k, np.inf),
+                   active=np.ones(k, dtype=bool), history=np.zeros((0, k)), decrements=np.zeros((0, k)))
 
     def copy(self) -> NewtonState:
         arrays: dict[str, Any] = {k: np.array(getattr(self, k)) for k in self._ARRAYS}
@@ -335,9 +341,13 @@ class NewtonState:
         t = coef.shape[1]
         kw: dict[str, Any] = {k: np.asarray(arrays[k], dtype=bool if k == "active" else np.float64)
                               for k in cls._ARRAYS}
-        for k in ("intercept", "prev_intercept", "prev_objective", "active"):
+        for k in ("intercept", "prev_intercept"):
             if kw[k].shape != (t,):
                 raise ValueError(f"the Newton state's {k} has shape {kw[k].shape}, expected ({t},)")
+        problems = kw["active"].shape
+        if problems not in ((t,), (1,)) or kw["prev_objective"].shape != problems:
+            raise ValueError(f"the Newton state's active and prev_objective have shapes {problems} and "
+                             f"{kw['prev_objective'].shape}, expected ({t},) or (1,) (one problem)")
         kw.update({k: int(arrays[k]) for k in cls._SCALARS})
         return cls(**kw)
 
