@@ -31,8 +31,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 from collections.abc import Callable, Iterator
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Concatenate, ParamSpec
 
 import numpy as np
 
@@ -391,6 +392,24 @@ GradientPass = Callable[[np.ndarray, np.ndarray], np.ndarray]
 HessianPass = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
 
 
+NewtonParams = ParamSpec("NewtonParams")
+
+
+def center_threads(solve: Callable[Concatenate[CenterFactor, NewtonParams], NewtonResult],
+                   ) -> Callable[Concatenate[CenterFactor, NewtonParams], NewtonResult]:
+    """Run a Newton solver with one BLAS thread when the center system is small (below
+    :data:`SINGLE_THREAD_CENTERS`), where threads cost more than they gain."""
+
+    @functools.wraps(solve)
+    def wrapper(factor: CenterFactor, *args: NewtonParams.args, **kwargs: NewtonParams.kwargs) -> NewtonResult:
+        small = factor.Kmm.shape[0] < SINGLE_THREAD_CENTERS
+        with blas_threads(1) if small else contextlib.nullcontext():
+            return solve(factor, *args, **kwargs)
+
+    return wrapper
+
+
+@center_threads
 def newton_solve(
     factor: CenterFactor,
     gradient_pass: GradientPass,
@@ -418,29 +437,6 @@ def newton_solve(
     target a step that raised the objective is halved (a safeguard; FALKON has none).
     ``on_state`` receives the state after every Newton step; ``state`` continues from one.
     """
-    small = factor.Kmm.shape[0] < SINGLE_THREAD_CENTERS
-    with blas_threads(1) if small else contextlib.nullcontext():
-        return _newton_loop(factor, gradient_pass, hessian_pass, path=path, weight_sum=weight_sum,
-                            intercept0=intercept0, fit_intercept=fit_intercept, tol=tol, max_iter=max_iter,
-                            state=state, on_state=on_state, on_step=on_step, max_halvings=max_halvings)
-
-
-def _newton_loop(
-    factor: CenterFactor,
-    gradient_pass: GradientPass,
-    hessian_pass: HessianPass,
-    *,
-    path: list[tuple[float, bool]],
-    weight_sum: float,
-    intercept0: np.ndarray,
-    fit_intercept: bool,
-    tol: float,
-    max_iter: int,
-    state: NewtonState | None,
-    on_state: Callable[[NewtonState], None] | None,
-    on_step: Callable[[int, float], None] | None,
-    max_halvings: int,
-) -> NewtonResult:
     from daskkrr.solvers.cg import conjugate_gradient
 
     Kmm = factor.Kmm

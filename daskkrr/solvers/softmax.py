@@ -44,7 +44,6 @@ Two facts about the softmax shape the solver:
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -53,7 +52,6 @@ from scipy.special import log_softmax
 
 from daskkrr.kernels.base import Kernel
 from daskkrr.solvers.logistic import (
-    SINGLE_THREAD_CENTERS,
     WARMUP_CG_ITERATIONS,
     CenterFactor,
     GradientPass,
@@ -62,10 +60,10 @@ from daskkrr.solvers.logistic import (
     NewtonResult,
     NewtonState,
     _tiles,
+    center_threads,
     forcing_tolerance,
     split_targets,
 )
-from daskkrr.utils.threads import blas_threads
 
 
 # --------------------------------------------------------------------------- the loss
@@ -180,6 +178,12 @@ def centred(U: np.ndarray) -> np.ndarray:
 
 
 # --------------------------------------------------------------------------- the Newton loop
+def _objective(G: np.ndarray, Kmm: np.ndarray, coef: np.ndarray, lam: float, N: float) -> np.ndarray:
+    M = Kmm.shape[0]
+    return np.array([G[M + 1, 0] / N + 0.5 * lam * float(np.einsum("ij,ij->", coef, Kmm @ coef))])
+
+
+@center_threads
 def newton_solve(
     factor: CenterFactor,
     gradient_pass: GradientPass,
@@ -203,34 +207,6 @@ def newton_solve(
     :func:`hessian_terms`, the state's ``objective``/``active`` arrays have one
     entry, and each Newton system is one CG on the ``M * C`` stacked unknowns.
     """
-    small = factor.Kmm.shape[0] < SINGLE_THREAD_CENTERS
-    with blas_threads(1) if small else contextlib.nullcontext():
-        return _newton_loop(factor, gradient_pass, hessian_pass, path=path, weight_sum=weight_sum,
-                            intercept0=intercept0, fit_intercept=fit_intercept, tol=tol, max_iter=max_iter,
-                            state=state, on_state=on_state, on_step=on_step, max_halvings=max_halvings)
-
-
-def _objective(G: np.ndarray, Kmm: np.ndarray, coef: np.ndarray, lam: float, N: float) -> np.ndarray:
-    M = Kmm.shape[0]
-    return np.array([G[M + 1, 0] / N + 0.5 * lam * float(np.einsum("ij,ij->", coef, Kmm @ coef))])
-
-
-def _newton_loop(
-    factor: CenterFactor,
-    gradient_pass: GradientPass,
-    hessian_pass: HessianPass,
-    *,
-    path: list[tuple[float, bool]],
-    weight_sum: float,
-    intercept0: np.ndarray,
-    fit_intercept: bool,
-    tol: float,
-    max_iter: int,
-    state: NewtonState | None,
-    on_state: Callable[[NewtonState], None] | None,
-    on_step: Callable[[int, float], None] | None,
-    max_halvings: int,
-) -> NewtonResult:
     from daskkrr.solvers.cg import conjugate_gradient
 
     Kmm = factor.Kmm
