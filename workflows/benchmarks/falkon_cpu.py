@@ -44,7 +44,8 @@ from typing import Any
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[2]
-RESULT_PREFIX = "FALKON-RESULT "
+#: fit_tools.RESULT_PREFIX, which run_child reads (the child cannot import fit_tools: no psutil there).
+RESULT_PREFIX = "BENCH-RESULT "
 
 
 def falkon_python() -> str | None:
@@ -94,7 +95,7 @@ def run_falkon(
     decision values), or ``error`` with the tail of the child's stderr.
     """
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from fit_tools import PeakMemory
+    from fit_tools import run_child
 
     python = falkon_python()
     if python is None:
@@ -111,27 +112,14 @@ def run_falkon(
                     penalty_list=None if penalty_list is None else [float(v) for v in penalty_list],
                     iter_list=None if iter_list is None else [int(v) for v in iter_list],
                     threads=threads, data=str(data), out=str(out))
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
-        t0 = time.perf_counter()
-        proc = subprocess.Popen([python, __file__, json.dumps(spec)], stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, env=env)
-        with PeakMemory(proc.pid) as mem:
-            try:
-                stdout, stderr = proc.communicate(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                stdout, stderr = proc.communicate()
-                stderr += f"\ntimed out after {timeout}s"
-        result: dict[str, Any] = {}
-        for line in stdout.splitlines():
-            if line.startswith(RESULT_PREFIX):
-                result = json.loads(line[len(RESULT_PREFIX):])
-        if not result or not out.is_file():
-            return {"error": (stderr or stdout)[-2000:], "peak_mb": round(mem.total_mb, 1)}
+        result = run_child([__file__, json.dumps(spec)], timeout=timeout, python=python)
+        if "error" not in result and not out.is_file():
+            result["error"] = "the FALKON child reported a result but wrote no predictions"
+        if "error" in result:
+            return result
         with np.load(out, allow_pickle=False) as npz:
             result["decision"] = npz["decision"]
             result["classes"] = npz["classes"]
-    result.update(peak_mb=round(mem.total_mb, 1), wall_s=round(time.perf_counter() - t0, 2))
     return result
 
 

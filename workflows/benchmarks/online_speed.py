@@ -118,18 +118,7 @@ def _median(results: list[dict], key: str) -> float | None:
 def _run(argv: list[str], repeats: int, python: str | None = None) -> list[dict]:
     from fit_tools import run_child
 
-    out = []
-    for _ in range(repeats):
-        if python is None:
-            out.append(run_child(argv))
-        else:  # FALKON's interpreter: run_child's sys.executable swapped
-            saved = sys.executable
-            sys.executable = python
-            try:
-                out.append(run_child(argv))
-            finally:
-                sys.executable = saved
-    return out
+    return [run_child(argv, python=python) for _ in range(repeats)]
 
 
 def _trapezoid(ks: list[int], secs: list[float], n_batches: int) -> float:
