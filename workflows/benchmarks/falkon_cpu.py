@@ -18,7 +18,12 @@ Models (``model=``):
   other (the reported time is their sum), as FALKON's LogisticFalkon takes a
   single ``+-1`` target column;
 - ``"falkon"``: ``falkon.Falkon`` (least squares) on ``+-1`` one-vs-all columns,
-  all columns in one fit.
+  all columns in one fit;
+- ``"regression"``: ``falkon.Falkon`` on the real-valued targets as given
+  (``decision`` is then the prediction).
+
+``dtype`` (``"float64"`` or ``"float32"``) is the precision of the tensors FALKON
+gets, and ``tol`` its CG tolerance (``FalkonOptions(cg_tolerance=...)``; None: its default).
 
 Typical use::
 
@@ -83,6 +88,8 @@ def run_falkon(
     maxiter: int = 20,
     seed: int = 0,
     threads: int | None = None,
+    dtype: str = "float64",
+    tol: float | None = None,
     timeout: float = 3600.0,
 ) -> dict[str, Any]:
     """Fit FALKON on ``(X_train, y_train)`` in a fresh process and predict ``X_test``.
@@ -100,18 +107,21 @@ def run_falkon(
     python = falkon_python()
     if python is None:
         return {"error": falkon_unavailable_reason()}
-    if model not in ("logistic", "falkon"):
-        raise ValueError(f"model must be 'logistic' or 'falkon'; got {model!r}")
+    if model not in ("logistic", "falkon", "regression"):
+        raise ValueError(f"model must be 'logistic', 'falkon' or 'regression'; got {model!r}")
+    if dtype not in ("float32", "float64"):
+        raise ValueError(f"dtype must be 'float32' or 'float64'; got {dtype!r}")
     with tempfile.TemporaryDirectory(prefix="falkon-run-") as tmp:
         data = Path(tmp) / "data.npz"
         out = Path(tmp) / "out.npz"
-        np.savez(data, X_train=np.ascontiguousarray(X_train, dtype=np.float64),
-                 y_train=np.asarray(y_train), X_test=np.ascontiguousarray(X_test, dtype=np.float64))
+        np.savez(data, X_train=np.ascontiguousarray(X_train, dtype=dtype),
+                 y_train=np.asarray(y_train, dtype=dtype) if model == "regression" else np.asarray(y_train),
+                 X_test=np.ascontiguousarray(X_test, dtype=dtype))
         spec = dict(model=model, sigma=float(sigma), M=int(M), seed=int(seed), penalty=float(penalty),
                     maxiter=int(maxiter),
                     penalty_list=None if penalty_list is None else [float(v) for v in penalty_list],
                     iter_list=None if iter_list is None else [int(v) for v in iter_list],
-                    threads=threads, data=str(data), out=str(out))
+                    threads=threads, tol=None if tol is None else float(tol), data=str(data), out=str(out))
         result = run_child([__file__, json.dumps(spec)], timeout=timeout, python=python)
         if "error" not in result and not out.is_file():
             result["error"] = "the FALKON child reported a result but wrote no predictions"
@@ -134,17 +144,22 @@ def _child(spec: dict[str, Any]) -> None:  # pragma: no cover - runs in the FALK
         torch.set_num_threads(int(spec["threads"]))
     with np.load(spec["data"], allow_pickle=False) as npz:
         Xtr, ytr, Xte = npz["X_train"], npz["y_train"], npz["X_test"]
-    classes = np.unique(ytr)
-    codes = (np.where(ytr == classes[1], 1.0, -1.0)[:, None] if len(classes) == 2
-             else np.where(ytr[:, None] == classes[None, :], 1.0, -1.0))
+    if spec["model"] == "regression":
+        classes = np.zeros(0)
+        codes = ytr.reshape(-1, 1)
+    else:
+        classes = np.unique(ytr)
+        codes = (np.where(ytr == classes[1], 1.0, -1.0)[:, None] if len(classes) == 2
+                 else np.where(ytr[:, None] == classes[None, :], 1.0, -1.0)).astype(Xtr.dtype)
     X = torch.from_numpy(Xtr)
     Xt = torch.from_numpy(Xte)
-    options = FalkonOptions(keops_active="no", use_cpu=True)
+    extra = {} if spec.get("tol") is None else {"cg_tolerance": spec["tol"]}
+    options = FalkonOptions(keops_active="no", use_cpu=True, **extra)
     kernel = falkon.kernels.GaussianKernel(sigma=spec["sigma"], opt=options)
     M = min(int(spec["M"]), len(Xtr))
     fit_s = 0.0
     columns = []
-    if spec["model"] == "falkon":
+    if spec["model"] in ("falkon", "regression"):
         est = falkon.Falkon(kernel=kernel, penalty=spec["penalty"], M=M, maxiter=spec["maxiter"],
                             seed=spec["seed"], options=options)
         t0 = time.perf_counter()
