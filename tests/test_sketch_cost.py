@@ -186,3 +186,19 @@ def test_the_choice_and_its_expected_times_are_recorded_and_saved(data, tmp_path
     for name in ("strategy_", "preconditioner_rows_", "preconditioner_dtype_", "preconditioner_costs_"):
         assert getattr(loaded, name) == getattr(model, name), name
     np.testing.assert_array_equal(loaded.predict(Xt), model.predict(Xt))
+
+
+def test_a_resumed_fit_keeps_the_sketch_of_the_interrupted_one(data, tmp_path):
+    """"auto" would size the sketch otherwise with the new tol; the saved CG state needs the old one."""
+    X, y, _, common, _ = data
+    ckpt = tmp_path / "ck"
+    with pytest.warns(ConvergenceWarning):
+        first = FalkonRegressor(**common, max_iter=5, tol=1e-15).fit(X, y, checkpoint=ckpt, checkpoint_every=2)
+    assert first.preconditioner_rows_ == 0  # a fixed budget: FALKON's own
+    fresh = FalkonRegressor(**common, max_iter=100, tol=1e-6).fit(X, y)
+    assert fresh.preconditioner_rows_ > 0
+    resumed = FalkonRegressor(**common, max_iter=100, tol=1e-6).fit(X, y, checkpoint=ckpt, resume=True)
+    uninterrupted = FalkonRegressor(**common, max_iter=100, tol=1e-6, preconditioner_rows=None).fit(X, y)
+    assert resumed.preconditioner_rows_ == 0 and resumed.converged_
+    assert resumed.n_iter_ == uninterrupted.n_iter_
+    np.testing.assert_allclose(resumed.coef_, uninterrupted.coef_, rtol=1e-10, atol=1e-12)
