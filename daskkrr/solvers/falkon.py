@@ -266,13 +266,14 @@ def sketch_gram(T: np.ndarray, d: np.ndarray, blocks: Iterable[Any], center: boo
         if not single:
             inner = blas.dsyrk(1.0, Wt, beta=1.0, c=inner, trans=0, lower=0, overwrite_c=1)
             continue
+        # beta=0 restarts the partial sum in the same memory (a fresh M x M array costs page faults)
         partial = blas.ssyrk(1.0, Wt, trans=0, lower=0) if partial is None else blas.ssyrk(
-            1.0, Wt, beta=1.0, c=partial, trans=0, lower=0, overwrite_c=1)
+            1.0, Wt, beta=1.0 if pending else 0.0, c=partial, trans=0, lower=0, overwrite_c=1)
         pending += K.shape[0]
         if pending >= FLOAT32_FLUSH_ROWS:
-            inner += partial
-            partial, pending = None, 0
-    if partial is not None:
+            inner += partial  # the lower triangles hold leftovers: only the upper one is kept, below
+            pending = 0
+    if partial is not None and pending:
         inner += partial
     if center:
         # sum (w - wbar)(w - wbar)^T = sum w w^T - r wbar wbar^T, as a rank-one update of the upper triangle
