@@ -278,6 +278,17 @@ class FitCheckpoint:
             weights=self._arrays["center_weights"], info=info, **optional,
         )
 
+    def saved_sketch_rows(self) -> int | None:
+        """Rows of the interrupted fit's preconditioner sketch, or None: its CG state is only valid
+        with the same preconditioner, which ``preconditioner_rows="auto"`` might size otherwise
+        after a change of ``tol`` or ``max_iter``."""
+        rows = self._meta.get("sketch_rows")
+        return None if rows is None else int(rows)
+
+    def save_sketch_rows(self, rows: int) -> None:
+        """Keep the sketch size for the checkpoints written from now on (the rhs and CG states)."""
+        self._meta["sketch_rows"] = int(rows)
+
     def saved_rhs(self) -> np.ndarray | None:
         """The interrupted fit's ``K_nM^T y``, or None."""
         return np.array(self._arrays["rhs"], dtype=np.float64) if "rhs" in self._arrays else None

@@ -23,9 +23,10 @@ from daskkrr import FalkonClassifier, FalkonRegressor, NystromRegressor
 from daskkrr.kernels import GaussianKernel
 from daskkrr.models.loading import load_model
 from daskkrr.models.persistence import save_model
+from daskkrr.parallel.preconditioner_cost import sketch_candidates
 from daskkrr.solvers import FalkonPreconditioner
 from daskkrr.solvers.intercept import centered_gram_matvec
-from daskkrr.solvers.sketch import KernelRowSketch, auto_sketch_rows, sketch_indices
+from daskkrr.solvers.sketch import KernelRowSketch, sketch_indices
 
 
 @pytest.fixture(scope="module")
@@ -192,8 +193,8 @@ def test_sketch_cuts_cg_iterations_and_keeps_the_solution():
     common = dict(sigma=1.0, penalty=1e-7, n_centers=400, random_state=3, chunks=5000, max_iter=200, tol=1e-6)
     direct = NystromRegressor(sigma=1.0, penalty=1e-7, n_centers=400, random_state=3, chunks=5000).fit(X, y)
     falkon = FalkonRegressor(**common, preconditioner_rows=None).fit(X, y)
-    sketched = FalkonRegressor(**common).fit(X, y)  # "auto": 4 M rows here
-    assert sketched.preconditioner_rows_ == auto_sketch_rows(n, 400) == 1600
+    sketched = FalkonRegressor(**common, preconditioner_rows=1600).fit(X, y)  # 4 M rows
+    assert sketched.preconditioner_rows_ == 1600
     assert falkon.preconditioner_rows_ == 0
     assert sketched.converged_
     assert sketched.n_iter_ <= 0.6 * falkon.n_iter_, (sketched.n_iter_, falkon.n_iter_)
@@ -203,10 +204,9 @@ def test_sketch_cuts_cg_iterations_and_keeps_the_solution():
 
 
 def test_sketch_rows_choice_and_seed():
-    assert auto_sketch_rows(10_000, 1000) == 4000  # 4 rows per center at least
-    assert auto_sketch_rows(1_000_000, 1000) == 16_000  # at most 16
-    assert auto_sketch_rows(100_000, 2000) == 8000
-    assert auto_sketch_rows(1000, 500) == 1000  # never more than n
+    assert sketch_candidates(1_000_000, 1000) == (0, 2000, 4000, 8000, 16_000)  # none, then 2-16 M
+    assert sketch_candidates(10_000, 1000) == (0, 2000, 4000, 8000, 10_000)  # never more than n
+    assert sketch_candidates(1000, 500) == (0, 1000)
     Z = np.arange(12.0).reshape(4, 3)
     a, b = sketch_indices(1000, 100, Z), sketch_indices(1000, 100, Z)
     np.testing.assert_array_equal(a, b)  # a resumed fit (same centers) draws the same rows
@@ -218,10 +218,10 @@ def test_sketch_rows_choice_and_seed():
 
 
 def test_kernel_row_sketch_blocks_are_the_kernel_rows():
-    X, Z, kernel = _problem(n=700, M=40)
+    X, Z, kernel = _problem(n=2500, M=40)
     sketch = KernelRowSketch(kernel, X, Z)
     blocks = list(sketch)
-    assert sketch.rows == 700 and all(b.dtype == np.float64 for b in blocks) and len(blocks) == 3
+    assert sketch.rows == 2500 and all(b.dtype == np.float64 for b in blocks) and len(blocks) == 3  # 1024 rows each
     np.testing.assert_allclose(np.vstack(blocks), kernel(X, Z), rtol=1e-12, atol=1e-14)
 
 
@@ -238,7 +238,8 @@ def test_preconditioner_rows_parameter_is_validated(offset_data):
 
 def test_sketch_is_the_same_on_a_cluster_and_chunking_free(offset_data, cluster2):
     X, y = offset_data
-    common = dict(sigma=2.0, penalty=1e-4, n_centers=200, random_state=0, max_iter=100, tol=1e-10)
+    common = dict(sigma=2.0, penalty=1e-4, n_centers=200, random_state=0, max_iter=100, tol=1e-10,
+                  preconditioner_rows=800)  # "auto" weighs the cluster's cores: it may choose differently
     local = FalkonRegressor(**common).fit(da.from_array(X, chunks=1000), y)
     with cluster2.as_current():
         remote = FalkonRegressor(**common).fit(da.from_array(X, chunks=700), y)
@@ -281,9 +282,9 @@ def test_config_keys_for_the_intercept_and_the_sketch(tmp_path):
 
 def test_sketch_gram_is_symmetric_in_both_triangles():
     """The jitter retry of its Cholesky rebuilds the upper triangle from the lower one."""
-    from daskkrr.solvers.falkon import _sketch_gram
+    from daskkrr.solvers.falkon import sketch_gram
 
     X, Z, kernel = _problem(n=1500, M=300)
     T = np.linalg.cholesky(kernel(Z, Z) + 1e-8 * np.eye(300)).T
-    inner = _sketch_gram(T, np.ones(300), [kernel(X[:700], Z), kernel(X[700:], Z)], center=True)
+    inner, _ = sketch_gram(T, np.ones(300), [kernel(X[:700], Z), kernel(X[700:], Z)], center=True)
     np.testing.assert_array_equal(inner, inner.T)

@@ -21,7 +21,6 @@ from daskkrr.models.weights import check_sample_weight, refuse_weighted_std
 from daskkrr.parallel.strategies import STRATEGY_CHOICES
 from daskkrr.pipeline import Stage, nystrom_stages, run_fit
 from daskkrr.sampling import SAMPLERS, CenterSampler
-from daskkrr.solvers.sketch import auto_sketch_rows
 
 logger = logging.getLogger("daskkrr")
 
@@ -60,14 +59,11 @@ class NystromModelBase(KernelModelBase):
         """Centers of the fitted model: ``n_centers``, or fewer on data with fewer rows."""
         return int(self.centers_.shape[0])
 
-    def _sketch_rows(self, n: int, n_centers: int) -> int:
-        """Rows of the preconditioner's sketch (0: FALKON's own, from the centers)."""
+    def _sketch_rows(self) -> int | str | None:
+        """Rows asked for the preconditioner's sketch: an int, "auto" (the cost model chooses,
+        :func:`daskkrr.parallel.strategies.plan_sketch`) or None (FALKON's own, from the centers)."""
         rows = getattr(self, "preconditioner_rows", None)
-        if rows is None:
-            return 0
-        if rows == "auto":
-            return auto_sketch_rows(n, n_centers)
-        return min(int(rows), n)
+        return rows if rows is None or rows == "auto" else int(rows)
 
     # --------------------------------------------------------------- the fit
     def _fit_stages(self) -> tuple[Stage, ...]:

@@ -46,7 +46,7 @@ HINTS = {
     "max_iter": "the number of CG iterations, e.g. max_iter=50",
     "tol": "the relative residual at which CG stops, e.g. tol=1e-4",
     "chunks": "rows per block, or chunks=None to keep the input's",
-    "preconditioner_rows": "rows sampled for the preconditioner, 'auto' (4 per center) or None (FALKON's own)",
+    "preconditioner_rows": "rows sampled for the preconditioner, 'auto' (by expected time) or None (FALKON's own)",
     "random_state": "a seed, e.g. random_state=0",
     "max_samples": "the largest n for the n x n kernel matrix, e.g. max_samples=20000",
 }

@@ -40,7 +40,9 @@ STATE_PREFIX = "state_"
 POSTERIOR_PREFIX = "posterior_"
 _SCALARS = ("n_features_in_", "n_iter_", "converged_", "jitter_", "n_data_passes_", "fit_time_",
             # ExactKernelRidge: the solver chosen and, for PCG, its preconditioner (JSON scalars and lists)
-            "solver_", "n_features_", "preconditioner_penalty_", "kernel_tiles_", "adaptive_trace_")
+            "solver_", "n_features_", "preconditioner_penalty_", "kernel_tiles_", "adaptive_trace_",
+            # Nystrom fits: the strategy and the preconditioner's sketch chosen, with the expected costs
+            "strategy_", "preconditioner_rows_", "preconditioner_dtype_", "preconditioner_costs_")
 
 
 class ModelFormatError(ValueError):

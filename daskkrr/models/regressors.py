@@ -94,9 +94,15 @@ PARAM_DOCS = {
     "preconditioner_rows": """preconditioner_rows : int, "auto" or None, default="auto"
     Training rows sampled (uniformly) to build the preconditioner from
     ``K_sM^T K_sM`` instead of FALKON's ``K_MM^2`` (see
-    :mod:`daskkrr.solvers.sketch`); "auto" takes ``4 * n_centers`` (at most
-    n), None keeps FALKON's own preconditioner. More rows cost ``2 s M^2``
-    flops once on the client and save CG iterations, i.e. passes over the data.""",
+    :mod:`daskkrr.solvers.sketch`); None keeps FALKON's own preconditioner.
+    More rows cost ``2 s M^2`` flops once on the client (in float32 for a
+    float32 fit, where accurate) and save CG iterations, i.e. passes over the
+    data. "auto" takes, among none and ``2, 4, 8, 16 * n_centers`` rows (at most
+    n), the one of least expected time to ``tol`` by the cost model of
+    :mod:`daskkrr.parallel.preconditioner_cost`: a sketch where ``tol`` stops CG
+    early enough to repay it, none when ``max_iter`` iterations run anyway or
+    the "gram" strategy makes iterations cheap. The choice and the expected
+    times are ``preconditioner_rows_`` and ``preconditioner_costs_``.""",
     "max_samples": """max_samples : int, default=20000
     Largest n the "direct" solver accepts (the kernel matrix takes 8 n^2 bytes).""",
     "exact_solver": """solver : {"auto", "direct", "pcg"}, default="auto"
@@ -227,6 +233,15 @@ _FITTED_DOC = """
         Strategy that gave the solver its products: "recompute", "cache" or "gram".
     preconditioner_rows_ : int
         Rows the preconditioner was built from (0: FALKON's own, from the centers).
+    preconditioner_dtype_ : str
+        Arithmetic of the sketch Gram matrix: "float32" (a float32 fit, where it
+        was accurate enough) or "float64".
+    preconditioner_costs_ : list of dict
+        The cost model's expectation for each sketch size it weighed (and the
+        one asked for): ``rows``, CG ``iterations``, ``strategy``, and the
+        seconds of the ``preconditioner_s``, the ``solve_s`` and both
+        (``seconds``). Estimates from constant rates of the development machine:
+        right in ratio, not in absolute time.
     fit_time_ : float
         Wall-clock seconds of the fit.
     posterior_ : PosteriorVariance or None

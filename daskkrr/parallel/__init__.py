@@ -5,6 +5,8 @@
   keep/release, gather rows, broadcast);
 - :mod:`~daskkrr.parallel.strategies` and :mod:`~daskkrr.parallel.cost`: how the solver's
   products are computed (recompute, cache, gram) and the cost model that chooses;
+- :mod:`~daskkrr.parallel.preconditioner_cost`: the expected time to the tolerance of each size of the
+  preconditioner's row sketch (``preconditioner_rows="auto"``);
 - :mod:`~daskkrr.parallel.resources`: slots, cores, memory and thread budgets;
 - :mod:`~daskkrr.parallel.client`: clusters started or joined by the CLI and workflows;
 - :mod:`~daskkrr.parallel.tasks`: independent whole-function tasks (one model fit each), as a search runs.

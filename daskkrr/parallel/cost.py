@@ -18,7 +18,9 @@ Three ways to give FALKON's CG its products ``K_nM^T K_nM u``:
 
 Estimated time, in core-seconds, with ``E = n M`` kernel entries, ``I`` CG
 iterations (:func:`expected_iterations`: ``max_iter``, or fewer when ``tol`` stops
-CG earlier at the typical rate of FALKON's residual), and per-core rates from
+CG earlier at the rate of FALKON's residual, which the row sketch speeds up:
+:mod:`daskkrr.parallel.preconditioner_cost` also chooses the sketch's size by
+these costs), and per-core rates from
 ``workflows/benchmarks/engine_throughput.py`` on the 2-core development machine
 (:data:`DEFAULT_RATES`)::
 
@@ -99,9 +101,9 @@ DEFAULT_RATES = Rates()
 #: preconditioner (0.79 on the synthetic benchmarks of workflows/benchmarks/fit_vs_sklearn.py:
 #: 1e-2 after 20 iterations).
 TYPICAL_CONVERGENCE_FACTOR = 0.8
-#: The same with the row-sketch preconditioner (daskkrr.solvers.sketch): 1e-3 after 11
-#: iterations at n = 1e5, M = 2000 (s = 4 M), after 6 at n = 1e6, M = 1000 (s = 16 M).
-SKETCH_CONVERGENCE_FACTOR = 0.55
+# With the row-sketch preconditioner (daskkrr.solvers.sketch) the factor falls with the rows
+# per center (1e-3 after 11 iterations at n = 1e5, M = 2000, s = 4 M; after 6 at n = 1e6,
+# M = 1000, s = 16 M): daskkrr.parallel.preconditioner_cost.convergence_factor.
 
 
 def expected_iterations(max_iter: int, tol: float | None = None,

@@ -27,9 +27,7 @@ import numpy as np
 from daskkrr.kernels.base import Kernel
 from daskkrr.kernels.engine import engine_for
 from daskkrr.parallel.cost import (
-    SKETCH_CONVERGENCE_FACTOR,
     STRATEGY_CHOICES,
-    TYPICAL_CONVERGENCE_FACTOR,
     Budget,
     Problem,
     StrategyCost,
@@ -39,6 +37,7 @@ from daskkrr.parallel.cost import (
     should_persist,
 )
 from daskkrr.parallel.executor import BlockPasses, Executor
+from daskkrr.parallel.preconditioner_cost import SketchCost, choose_sketch_rows, convergence_factor, sketch_cost
 from daskkrr.parallel.resources import Resources
 
 logger = logging.getLogger("daskkrr")
@@ -84,22 +83,20 @@ def plan_strategy(
     tol: float | None = None,
     in_memory: bool = False,
     resources: Resources | None = None,
-    sketched: bool = False,
+    sketch_rows: int = 0,
 ) -> StrategyPlan:
     """Choose the strategy (``"auto"`` uses the cost model) and whether to persist the data.
 
     ``iterations`` is CG's ``max_iter``; with ``tol`` the cost model expects
-    :func:`~daskkrr.parallel.cost.expected_iterations` of them (fewer when the
-    preconditioner is ``sketched``, built from sampled rows).
+    :func:`~daskkrr.parallel.cost.expected_iterations` of them, at the rate
+    :func:`~daskkrr.parallel.preconditioner_cost.convergence_factor` of a
+    preconditioner built from ``sketch_rows`` sampled rows (0: FALKON's own).
     """
     check_strategy(strategy)
     res = resources or (executor or Executor()).resources()
-    n, d = (int(s) for s in X.shape)
-    factor = SKETCH_CONVERGENCE_FACTOR if sketched else TYPICAL_CONVERGENCE_FACTOR
-    its = expected_iterations(int(iterations), tol, factor)
-    problem = Problem(n=n, d=d, n_centers=int(n_centers), n_targets=int(n_targets),
-                      itemsize=X.dtype.itemsize, iterations=its, in_memory=in_memory)
-    budget = Budget(cores=res.cores, memory_bytes=res.memory_bytes, n_workers=res.n_workers)
+    its = expected_iterations(int(iterations), tol, convergence_factor(sketch_rows, n_centers))
+    problem, budget = _problem_and_budget(X, n_centers, n_targets, its, in_memory, res)
+    n, d = problem.n, problem.d
     if strategy == "auto":
         chosen, costs = choose_strategy(problem, budget)
     else:
@@ -107,6 +104,63 @@ def plan_strategy(
     data_bytes = n * d * X.dtype.itemsize + n * n_targets * 8
     persist = should_persist(chosen, data_bytes, budget, in_memory)
     return StrategyPlan(chosen, persist, costs, res)
+
+
+def _problem_and_budget(X: da.Array, n_centers: int, n_targets: int, iterations: int, in_memory: bool,
+                        res: Resources) -> tuple[Problem, Budget]:
+    n, d = (int(s) for s in X.shape)
+    problem = Problem(n=n, d=d, n_centers=int(n_centers), n_targets=int(n_targets),
+                      itemsize=X.dtype.itemsize, iterations=int(iterations), in_memory=in_memory)
+    return problem, Budget(cores=res.cores, memory_bytes=res.memory_bytes, n_workers=res.n_workers)
+
+
+@dataclasses.dataclass
+class SketchPlan:
+    """What :func:`plan_sketch` decided: the sketch rows and the expected cost of each candidate."""
+
+    rows: int
+    costs: list[SketchCost]
+
+    def describe(self) -> str:
+        parts = [f"{c.rows}: {c.seconds:.1f}s ({c.iterations} it, {c.strategy})" for c in self.costs]
+        return f"preconditioner rows {self.rows} (expected {'; '.join(parts)})"
+
+
+def plan_sketch(
+    requested: int | str | None,
+    X: da.Array,
+    *,
+    n_centers: int,
+    n_targets: int,
+    max_iter: int,
+    tol: float | None,
+    strategy: str = "auto",
+    sketch_itemsize: int = 8,
+    executor: Executor | None = None,
+    in_memory: bool = False,
+    resources: Resources | None = None,
+) -> SketchPlan:
+    """Rows of the preconditioner's sketch: ``requested`` (an int, at most n; None: 0, FALKON's own),
+    or with ``"auto"`` the candidate of least expected time to ``tol`` by
+    :func:`~daskkrr.parallel.preconditioner_cost.choose_sketch_rows`.
+
+    The expected costs of the candidates are computed either way (and of the
+    requested size when it is not one of them), for the record.
+    """
+    check_strategy(strategy)
+    res = resources or (executor or Executor()).resources()
+    problem, budget = _problem_and_budget(X, n_centers, n_targets, max_iter, in_memory, res)
+    rows, costs = choose_sketch_rows(problem, budget, max_iter=int(max_iter), tol=tol, strategy=strategy,
+                                     sketch_itemsize=int(sketch_itemsize))
+    if requested != "auto":
+        rows = 0 if requested is None else min(int(requested), problem.n)
+        if rows not in {c.rows for c in costs}:
+            extra = sketch_cost(rows, problem, budget, max_iter=int(max_iter), tol=tol, strategy=strategy,
+                                sketch_itemsize=int(sketch_itemsize))
+            costs = sorted([*costs, extra], key=lambda c: c.rows)
+    plan = SketchPlan(rows, costs)
+    logger.info("%s", plan.describe())
+    return plan
 
 
 def balance_blocks(X: da.Array, Y: da.Array | None, slots: int) -> tuple[da.Array, da.Array | None]:

@@ -74,6 +74,8 @@ class FitContext:
     # preconditioner
     preconditioner: Any = None
     sketch_rows: int = 0
+    #: The sketch size chosen and the expected cost of each candidate (``SketchPlan``; None: no sketch planned).
+    sketch_plan: Any = None
     # operator
     plan: Any = None
     passes: Any = None

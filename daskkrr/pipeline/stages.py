@@ -31,7 +31,7 @@ from daskkrr.data.feature_names import fitted_feature_names
 from daskkrr.data.inputs import is_in_memory, load_training_data
 from daskkrr.data.sample_weight import open_sample_weight
 from daskkrr.guards import check_quadratic, quadratic_cost
-from daskkrr.parallel.strategies import make_operator, plan_strategy, prepare_passes
+from daskkrr.parallel.strategies import make_operator, plan_sketch, plan_strategy, prepare_passes
 from daskkrr.parallel.weighted import make_weighted_operator, with_weights
 from daskkrr.pipeline.context import FitContext
 from daskkrr.pipeline.fingerprint import fit_fingerprint
@@ -39,7 +39,7 @@ from daskkrr.sampling import make_sampler
 from daskkrr.solvers import FalkonPreconditioner, falkon_solve
 from daskkrr.solvers.exact import exact_krr_solve
 from daskkrr.solvers.intercept import centered_gram_matvec
-from daskkrr.solvers.sketch import KernelRowSketch, sketch_indices
+from daskkrr.solvers.sketch import KernelRowSketch, sketch_indices, sketch_precision
 from daskkrr.solvers.variance import exact_posterior
 
 logger = logging.getLogger("daskkrr")
@@ -141,25 +141,48 @@ def choose_centers(ctx: FitContext) -> None:
 # --------------------------------------------------------------------------- preconditioner
 def falkon_preconditioner(ctx: FitContext, *, sketch: bool = True) -> None:
     """FALKON's factors ``T`` and ``A`` from ``K_MM`` (weighted by the centers' weights),
-    optionally with ``A`` from a sketch of sampled rows (:mod:`daskkrr.solvers.sketch`)."""
+    optionally with ``A`` from a sketch of sampled rows (:mod:`daskkrr.solvers.sketch`).
+
+    The sketch's size is the estimator's ``preconditioner_rows``, or with "auto"
+    the one of least expected time to ``tol`` (:func:`~daskkrr.parallel.strategies.plan_sketch`);
+    its Gram matrix runs in float32 for a float32 fit where that is accurate
+    (:func:`~daskkrr.solvers.sketch.sketch_precision`)."""
     p = ctx.params
     Z = ctx.centers
     if Z is None:
         raise RuntimeError("the centers are not chosen yet; run choose_centers first")
     n = ctx.n
-    rows = p._sketch_rows(n, Z.shape[0]) if sketch else 0
+    precision = sketch_precision(ctx.X.dtype)
+    rows = 0
+    if sketch:
+        saved = getattr(ctx.store, "saved_sketch_rows", lambda: None)()  # a resumed fit keeps its sketch
+        ctx.sketch_plan = plan_sketch(
+            p._sketch_rows() if saved is None else (saved or None), ctx.X, n_centers=Z.shape[0],
+            n_targets=int(ctx.Y.shape[1]) + bool(getattr(p, "fit_intercept", False)) + (ctx.sample_weight is not None),
+            max_iter=int(getattr(p, "max_iter", 1)), tol=float(getattr(p, "tol", 1e-7)),
+            strategy=getattr(p, "strategy", "auto"), sketch_itemsize=np.dtype(precision).itemsize,
+            executor=ctx.executor, in_memory=ctx.in_memory,
+        )
+        rows = ctx.sketch_plan.rows
+        save_rows = getattr(ctx.store, "save_sketch_rows", None)
+        if save_rows is not None and getattr(ctx.store, "enabled", False):
+            save_rows(rows)
     row_sketch = None
     if rows:
         idx = sketch_indices(n, rows, Z)
         sampled = ctx.executor.passes(ctx.X).gather_rows(idx)
-        row_sketch = KernelRowSketch(ctx.kernel, sampled, Z, row_weights=sketch_row_weights(ctx, idx))
+        row_sketch = KernelRowSketch(ctx.kernel, sampled, Z, row_weights=sketch_row_weights(ctx, idx),
+                                     dtype=precision)
     Z64 = Z.astype(np.float64)
+    t0 = time.perf_counter()
     ctx.preconditioner = FalkonPreconditioner.from_kernel_matrix(
         ctx.kernel(Z64, Z64), penalty=float(p.penalty), n=weight_sum(ctx),
         weights=None if ctx.dictionary.is_uniform else ctx.dictionary.weights, sketch=row_sketch,
-        center_sketch=bool(getattr(p, "fit_intercept", False)),
+        center_sketch=bool(getattr(p, "fit_intercept", False)), precision=precision,
     )
     ctx.sketch_rows = 0 if row_sketch is None else int(row_sketch.rows)
+    logger.info("preconditioner from %d sketch rows (%s) in %.2fs", ctx.sketch_rows,
+                ctx.preconditioner.precision, time.perf_counter() - t0)
 
 
 def weight_sum(ctx: FitContext) -> float:
@@ -206,7 +229,7 @@ def kernel_operator(ctx: FitContext, *, strategy: str | None = None, preconditio
     ctx.plan = plan_strategy(
         strategy if strategy else getattr(p, "strategy", "auto"), ctx.X, n_centers=Z.shape[0], n_targets=Y.shape[1],
         iterations=int(getattr(p, "max_iter", 1)), tol=float(getattr(p, "tol", 1e-7)),
-        executor=ctx.executor, in_memory=ctx.in_memory, sketched=ctx.sketch_rows > 0,
+        executor=ctx.executor, in_memory=ctx.in_memory, sketch_rows=ctx.sketch_rows,
     )
     ctx.passes = prepare_passes(ctx.X, Y, ctx.executor, ctx.plan)
     build = make_weighted_operator if weighted else make_operator
@@ -273,6 +296,8 @@ def _nystrom_model(ctx: FitContext, coef: np.ndarray) -> None:
         sampler_info_=dict(d.info), jitter_=float(ctx.preconditioner.jitter),
         coef_=coef[:, 0] if (ctx.one_d and coef.ndim == 2) else coef,
         strategy_=ctx.plan.strategy, preconditioner_rows_=ctx.sketch_rows,
+        preconditioner_dtype_=str(ctx.preconditioner.precision) if ctx.sketch_rows else "float64",
+        preconditioner_costs_=[] if ctx.sketch_plan is None else [c.as_dict() for c in ctx.sketch_plan.costs],
         n_data_passes_=ctx.passes.n_passes + 1,  # + the statistics pass
     )
 

@@ -31,6 +31,7 @@ import numpy as np
 
 from daskkrr.solvers.cg import CGResult, CGState, conjugate_gradient
 from daskkrr.utils.linalg import JitterWarning, cholesky_jitter, mirror_triangle, solve_upper
+from daskkrr.utils.threads import blas_threads
 
 
 @dataclasses.dataclass
@@ -47,6 +48,8 @@ class FalkonPreconditioner:
     penalty: float
     n: float
     jitter: float
+    #: Arithmetic the sketch Gram was computed in ("float32" only where it was accurate enough).
+    precision: str = "float64"
 
     @classmethod
     def from_kernel_matrix(
@@ -58,6 +61,7 @@ class FalkonPreconditioner:
         weights: np.ndarray | None = None,
         sketch: Iterable[Any] | None = None,
         center_sketch: bool = False,
+        precision: str = "float64",
     ) -> FalkonPreconditioner:
         """Factor the preconditioner from ``K_MM`` (and optionally a row sketch of ``K_nM``).
 
@@ -86,6 +90,13 @@ class FalkonPreconditioner:
         center_sketch : bool, default=False
             Centre the sketch rows (or FALKON's, the centers) on their mean first (the Gram matrix of a model
             with an unpenalised intercept, ``K_nM^T K_nM - n mu mu^T``).
+        precision : {"float64", "float32"}, default="float64"
+            Arithmetic of the sketch Gram ``W^T W`` (the triangular solves and the
+            rank-k updates, see :func:`sketch_gram`); ``T``, the inner matrix and
+            its Cholesky factor ``A`` stay float64. "float32" halves the time of the
+            ``2 s M^2`` flops. The first rows are checked against float64, which is
+            used instead when float32 would slow CG (see :func:`sketch_gram`);
+            the precision used is ``precision`` of the result.
         """
         Kmm = np.asarray(Kmm, dtype=np.float64)
         M = Kmm.shape[0]
@@ -100,10 +111,11 @@ class FalkonPreconditioner:
         del Kmm  # the caller may have handed over its only reference: M x M matrices are large
         T, jitter = cholesky_jitter(S, what="center kernel matrix K_MM")
         del S
-        inner = _sketch_gram(T, d, () if sketch is None else sketch, center_sketch)
+        inner, used = sketch_gram(T, d, () if sketch is None else sketch, center_sketch, precision=precision,
+                                  penalty=float(penalty))
         inner[np.diag_indices(M)] += penalty
         A, _ = cholesky_jitter(inner, what="FALKON inner matrix W^T W / s + lambda I", overwrite=True)
-        return cls(T=T, A=A, d=d, penalty=float(penalty), n=float(n), jitter=jitter)
+        return cls(T=T, A=A, d=d, penalty=float(penalty), n=float(n), jitter=jitter, precision=used)
 
     @property
     def n_centers(self) -> int:
@@ -176,47 +188,115 @@ class FalkonPreconditioner:
         return self._d_col(v) * solve_upper(self.T, v)
 
 
-def _sketch_gram(T: np.ndarray, d: np.ndarray, blocks: Iterable[Any], center: bool) -> np.ndarray:
-    """``W^T W / r`` over the ``r = M + s`` rows of ``W = [T^T; K_sM D T^{-1}]`` (``M x M``).
+#: Rows summed in float32 before the partial sum joins the float64 total (bounds the float32
+#: accumulation error to that of a sum of this many rank-one terms).
+FLOAT32_FLUSH_ROWS = 8192
+#: Rows of the first sketch block solved in both precisions to check float32 (see :func:`sketch_gram`).
+FLOAT32_PROBE_ROWS = 256
+#: float32 is kept when the probe's error ``||W32 - W64||_2^2 / rows`` is at most this share of the penalty.
+FLOAT32_ERROR_RATIO = 0.1
+
+
+def sketch_gram(T: np.ndarray, d: np.ndarray, blocks: Iterable[Any], center: bool,
+                precision: str = "float64", penalty: float = 0.0) -> tuple[np.ndarray, str]:
+    """``W^T W / r`` over the ``r = M + s`` rows of ``W = [T^T; K_sM D T^{-1}]`` (``M x M``, float64),
+    and the precision it was computed in.
 
     A block given as ``(K_b, c_b)`` has row weights ``c_b``: its rows count ``c_b``
     times in the sum, the mean and ``r``.
 
-    The first ``M`` rows are FALKON's (the centers: ``K_MM D T^{-1} = T^T``), the
-    others come from the sketch blocks. Each block becomes ``W_b^T = T^{-T} D K_b^T``
-    by one triangular solve and is added by a rank-k update of the upper
-    triangle, so at most one block's ``W_b`` exists at a time.
+    The first ``M`` rows are FALKON's (the centers: ``K_MM D T^{-1} = T^T``, added
+    in float64), the others come from the sketch blocks. Each block becomes
+    ``W_b^T = T^{-T} D K_b^T`` by one triangular solve (BLAS ``trsm``) and is
+    added by a rank-k update of the upper triangle (BLAS ``syrk``: half the flops
+    of a GEMM, at its rate), so at most one block's ``W_b`` exists at a time.
+
+    With ``precision="float32"`` both run in single precision, at twice the rate;
+    partial sums of at most :data:`FLOAT32_FLUSH_ROWS` rows join a float64 total.
+    The triangular solve is where float32 can hurt: its error grows with the
+    condition number of ``T`` (wide kernels, many centers), and an error ``E`` in
+    the rows of ``W`` moves the preconditioner's eigenvalues, relative to the
+    penalty, by about ``||E||_2^2 / (rows * penalty)`` (measured: 1.6e-6 / 1e-6 gave
+    eigenvalues of ``A_64^-T A_32^T A_32 A_64^-1`` up to 2.1, and 1.6e-6 / 1e-8 up to 83,
+    at M = 3000 with three times the default sigma; at the default sigma the
+    ratio was below 0.02 and the eigenvalues within 0.4% of 1, down to penalty 1e-10).
+    So the first :data:`FLOAT32_PROBE_ROWS` rows are also solved in float64, and
+    when their error exceeds :data:`FLOAT32_ERROR_RATIO` times ``penalty`` the
+    whole sketch runs in float64 instead ("float64" is returned). Either way
+    the preconditioner only changes CG's speed, never the solution it converges to.
     """
-    from scipy.linalg.blas import dsyr, dsyrk
+    if precision not in ("float64", "float32"):
+        raise ValueError(f"precision must be 'float64' or 'float32'; got {precision!r}")
+    from scipy.linalg import blas
 
     M = T.shape[0]
-    inner = dsyrk(1.0, np.asfortranarray(T), trans=0, lower=0)  # T T^T, upper triangle
+    T64 = np.asfortranarray(T, dtype=np.float64)
+    inner = blas.dsyrk(1.0, T64, trans=0, lower=0)  # T T^T, upper triangle, float64
     total = T.sum(axis=1)
     rows = float(M)
+    single = precision == "float32"
+    probed = not single
+    T32 = np.asfortranarray(T, dtype=np.float32) if single else None
+    partial: np.ndarray | None = None
+    pending = 0
     for block in blocks:
         K, c = block if isinstance(block, tuple) else (block, None)
-        K = np.asarray(K, dtype=np.float64)
+        K = np.asarray(K)
         if K.ndim != 2 or K.shape[1] != M:
             raise ValueError(f"sketch blocks must have shape (rows, {M}); got {K.shape}")
         if not K.shape[0]:
             continue
-        Wt = solve_upper(T, np.asfortranarray(d[:, None] * K.T), trans=True)  # (M, rows)
+        if single:
+            Wt = blas.strsm(1.0, T32, np.asfortranarray((d[:, None] * K.T).astype(np.float32)), side=0,
+                            lower=0, trans_a=1, overwrite_b=1)  # T^{-T} D K_b^T, (M, rows)
+            if not probed:
+                probed = True
+                single = _float32_accurate(T64, d, K, Wt, penalty)
+        if not single:
+            Wt = blas.dtrsm(1.0, T64, np.asfortranarray(d[:, None] * K.T.astype(np.float64)), side=0,
+                            lower=0, trans_a=1, overwrite_b=1)
         if c is None:
-            inner = dsyrk(1.0, Wt, beta=1.0, c=inner, trans=0, lower=0, overwrite_c=1)
-            total += Wt.sum(axis=1)
+            total += Wt.sum(axis=1, dtype=np.float64)
             rows += K.shape[0]
         else:
             c = np.asarray(c, dtype=np.float64).reshape(-1)
-            inner = dsyrk(1.0, np.asfortranarray(Wt * np.sqrt(c)[None, :]), beta=1.0, c=inner, trans=0,
-                          lower=0, overwrite_c=1)
-            total += Wt @ c
+            total += Wt.astype(np.float64) @ c
             rows += float(c.sum())
+            Wt = np.asfortranarray(Wt * np.sqrt(c).astype(Wt.dtype)[None, :])
+        if not single:
+            inner = blas.dsyrk(1.0, Wt, beta=1.0, c=inner, trans=0, lower=0, overwrite_c=1)
+            continue
+        # beta=0 restarts the partial sum in the same memory (a fresh M x M array costs page faults)
+        partial = blas.ssyrk(1.0, Wt, trans=0, lower=0) if partial is None else blas.ssyrk(
+            1.0, Wt, beta=1.0 if pending else 0.0, c=partial, trans=0, lower=0, overwrite_c=1)
+        pending += K.shape[0]
+        if pending >= FLOAT32_FLUSH_ROWS:
+            inner += partial  # the lower triangles hold leftovers: only the upper one is kept, below
+            pending = 0
+    if partial is not None and pending:
+        inner += partial
     if center:
         # sum (w - wbar)(w - wbar)^T = sum w w^T - r wbar wbar^T, as a rank-one update of the upper triangle
-        inner = dsyr(-1.0 / rows, total, lower=0, a=inner, overwrite_a=1)
+        inner = blas.dsyr(-1.0 / rows, total, lower=0, a=inner, overwrite_a=1)
     inner /= rows
-    mirror_triangle(inner, from_upper=True)  # dsyrk/dsyr filled the upper triangle only
-    return inner
+    mirror_triangle(inner, from_upper=True)  # syrk/dsyr filled the upper triangle only
+    return inner, "float32" if single and probed else "float64"
+
+
+def _float32_accurate(T: np.ndarray, d: np.ndarray, K: np.ndarray, Wt32: np.ndarray, penalty: float) -> bool:
+    """Whether float32 solves were accurate enough on the first rows of a block (see :func:`sketch_gram`)."""
+    from scipy.linalg import blas
+
+    k = min(FLOAT32_PROBE_ROWS, K.shape[0])
+    Wt64 = blas.dtrsm(1.0, T, np.asfortranarray(d[:, None] * K[:k].T.astype(np.float64)), side=0, lower=0,
+                      trans_a=1)
+    E = Wt32[:, :k] - Wt64
+    # ||E||_2^2 as the top eigenvalue of the small k x k Gram matrix, on one thread: an SVD of the
+    # M x k matrix took 2.9 s, and this eigvalsh 0.5 s, in threaded LAPACK on the busy 2-core
+    # development machine (the factorisation itself is milliseconds).
+    with blas_threads(1):
+        error = float(np.linalg.eigvalsh(E.T @ E)[-1]) / k
+    return error <= FLOAT32_ERROR_RATIO * penalty
 
 
 def _solve_clipped(C: np.ndarray, rhs: np.ndarray, floor: float) -> np.ndarray:

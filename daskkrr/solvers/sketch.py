@@ -7,7 +7,17 @@ needs many iterations (36 at n = 1e5, M = 2000, lambda = 1e-6 on the synthetic
 benchmark, to a residual of 1e-3). Drawing ``s`` rows of the data instead and
 using ``(n / s) K_sM^T K_sM`` (sketch-to-precondition, Avron, Clarkson and
 Woodruff 2017) cuts that to 21 iterations with ``s = 2 M`` and 11 with
-``s = 4 M``, for about ``2 s M^2`` flops on the client, once.
+``s = 4 M``, for about ``2 s M^2`` flops on the client, once (a triangular solve
+and a rank-k update, :func:`daskkrr.solvers.falkon.sketch_gram`; in float32 for
+a float32 fit, :func:`sketch_precision`).
+
+Those flops are not always worth it: at n = 1e5, M = 5000, d = 20 (float32,
+penalty 1e-6, 20 iterations) the float64 sketch of ``4 M`` rows took 10.2 s of a
+16.5 s fit, and FALKON's own preconditioner reached the same test error in
+7.2 s, both running all 20 iterations. ``preconditioner_rows="auto"`` therefore
+weighs the sketch's cost against the iterations it is expected to save
+(:mod:`daskkrr.parallel.preconditioner_cost`), among none and ``2, 4, 8, 16 M``
+rows.
 
 The rows are chosen from a seed derived from the centers, so a resumed fit (whose
 centers come from its checkpoint) rebuilds the same preconditioner.
@@ -21,7 +31,6 @@ to the weights would need every weight on the client) and each counts
 from __future__ import annotations
 
 import hashlib
-import math
 from collections.abc import Iterator
 from typing import Any
 
@@ -30,24 +39,22 @@ import numpy as np
 from daskkrr.kernels.base import Kernel
 from daskkrr.kernels.engine import engine_for
 
-#: Fewest and most sketch rows per center chosen by ``preconditioner_rows="auto"``.
-AUTO_ROWS_PER_CENTER = (4, 16)
-#: Rows of the sketch turned into kernel rows at a time (bounds the client's memory).
-SKETCH_BLOCK_ROWS = 256
+#: Rows of the sketch turned into kernel rows at a time (bounds the client's memory: ``2 x 1024 x M``
+#: entries). At M = 5000 on the development machine, BLAS trsm with 1024 right-hand sides ran at
+#: 120 GFlop/s (float32) and 55 (float64), with 256 at 69 and 48.
+SKETCH_BLOCK_ROWS = 1024
 
 
-def auto_sketch_rows(n: int, n_centers: int) -> int:
-    """``preconditioner_rows="auto"``: ``r M`` rows, ``r = sqrt(n / M) / 2`` within [4, 16], at most ``n``.
+def sketch_precision(dtype: Any) -> str:
+    """Arithmetic of the sketch Gram for a fit of ``dtype``: "float32" for float32 data, else "float64".
 
-    The sketch costs ``2 s M^2`` flops once, a CG iteration ``O(n M d)``: the more
-    rows per center, the more a saved iteration is worth. Measured on the synthetic
-    benchmark (d = 20, lambda = 1e-6, residual 1e-3): n = 1e5, M = 2000 took 36
-    iterations with FALKON's preconditioner, 11 with ``s = 4 M`` (fit 2x faster)
-    and 7 with ``8 M`` (no faster); n = 1e6, M = 1000 took 6 with ``16 M``.
+    A float32 fit's kernel blocks, and so its CG products, carry float32 round-off
+    already, so a float32 sketch Gram costs it no accuracy that the fit had; a
+    float64 fit keeps float64 throughout. :func:`daskkrr.solvers.falkon.sketch_gram`
+    still checks the first rows against float64 and falls back to it where the
+    triangular solve loses too much (wide kernels, tiny penalties).
     """
-    lo, hi = AUTO_ROWS_PER_CENTER
-    per_center = min(hi, max(lo, round(0.5 * math.sqrt(n / max(1, n_centers)))))
-    return int(min(n, per_center * n_centers))
+    return "float32" if np.dtype(dtype) == np.float32 else "float64"
 
 
 def sketch_indices(n: int, rows: int, centers: np.ndarray) -> np.ndarray:
@@ -64,16 +71,21 @@ def sketch_indices(n: int, rows: int, centers: np.ndarray) -> np.ndarray:
 class KernelRowSketch:
     """The kernel rows ``k(x_i, Z)`` of the sketch rows, produced block by block.
 
-    Iterating yields float64 arrays of at most :data:`SKETCH_BLOCK_ROWS` rows, so
-    the whole ``s x M`` matrix never exists at once; with ``row_weights``, pairs
-    ``(block, weights of its rows)``.
+    Iterating yields arrays of ``dtype`` (float64 by default; float32 for a
+    float32 sketch Gram, see :func:`sketch_precision`) of at most
+    :data:`SKETCH_BLOCK_ROWS` rows, so the whole ``s x M`` matrix never exists at
+    once; with ``row_weights``, pairs ``(block, weights of its rows)``. The
+    entries are computed in the dtype of ``rows`` (the fit's).
     """
 
     def __init__(self, kernel: Kernel, rows: np.ndarray, centers: np.ndarray,
-                 row_weights: np.ndarray | None = None):
+                 row_weights: np.ndarray | None = None, dtype: Any = np.float64):
         self.kernel = kernel
         self.X = np.ascontiguousarray(rows)
         self.Z = np.ascontiguousarray(centers, dtype=self.X.dtype)
+        self.dtype = np.dtype(dtype)
+        if self.dtype not in (np.float32, np.float64):
+            raise ValueError(f"sketch blocks are float32 or float64; got {self.dtype}")
         self.row_weights = None if row_weights is None else np.asarray(row_weights, dtype=np.float64).reshape(-1)
         if self.row_weights is not None and self.row_weights.shape[0] != self.X.shape[0]:
             raise ValueError(f"{self.X.shape[0]} sketch rows but {self.row_weights.shape[0]} row weights")
@@ -86,7 +98,7 @@ class KernelRowSketch:
         engine = engine_for(self.kernel)
         for start in range(0, self.rows, SKETCH_BLOCK_ROWS):
             block = engine.kernel_block(self.kernel, self.X[start:start + SKETCH_BLOCK_ROWS], self.Z)
-            block = np.asarray(block, dtype=np.float64)
+            block = np.asarray(block, dtype=self.dtype)
             if self.row_weights is None:
                 yield block
             else:
