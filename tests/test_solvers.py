@@ -72,6 +72,25 @@ def test_cg_true_residual_is_recomputed():
     assert res.n_matvec == len(calls) > res.n_iter
 
 
+def test_cg_that_diverges_returns_its_best_iterate_not_the_last():
+    """Round-off can make a nearly singular system look indefinite; CG then diverges
+    between true-residual checks. The solve must not return an iterate that fits worse
+    than one it passed (seen on 197_cpu_act at sigma = 9 sqrt(d), penalty 1e-8: test R^2
+    of -18 before, 0.977 after)."""
+    rng = np.random.default_rng(0)
+    Q, _ = np.linalg.qr(rng.standard_normal((60, 60)))
+    eig = np.geomspace(1e-3, 1, 60)
+    eig[0] = -2e-3  # one direction pushed below zero
+    A = (Q * eig) @ Q.T
+    b = rng.standard_normal((60, 2))
+    res = conjugate_gradient(lambda P: A @ P, b, tol=1e-10, max_iter=200, true_residual_every=50)
+    true = np.linalg.norm(b - A @ res.x, axis=0) / np.linalg.norm(b, axis=0)
+    reached = res.residuals[:-1].min(axis=0)  # the lowest residual before the final comparison
+    assert res.stagnated and not res.converged
+    assert np.all(true <= reached * (1 + 1e-8))
+    np.testing.assert_allclose(res.residuals[-1], true, rtol=1e-8)
+
+
 def test_cholesky_jitter_escalates_with_warning_and_fails_when_singular():
     v = np.ones((5, 1))
     S = v @ v.T - 1e-10 * np.eye(5)  # rank one, slightly indefinite (as round-off makes it)

@@ -47,8 +47,10 @@ class CGResult:
         Whether every column reached ``tol``.
     stagnated : bool
         True when the solve stopped because the true residual stopped falling
-        (the attainable accuracy of the operator was reached); ``x`` is then the
-        iterate with the smallest true residual.
+        (the attainable accuracy of the operator was reached), or stopped more than
+        :data:`DIVERGED_FACTOR` times above the lowest residual it had reached (CG
+        diverged on a nearly singular system); ``x`` is then the iterate with the
+        smallest true residual among those compared.
     """
 
     x: np.ndarray
@@ -83,6 +85,9 @@ class CGState:
     best_x, best_phi, best_rel
         Best iterate by CG energy, its energy and the best relative residuals
         (the stagnation guard).
+    low_x, low_rel : ndarray (m, t) and (t,), or None
+        Per column, the iterate with the lowest residual so far and that residual
+        (the divergence guard; None in states saved before it existed).
     iteration, n_matvec, last_true, checks_without_progress : int
         Iterations done, matvecs done, iteration of the last true-residual
         recomputation, consecutive checks without progress.
@@ -105,14 +110,18 @@ class CGState:
     last_true: int = 0
     checks_without_progress: int = 0
     stagnated: bool = False
+    low_x: np.ndarray | None = None
+    low_rel: np.ndarray | None = None
 
     _ARRAYS = ("b", "x", "r", "p", "rz", "active", "history", "best_x", "best_phi", "best_rel")
     _SCALARS = ("iteration", "n_matvec", "last_true", "checks_without_progress", "stagnated")
+    _OPTIONAL = ("low_x", "low_rel")
 
     def to_arrays(self) -> dict[str, np.ndarray]:
         """Plain numpy arrays (no objects) for ``np.savez``; scalars as 0-d arrays."""
         out = {k: np.array(getattr(self, k)) for k in self._ARRAYS}
         out.update({k: np.array(getattr(self, k)) for k in self._SCALARS})
+        out.update({k: np.array(getattr(self, k)) for k in self._OPTIONAL if getattr(self, k) is not None})
         return out
 
     @classmethod
@@ -136,18 +145,24 @@ class CGState:
             last_true=int(arrays["last_true"]),
             checks_without_progress=int(arrays["checks_without_progress"]),
             stagnated=bool(arrays["stagnated"]),
+            **{k: np.asarray(arrays[k], dtype=np.float64) for k in cls._OPTIONAL if k in arrays},
         )
-        for k in ("x", "r", "p", "best_x"):
-            if getattr(state, k).shape != (m, t):
+        for k in ("x", "r", "p", "best_x", "low_x"):
+            if getattr(state, k) is not None and getattr(state, k).shape != (m, t):
                 raise ValueError(f"CG state: {k} has shape {getattr(state, k).shape}, expected {(m, t)}")
-        for k in ("rz", "best_phi", "best_rel", "active"):
-            if getattr(state, k).shape != (t,):
+        for k in ("rz", "best_phi", "best_rel", "active", "low_rel"):
+            if getattr(state, k) is not None and getattr(state, k).shape != (t,):
                 raise ValueError(f"CG state: {k} has shape {getattr(state, k).shape}, expected {(t,)}")
         if state.history.shape != (state.iteration + 1, t):
             raise ValueError(
                 f"CG state: history has shape {state.history.shape}, expected {(state.iteration + 1, t)}"
             )
         return state
+
+
+#: A solve that stops with its residual this many times above the lowest one it reached
+#: has diverged; it returns the better of the two iterates (see conjugate_gradient).
+DIVERGED_FACTOR = 2.0
 
 
 def _energy(X: np.ndarray, B: np.ndarray, R: np.ndarray) -> np.ndarray:
@@ -273,6 +288,13 @@ def conjugate_gradient(
         best_X, best_phi, best_rel = state.best_x.copy(), state.best_phi.copy(), state.best_rel.copy()
         it, n_matvec, last_true = state.iteration, state.n_matvec, state.last_true
         checks_without_progress, stagnated = state.checks_without_progress, state.stagnated
+        if state.low_x is not None and state.low_rel is not None:
+            low_X, low_rel = state.low_x.copy(), state.low_rel.copy()
+
+
+    # The divergence guard: per column, the iterate with the lowest residual so far.
+    if state is None or state.low_x is None or state.low_rel is None:
+        low_X, low_rel = X.copy(), history[-1].copy()
 
     def snapshot() -> CGState:
         return CGState(
@@ -280,6 +302,7 @@ def conjugate_gradient(
             history=np.array(history), best_x=best_X.copy(), best_phi=np.array(best_phi, dtype=np.float64),
             best_rel=best_rel.copy(), iteration=it, n_matvec=n_matvec, last_true=last_true,
             checks_without_progress=checks_without_progress, stagnated=stagnated,
+            low_x=low_X.copy(), low_rel=low_rel.copy(),
         )
 
     while it < max_iter and active.any() and not stagnated:
@@ -323,6 +346,9 @@ def conjugate_gradient(
             active = np.zeros(t, dtype=bool)
             break
         history.append(rel.copy())
+        lower = rel < low_rel
+        if lower.any():
+            low_X[:, lower], low_rel[lower] = X[:, lower], rel[lower]
         if callback is not None:
             callback(it, rel.copy())
         active = (rel > tol) & ok
@@ -336,6 +362,22 @@ def conjugate_gradient(
         rz = rz_new
         if on_state is not None and it % int(state_every) == 0 and it < max_iter:
             on_state(snapshot())
+    if not stagnated and np.any(history[-1] > DIVERGED_FACTOR * np.maximum(low_rel, tol)):
+        # Stopped (budget spent, or p^T A p <= 0: round-off made the operator look
+        # indefinite) well above the lowest residual seen, i.e. CG diverged on a
+        # nearly singular system: return the better of the two iterates per column
+        # (by true residual) rather than one that fits worse than an earlier one.
+        R = B - A(X)
+        R_low = B - A(low_X)
+        n_matvec += 2
+        rel, rel_low = _colnorm(R) / safe_bnorm, _colnorm(R_low) / safe_bnorm
+        rel[bnorm == 0] = rel_low[bnorm == 0] = 0.0
+        better = rel_low < rel
+        if better.any():
+            X[:, better] = low_X[:, better]
+            rel[better] = rel_low[better]
+            stagnated = True
+        history[-1] = rel.copy()  # the residual of the iterate returned
     if on_state is not None:
         on_state(snapshot())
     converged = bool((history[-1] <= tol).all())
