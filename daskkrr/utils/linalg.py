@@ -30,6 +30,12 @@ __all__ = ["JitterWarning", "cholesky_jitter", "mirror_triangle", "solve_upper"]
 #: Above this size the factorisation runs single-threaded: scipy's bundled
 #: OpenBLAS has been seen to crash in multithreaded Cholesky at M >= 16 000.
 SINGLE_THREAD_FACTOR_SIZE = 8000
+#: Below this size too: a threaded factorisation synchronises its threads once per
+#: panel, and when another process holds a core they spin. On the 2-core development
+#: machine with one other job running, ``dpotrf`` at M = 1000 took 0.5-1.2 s threaded
+#: against 0.01 s idle (0.02 s on one thread), and 8.7 s against 1.3 s at M = 5000.
+#: One thread costs at most ~10 ms here and removes that risk.
+SMALL_FACTOR_SIZE = 2048
 
 #: What to change when a matrix is singular for all practical purposes (the solvers' case).
 SINGULAR_ADVICE = (
@@ -43,8 +49,9 @@ class JitterWarning(UserWarning):
 
 
 def _factor_threads(size: int) -> contextlib.AbstractContextManager[None]:
-    """BLAS threads for a factorisation of this size (see SINGLE_THREAD_FACTOR_SIZE)."""
-    return contextlib.nullcontext() if size < SINGLE_THREAD_FACTOR_SIZE else blas_threads(1)
+    """BLAS threads for a factorisation of this size (see SINGLE_THREAD_FACTOR_SIZE, SMALL_FACTOR_SIZE)."""
+    threaded = SMALL_FACTOR_SIZE <= size < SINGLE_THREAD_FACTOR_SIZE
+    return contextlib.nullcontext() if threaded else blas_threads(1)
 
 
 def cholesky_jitter(
