@@ -7,7 +7,7 @@ Data: the PMLB sets in ``../shared/data`` (537_houses, 574_house_16H, 564_fried,
 ``--max-train 10000`` reproduces SRBench's cap. Sets absent from the folder are
 skipped with a message.
 
-Methods, each (set, seed, method) in a fresh process:
+Methods, each (set, seed, method) in a fresh process, the methods interleaved seed by seed:
 
 - ``tune-N``: :class:`daskkrr.tune.BKBSearchCV` on ``FalkonRegressor(n_centers=M)``
   with a budget of N fits, one 25% holdout split, over sigma in
@@ -158,18 +158,18 @@ def main(argv=None) -> list[dict]:
         if not (SHARED_DATA / f"{name}.tsv.gz").is_file():
             print(f"skipping {name}: {SHARED_DATA / name}.tsv.gz is absent")
             continue
-        for method in args.methods.split(","):
-            runs = []
-            for seed in range(args.seeds):
+        methods = args.methods.split(",")
+        runs: dict[str, list[dict]] = {m: [] for m in methods}
+        for seed in range(args.seeds):  # methods interleaved, so that a change of load hits them alike
+            for method in methods:
                 argv_child = [__file__, "--child", "--set", name, "--seed", str(seed), "--method", method,
                               "--max-train", str(args.max_train), "--centers", str(args.centers),
                               "--scheduler", args.scheduler] + (["--ard"] if args.ard else [])
-                runs.append(run_child(argv_child, timeout=args.timeout))
+                runs[method].append(run_child(argv_child, timeout=args.timeout))
                 print(json.dumps({"set": name, "method": method, "seed": seed,
-                                  **{k: v for k, v in runs[-1].items() if k != "peak_per_process_mb"}},
+                                  **{k: v for k, v in runs[method][-1].items() if k != "peak_per_process_mb"}},
                                  default=float), flush=True)
-            row = summarise(name, method, runs)
-            rows.append(row)
+        rows += [summarise(name, method, runs[method]) for method in methods]
     info = machine()
     report(rows, args.out, args.name, {"machine": info, "args": vars(args)},
            f"daskkrr tune vs GridSearchCV vs HGB, {info['cores']} cores ({info['cpu']}), "
