@@ -17,6 +17,18 @@ from threadpoolctl import threadpool_limits  # noqa: E402
 
 _BLAS_ONE_THREAD = threadpool_limits(limits=1, user_api="blas")
 
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Compile the fused engine into numba's cache first (once per checkout and numba version).
+
+    Without it, ``engine="auto"`` would run the BLAS engine until a background compile
+    finished, so which engine a test sees would depend on timing.
+    """
+    from daskkrr.kernels import warmup
+
+    if warmup.numba_installed():
+        warmup.warm_up()
+
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
 

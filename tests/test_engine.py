@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from daskkrr.kernels import (
+    BlasEngine,
     FusedEngine,
     GaussianKernel,
     Kernel,
@@ -37,7 +38,7 @@ KERNELS = [
     LinearKernel(),
 ]
 IDS = [f"{k.name}{getattr(k, 'nu', '')}" for k in KERNELS]
-ENGINES = [NumpyEngine(), FusedEngine()]
+ENGINES = [NumpyEngine(), BlasEngine(), FusedEngine()]
 # float32 entries carry ~1e-7 relative round-off; products are summed in float64.
 TOL = {np.float32: 2e-5, np.float64: 1e-12}
 
@@ -154,16 +155,19 @@ def test_engine_for_resolves_as_documented(monkeypatch):
     monkeypatch.setenv("DASKKRR_ENGINE", "numpy")
     assert engine_for(k) is NumpyEngine() and engine_for(None) is NumpyEngine()
     assert engine_for(k, "fused") is FusedEngine()  # an explicit choice wins over the variable
+    monkeypatch.setenv("DASKKRR_ENGINE", "blas")
+    assert engine_for(k) is BlasEngine() and engine_for(Scaled()) is NumpyEngine()
+    assert engine_for(Scaled(), "blas") is BlasEngine()  # it computes any kernel's tiles
     monkeypatch.setenv("DASKKRR_ENGINE", "fused")
     assert engine_for(k) is FusedEngine() and engine_for(Scaled()) is NumpyEngine()
 
 
-def test_small_dask_workers_run_the_reference(monkeypatch):
+def test_small_dask_workers_run_the_blas_engine(monkeypatch):
     """The kernels layer asks an already loaded ``distributed`` for the worker's memory."""
     monkeypatch.delenv("DASKKRR_ENGINE", raising=False)
     worker = SimpleNamespace(memory_manager=SimpleNamespace(memory_limit=engine_module.FUSED_MIN_WORKER_MEMORY // 2))
     monkeypatch.setitem(sys.modules, "distributed", SimpleNamespace(get_worker=lambda: worker))
-    assert engine_for(GaussianKernel()) is NumpyEngine() and engine_for(None) is NumpyEngine()
+    assert engine_for(GaussianKernel()) is BlasEngine() and engine_for(None) is BlasEngine()
     monkeypatch.setenv("DASKKRR_ENGINE", "fused")
     assert engine_for(GaussianKernel()) is FusedEngine()
     monkeypatch.delenv("DASKKRR_ENGINE")
@@ -192,7 +196,7 @@ def test_without_numba_auto_falls_back_and_fused_says_why(monkeypatch):
     monkeypatch.setattr(engine_module, "_FUSED_CORE", None)
     monkeypatch.setattr(engine_module, "_FUSED_ERROR", None)
     X, Z, U, _ = _data(np.float64, n=20, M=5)
-    assert engine_for(GaussianKernel()) is NumpyEngine()
+    assert engine_for(GaussianKernel()) is BlasEngine()
     with pytest.raises(ImportError, match="fused engine needs numba"):
         engine_for(GaussianKernel(), "fused")
     with pytest.raises(ImportError, match="fused engine needs numba"):
@@ -221,3 +225,78 @@ def test_stored_block_products_agree_across_engines():
     fused = (FusedEngine().cached_gram_matvec(K, U), FusedEngine().cached_t_matvec(K, V))
     _close(NumpyEngine().cached_gram_matvec(K, U), fused[0], 1e-12)
     _close(NumpyEngine().cached_t_matvec(K, V), fused[1], 1e-12)
+
+
+def test_auto_runs_blas_until_the_fused_engine_is_compiled(monkeypatch, tmp_path):
+    from daskkrr.kernels import warmup
+
+    monkeypatch.delenv("DASKKRR_ENGINE", raising=False)
+    monkeypatch.setattr(warmup, "marker_path", lambda: tmp_path / "absent.ready")
+    monkeypatch.setattr(warmup, "_ready", False)
+    monkeypatch.setattr(warmup, "_last_check", -1e9)
+    monkeypatch.setattr(engine_module, "_fused_compiled_here", lambda: False)
+    started = []
+    monkeypatch.setattr(warmup, "start_background", lambda: started.append(1))
+    k = GaussianKernel()
+    assert engine_for(k) is BlasEngine() and started == [1]
+    assert engine_for(k, "fused") is FusedEngine()  # an explicit choice compiles inline
+    monkeypatch.setenv("DASKKRR_BACKGROUND_COMPILE", "0")
+    assert engine_for(k) is FusedEngine() and started == [1]  # no background: numba compiles inline
+
+
+def test_background_compile_fills_the_cache_and_later_processes_load_it(tmp_path):
+    """After an install (an empty numba cache): the first products run on the BLAS
+    engine without importing numba; a background process compiles; then the fused
+    engine runs, and a new process loads it from the cache without compiling."""
+    import os
+    import subprocess
+
+    first = """
+import sys, time
+from daskkrr.kernels import BlasEngine, FusedEngine, GaussianKernel, engine_for, warmup
+k = GaussianKernel()
+assert engine_for(k) is BlasEngine()
+assert "numba" not in sys.modules
+assert not warmup.start_background()  # once per process
+t0 = time.monotonic()
+while not warmup.fused_ready():
+    assert time.monotonic() - t0 < 300, "the background compile did not finish"
+    time.sleep(0.2)
+assert engine_for(k) is FusedEngine()
+print("first ok")
+"""
+    later = """
+import numpy as np
+from daskkrr.kernels import FusedEngine, GaussianKernel, engine_for, fused
+k = GaussianKernel()
+assert engine_for(k) is FusedEngine()
+X = np.ones((10, 3), np.float32)
+FusedEngine().gram_matvec(k, X, X[:4], np.ones(4))
+assert not fused._block_rows.stats.cache_misses, fused._block_rows.stats
+assert sum(fused._block_rows.stats.cache_hits.values()) >= 1
+print("later ok")
+"""
+    env = {k: v for k, v in os.environ.items() if k != "DASKKRR_ENGINE"}
+    env["NUMBA_CACHE_DIR"] = str(tmp_path)
+    for code, expect in ((first, "first ok"), (later, "later ok")):
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=400)
+        assert expect in out.stdout, out.stderr[-2000:]
+    assert list(tmp_path.rglob("*.nbi")) and list(tmp_path.rglob("daskkrr-engine-*.ready"))
+
+
+@pytest.mark.filterwarnings("ignore:CG stopped")  # 30 iterations either way: the same iterates
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_fit_on_the_blas_engine_matches_the_fused_engine(monkeypatch, dtype):
+    """What the first fit after an install runs on gives the model the fused engine gives."""
+    from daskkrr import FalkonRegressor
+
+    rng = np.random.default_rng(3)
+    X = rng.normal(size=(3000, 5)).astype(dtype)
+    y = (np.sin(X[:, 0] + X[:, 1]) + 0.1 * rng.normal(size=3000)).astype(dtype)
+    preds = {}
+    for name in ("fused", "blas"):
+        monkeypatch.setenv("DASKKRR_ENGINE", name)
+        model = FalkonRegressor(n_centers=200, penalty=1e-5, max_iter=30, tol=1e-12, random_state=0).fit(X, y)
+        preds[name] = model.predict(X[:500])
+    tol = 1e-4 if dtype == np.float32 else 1e-9
+    _close(preds["blas"], preds["fused"], tol)

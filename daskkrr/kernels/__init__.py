@@ -13,7 +13,7 @@ from typing import Any
 
 from daskkrr.kernels.base import Kernel, squared_distances
 from daskkrr.kernels.dot import LinearKernel, PolynomialKernel
-from daskkrr.kernels.engine import FusedEngine, KernelEngine, NumpyEngine, engine_for
+from daskkrr.kernels.engine import BlasEngine, FusedEngine, KernelEngine, NumpyEngine, engine_for
 from daskkrr.kernels.stationary import GaussianKernel, LaplacianKernel, MaternKernel
 
 KERNELS: dict[str, type[Kernel]] = {
@@ -60,6 +60,7 @@ def kernel_from_dict(spec: dict[str, Any]) -> Kernel:
 
 
 __all__ = [
+    "BlasEngine",
     "KERNELS",
     "FusedEngine",
     "GaussianKernel",

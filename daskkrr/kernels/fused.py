@@ -35,10 +35,6 @@ is safe to call from any number of threads at once (Dask's threaded scheduler).
 
 from __future__ import annotations
 
-import dataclasses
-import os
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -46,6 +42,7 @@ from numba import njit
 
 from daskkrr.kernels._vexp import SAFE_FASTMATH, exp_neg
 from daskkrr.kernels.base import Kernel
+from daskkrr.kernels.block_layout import as_2d, prepare, run_parts, split_rows, sum_parts
 from daskkrr.kernels.reference import precondition_tile
 from daskkrr.kernels.spec import (  # noqa: F401  (re-exported)
     GAUSSIAN,
@@ -321,44 +318,6 @@ def _cached_rows(op, K, W, outT):  # pragma: no cover - compiled
 
 
 # --------------------------------------------------------------------------- Python side
-@dataclasses.dataclass
-class _Prepared:
-    """Centers laid out for the compiled loops (computed once per call)."""
-
-    spec: KernelSpec
-    center: np.ndarray  # (d,) subtracted from every row
-    ZT: np.ndarray  # (d, M), centred
-    zn: np.ndarray  # (M,) squared norms of the centred centers
-
-    @property
-    def n_centers(self) -> int:
-        return self.ZT.shape[1]
-
-    def args(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, float, float, int]:
-        s = self.spec
-        return (self.center, self.ZT, self.zn, s.kind, s.p0, s.p1, s.degree)
-
-
-def _prepare(kernel: Kernel, Xb: Any, Z: Any) -> tuple[np.ndarray, _Prepared]:
-    spec = kernel_spec(kernel)
-    if spec is None:
-        raise TypeError(f"the fused engine does not implement {type(kernel).__name__}; use engine='numpy'")
-    Xb, Z = ard_inputs(kernel, np.asarray(Xb), np.asarray(Z))  # per-feature length scales: scaled inputs
-    if Xb.ndim != 2 or Z.ndim != 2 or Xb.shape[1] != Z.shape[1]:
-        raise ValueError(
-            f"k(Xb, Z) needs 2-D blocks with the same number of features: Xb has shape {Xb.shape}, "
-            f"Z has shape {Z.shape}"
-        )
-    dt = np.result_type(Xb.dtype, Z.dtype, np.float32)
-    Xb = np.ascontiguousarray(Xb, dtype=dt)
-    Z = np.asarray(Z, dtype=dt)
-    center = Z.mean(axis=0, dtype=np.float64).astype(dt) if spec.stationary else np.zeros(Z.shape[1], dt)
-    Zc = Z - center
-    ZT = np.ascontiguousarray(Zc.T)
-    zn = np.einsum("ij,ij->i", Zc, Zc).astype(dt)
-    return Xb, _Prepared(spec, center, ZT, zn)
-
-
 def tile_rows(n_centers: int, itemsize: int, max_tile_bytes: int | None = None,
               target_bytes: int | None = None, n_features: int = 0) -> int:
     """Rows per tile: about ``target_bytes`` (default :data:`CACHE_TILE_BYTES`) of kernel
@@ -376,7 +335,6 @@ def tile_rows(n_centers: int, itemsize: int, max_tile_bytes: int | None = None,
     return int(rows)
 
 
-_POOL: ThreadPoolExecutor | None = None
 _NONE2 = np.empty((0, 0))  # placeholder for the driver's unused float64 arguments
 
 
@@ -384,41 +342,12 @@ def _none_k(Xb: np.ndarray) -> np.ndarray:
     return np.empty((0, 0), dtype=Xb.dtype)
 
 
-
-def _pool() -> ThreadPoolExecutor:
-    global _POOL
-    if _POOL is None:
-        _POOL = ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 1), thread_name_prefix="daskkrr-engine")
-    return _POOL
-
-
-def _split(n_rows: int, n_threads: int, align: int) -> list[slice]:
-    """Up to ``n_threads`` contiguous row ranges, multiples of ``align`` rows except the last."""
-    n_threads = max(1, min(int(n_threads), -(-n_rows // max(1, align))))
-    per = -(-n_rows // n_threads)
-    per = -(-per // align) * align
-    return [slice(s, min(n_rows, s + per)) for s in range(0, n_rows, per)] or [slice(0, 0)]
-
-
-def _run(parts: list[slice], work: Callable[[slice], Any]) -> list[Any]:
-    """``work(part)`` for every part: inline for one, on the shared pool for several."""
-    if len(parts) == 1:
-        return [work(parts[0])]
-    futures = [_pool().submit(work, p) for p in parts]
-    return [f.result() for f in futures]
-
-
-def _as_2d(a: Any, rows: int, what: str) -> np.ndarray:
-    a2 = np.asarray(a, dtype=np.float64).reshape(rows, -1)
-    return a2
-
-
 def gram_matvec(kernel: Kernel, Xb: Any, Z: Any, U: Any, *, max_tile_bytes: int | None = None,
                 n_threads: int = 1) -> np.ndarray:
     """``k(Xb, Z)^T (k(Xb, Z) U)`` as float64 of shape ``(M, t)`` (``U``: ``(M,)`` or ``(M, t)``)."""
-    Xb, P = _prepare(kernel, Xb, Z)
+    Xb, P = prepare(kernel, Xb, Z, "fused")
     M = P.n_centers
-    UT = np.ascontiguousarray(_as_2d(U, M, "U").T)
+    UT = np.ascontiguousarray(as_2d(U, M).T)
     rt = tile_rows(M, Xb.dtype.itemsize, max_tile_bytes, n_features=Xb.shape[1])
 
     def work(sl: slice) -> np.ndarray:
@@ -426,15 +355,15 @@ def gram_matvec(kernel: Kernel, Xb: Any, Z: Any, U: Any, *, max_tile_bytes: int 
         _block_rows(_OP_GRAM_MATVEC, Xb[sl], *P.args(), UT, outT, _NONE2, _none_k(Xb), rt)
         return outT
 
-    return np.ascontiguousarray(_sum_parts(_run(_split(Xb.shape[0], n_threads, rt), work)).T)
+    return np.ascontiguousarray(sum_parts(run_parts(split_rows(Xb.shape[0], n_threads, rt), work)).T)
 
 
 def t_matvec(kernel: Kernel, Xb: Any, Z: Any, V: Any, *, max_tile_bytes: int | None = None,
              n_threads: int = 1) -> np.ndarray:
     """``k(Xb, Z)^T V`` as float64 of shape ``(M, t)`` (``V``: ``(n_b,)`` or ``(n_b, t)``)."""
-    Xb, P = _prepare(kernel, Xb, Z)
+    Xb, P = prepare(kernel, Xb, Z, "fused")
     M = P.n_centers
-    V2 = np.ascontiguousarray(_as_2d(V, Xb.shape[0], "V"))
+    V2 = np.ascontiguousarray(as_2d(V, Xb.shape[0]))
     rt = tile_rows(M, Xb.dtype.itemsize, max_tile_bytes, n_features=Xb.shape[1])
 
     def work(sl: slice) -> np.ndarray:
@@ -442,28 +371,28 @@ def t_matvec(kernel: Kernel, Xb: Any, Z: Any, V: Any, *, max_tile_bytes: int | N
         _block_rows(_OP_T_MATVEC, Xb[sl], *P.args(), V2[sl], outT, _NONE2, _none_k(Xb), rt)
         return outT
 
-    return np.ascontiguousarray(_sum_parts(_run(_split(Xb.shape[0], n_threads, rt), work)).T)
+    return np.ascontiguousarray(sum_parts(run_parts(split_rows(Xb.shape[0], n_threads, rt), work)).T)
 
 
 def matvec(kernel: Kernel, Xb: Any, Z: Any, A: Any, *, max_tile_bytes: int | None = None,
            n_threads: int = 1) -> np.ndarray:
     """``k(Xb, Z) A`` as float64 of shape ``(n_b, t)`` (``A``: ``(M,)`` or ``(M, t)``)."""
-    Xb, P = _prepare(kernel, Xb, Z)
+    Xb, P = prepare(kernel, Xb, Z, "fused")
     M = P.n_centers
-    AT = np.ascontiguousarray(_as_2d(A, M, "alpha").T)
+    AT = np.ascontiguousarray(as_2d(A, M).T)
     out = np.empty((Xb.shape[0], AT.shape[0]))
     rt = tile_rows(M, Xb.dtype.itemsize, max_tile_bytes, n_features=Xb.shape[1])
 
     def work(sl: slice) -> None:
         _block_rows(_OP_MATVEC, Xb[sl], *P.args(), AT, _NONE2, out[sl], _none_k(Xb), rt)
 
-    _run(_split(Xb.shape[0], n_threads, rt), work)
+    run_parts(split_rows(Xb.shape[0], n_threads, rt), work)
     return out
 
 
 def kernel_block(kernel: Kernel, Xb: Any, Z: Any, *, n_threads: int = 1) -> np.ndarray:
     """``k(Xb, Z)`` materialised, in the block dtype (for the cached strategy)."""
-    Xb, P = _prepare(kernel, Xb, Z)
+    Xb, P = prepare(kernel, Xb, Z, "fused")
     M = P.n_centers
     K = np.empty((Xb.shape[0], M), dtype=Xb.dtype)
     rt = tile_rows(M, Xb.dtype.itemsize, n_features=Xb.shape[1])
@@ -471,7 +400,7 @@ def kernel_block(kernel: Kernel, Xb: Any, Z: Any, *, n_threads: int = 1) -> np.n
     def work(sl: slice) -> None:
         _block_rows(_OP_FILL, Xb[sl], *P.args(), _NONE2, _NONE2, _NONE2, K[sl], rt)
 
-    _run(_split(Xb.shape[0], n_threads, rt), work)
+    run_parts(split_rows(Xb.shape[0], n_threads, rt), work)
     return K
 
 
@@ -488,9 +417,9 @@ def gram_and_rhs(kernel: Kernel, Xb: Any, Yb: Any, Z: Any, *, max_tile_bytes: in
     preconditioner's ``T^-1`` amplifies it in the directions of small eigenvalues
     of ``K_MM``, so the solve would drift from the CG strategies' solution).
     """
-    Xb, P = _prepare(kernel, Xb, Z)
+    Xb, P = prepare(kernel, Xb, Z, "fused")
     M = P.n_centers
-    Y2 = np.ascontiguousarray(_as_2d(Yb, Xb.shape[0], "Y"))
+    Y2 = np.ascontiguousarray(as_2d(Yb, Xb.shape[0]))
     rt_fill = tile_rows(M, Xb.dtype.itemsize, n_features=Xb.shape[1])
     rt = max(rt_fill, tile_rows(M, Xb.dtype.itemsize, max_tile_bytes, GRAM_TILE_BYTES))
     if max_tile_bytes is not None:
@@ -509,39 +438,32 @@ def gram_and_rhs(kernel: Kernel, Xb: Any, Yb: Any, Z: Any, *, max_tile_bytes: in
             out[:, M:] += K64.T @ Y2[s:e]
         return out
 
-    return _sum_parts(_run(_split(Xb.shape[0], n_threads, rt), work))
+    return sum_parts(run_parts(split_rows(Xb.shape[0], n_threads, rt), work))
 
 
 def cached_gram_matvec(K: np.ndarray, U: Any, *, n_threads: int = 1) -> np.ndarray:
     """``K^T (K U)`` for a stored block ``K`` (one read of ``K``), float64 ``(M, t)``."""
     K = np.ascontiguousarray(K)
     M = K.shape[1]
-    UT = np.ascontiguousarray(_as_2d(U, M, "U").T)
+    UT = np.ascontiguousarray(as_2d(U, M).T)
 
     def work(sl: slice) -> np.ndarray:
         outT = np.zeros((UT.shape[0], M))
         _cached_rows(_OP_GRAM_MATVEC, K[sl], UT, outT)
         return outT
 
-    return np.ascontiguousarray(_sum_parts(_run(_split(K.shape[0], n_threads, 64), work)).T)
+    return np.ascontiguousarray(sum_parts(run_parts(split_rows(K.shape[0], n_threads, 64), work)).T)
 
 
 def cached_t_matvec(K: np.ndarray, V: Any, *, n_threads: int = 1) -> np.ndarray:
     """``K^T V`` for a stored block ``K``, float64 ``(M, t)``."""
     K = np.ascontiguousarray(K)
     M = K.shape[1]
-    V2 = np.ascontiguousarray(_as_2d(V, K.shape[0], "V"))
+    V2 = np.ascontiguousarray(as_2d(V, K.shape[0]))
 
     def work(sl: slice) -> np.ndarray:
         outT = np.zeros((V2.shape[1], M))
         _cached_rows(_OP_T_MATVEC, K[sl], V2[sl], outT)
         return outT
 
-    return np.ascontiguousarray(_sum_parts(_run(_split(K.shape[0], n_threads, 64), work)).T)
-
-
-def _sum_parts(parts: list[np.ndarray]) -> np.ndarray:
-    total = parts[0]
-    for p in parts[1:]:
-        total += p
-    return total
+    return np.ascontiguousarray(sum_parts(run_parts(split_rows(K.shape[0], n_threads, 64), work)).T)

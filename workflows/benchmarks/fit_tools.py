@@ -89,15 +89,17 @@ def _role(p: psutil.Process) -> str:
     return "client" if "python" in cmd else p.name()
 
 
-def run_child(argv: Sequence[str], timeout: float = 3600, python: str | None = None) -> dict[str, Any]:
+def run_child(argv: Sequence[str], timeout: float = 3600, python: str | None = None,
+              env: dict[str, str] | None = None) -> dict[str, Any]:
     """Run ``python argv...`` in a fresh process; return its result JSON plus memory peaks.
 
     The child prints one line ``BENCH-RESULT {json}``. Adds ``peak_mb`` (sum of
     per-process RSS peaks of the child's tree), ``peak_per_process_mb``,
     ``n_processes`` and ``wall_s``; ``error`` holds the tail of stderr on failure.
-    ``python`` is the interpreter (default: this one; FALKON's runs in its own venv).
+    ``python`` is the interpreter (default: this one; FALKON's runs in its own venv);
+    ``env`` holds variables set for the child on top of this process's.
     """
-    env = dict(os.environ)
+    env = {**os.environ, **(env or {})}
     env.setdefault("PYTHONUNBUFFERED", "1")
     t0 = time.perf_counter()
     proc = subprocess.Popen([python or sys.executable, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,

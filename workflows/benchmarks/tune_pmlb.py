@@ -14,6 +14,9 @@ Methods, each (set, seed, method) in a fresh process, the methods interleaved se
   [sqrt(d)/10, 10 sqrt(d)] and penalty in [1e-8, 1e-1] (log-uniform, 256
   candidates), per-feature sigma (ARD) with ``--ard`` when the estimator takes
   it; the best candidate refitted on the whole training part;
+- ``tuneg-N``: the same search over the grid's box instead (sigma in
+  [sqrt(d)/4, 4 sqrt(d)], penalty in [1e-8, 1e-2]): the two strategies on the same
+  space;
 - ``grid-N``: scikit-learn ``GridSearchCV`` on the same estimator and holdout split
   over a 5 x 4 grid (sigma = sqrt(d) x {0.25, 0.5, 1, 2, 4}, penalty in
   {1e-8, 1e-6, 1e-4, 1e-2}): N = 20 fits, then the refit;
@@ -78,7 +81,10 @@ def child(args) -> dict:
             from daskkrr.tune import BKBSearchCV
 
             budget = int(args.method.split("-")[1])
-            model = BKBSearchCV(base, budget_fits=budget, ard=args.ard and _takes_vector_sigma(),
+            space = None
+            if args.method.startswith("tuneg"):  # the grid's box
+                space = {"sigma": (math.sqrt(d) / 4, math.sqrt(d) * 4), "penalty": (1e-8, 1e-2)}
+            model = BKBSearchCV(base, param_space=space, budget_fits=budget, ard=args.ard and _takes_vector_sigma(),
                                 random_state=args.seed).fit(Xtr, ytr)
             extra = {"fits": model.n_fits_, "best_sigma": _first(model.best_params_["sigma"]),
                      "best_penalty": model.best_params_["penalty"], "ard": bool(model.ard)}
