@@ -27,6 +27,7 @@ tile to float64 first, since their coefficients may cancel.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -125,22 +126,32 @@ def _tiled(tiles: _Tiles, rt: int, n_threads: int, work: Any) -> list[Any]:
     return run_parts(split_rows(tiles.n_rows, n_threads, rt), work)
 
 
+def _summed(tiles: _Tiles, rt: int, n_threads: int, shape: tuple[int, int],
+            add: Callable[[np.ndarray, int, int, np.ndarray], None]) -> np.ndarray:
+    """The float64 sum over tiles of what ``add(K, s, e, out)`` adds to ``out`` for the tile
+    ``K = k(X[s:e], Z)``: one partial sum per thread, then their sum."""
+
+    def work(sl: slice) -> np.ndarray:
+        buf = tiles.buffer(rt)
+        out = np.zeros(shape)
+        for s in range(sl.start, sl.stop, rt):
+            e = min(sl.stop, s + rt)
+            add(tiles.fill(s, e, buf), s, e, out)
+        return out
+
+    return sum_parts(_tiled(tiles, rt, n_threads, work))
+
+
 def gram_matvec(kernel: Kernel, Xb: Any, Z: Any, U: Any, *, max_tile_bytes: int | None = None,
                 n_threads: int = 1) -> np.ndarray:
     """``k(Xb, Z)^T (k(Xb, Z) U)`` as float64 of shape ``(M, t)`` (``U``: ``(M,)`` or ``(M, t)``)."""
     T = _Tiles(kernel, Xb, Z)
     Uc = as_2d(U, T.n_centers).astype(T.dtype)
-    rt = T.rows(max_tile_bytes)
 
-    def work(sl: slice) -> np.ndarray:
-        buf = T.buffer(rt)
-        out = np.zeros((T.n_centers, Uc.shape[1]))
-        for s in range(sl.start, sl.stop, rt):
-            K = T.fill(s, min(sl.stop, s + rt), buf)
-            out += K.T @ (K @ Uc)
-        return out
+    def add(K: np.ndarray, s: int, e: int, out: np.ndarray) -> None:
+        out += K.T @ (K @ Uc)
 
-    return sum_parts(_tiled(T, rt, n_threads, work))
+    return _summed(T, T.rows(max_tile_bytes), n_threads, (T.n_centers, Uc.shape[1]), add)
 
 
 def t_matvec(kernel: Kernel, Xb: Any, Z: Any, V: Any, *, max_tile_bytes: int | None = None,
@@ -148,17 +159,11 @@ def t_matvec(kernel: Kernel, Xb: Any, Z: Any, V: Any, *, max_tile_bytes: int | N
     """``k(Xb, Z)^T V`` as float64 of shape ``(M, t)`` (``V``: ``(n_b,)`` or ``(n_b, t)``)."""
     T = _Tiles(kernel, Xb, Z)
     V2 = as_2d(V, T.n_rows)
-    rt = T.rows(max_tile_bytes)
 
-    def work(sl: slice) -> np.ndarray:
-        buf = T.buffer(rt)
-        out = np.zeros((T.n_centers, V2.shape[1]))
-        for s in range(sl.start, sl.stop, rt):
-            e = min(sl.stop, s + rt)
-            out += T.fill(s, e, buf).T.astype(np.float64) @ V2[s:e]
-        return out
+    def add(K: np.ndarray, s: int, e: int, out: np.ndarray) -> None:
+        out += K.T.astype(np.float64) @ V2[s:e]
 
-    return sum_parts(_tiled(T, rt, n_threads, work))
+    return _summed(T, T.rows(max_tile_bytes), n_threads, (T.n_centers, V2.shape[1]), add)
 
 
 def matvec(kernel: Kernel, Xb: Any, Z: Any, A: Any, *, max_tile_bytes: int | None = None,
@@ -200,20 +205,14 @@ def gram_and_rhs(kernel: Kernel, Xb: Any, Yb: Any, Z: Any, *, max_tile_bytes: in
     T = _Tiles(kernel, Xb, Z)
     M = T.n_centers
     Y2 = as_2d(Yb, T.n_rows)
-    rt = T.rows(max_tile_bytes, GRAM_TILE_BYTES)
 
-    def work(sl: slice) -> np.ndarray:
-        buf = T.buffer(rt)
-        out = np.zeros((M, M + Y2.shape[1]))
-        for s in range(sl.start, sl.stop, rt):
-            e = min(sl.stop, s + rt)
-            K64 = T.fill(s, e, buf).astype(np.float64)
-            W = K64 if right is None else precondition_tile(K64, *right)
-            out[:, :M] += W.T @ W
-            out[:, M:] += K64.T @ Y2[s:e]
-        return out
+    def add(K: np.ndarray, s: int, e: int, out: np.ndarray) -> None:
+        K64 = K.astype(np.float64)
+        W = K64 if right is None else precondition_tile(K64, *right)
+        out[:, :M] += W.T @ W
+        out[:, M:] += K64.T @ Y2[s:e]
 
-    return sum_parts(_tiled(T, rt, n_threads, work))
+    return _summed(T, T.rows(max_tile_bytes, GRAM_TILE_BYTES), n_threads, (M, M + Y2.shape[1]), add)
 
 
 def cached_gram_matvec(K: np.ndarray, U: Any, *, n_threads: int = 1) -> np.ndarray:
