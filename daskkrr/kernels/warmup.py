@@ -23,6 +23,7 @@ compile off (``engine="auto"`` then compiles inline on first use, as numba does)
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import importlib.metadata
 import importlib.util
@@ -45,6 +46,7 @@ _started = False
 _start_lock = threading.Lock()  # engine_for runs in many Dask threads at once
 
 
+@functools.cache
 def numba_installed() -> bool:
     """Whether numba can be imported (without importing it)."""
     return importlib.util.find_spec("numba") is not None
@@ -55,6 +57,7 @@ def background_allowed() -> bool:
     return os.environ.get("DASKKRR_BACKGROUND_COMPILE", "1").strip().lower() not in ("0", "false", "no")
 
 
+@functools.cache
 def cache_key() -> str:
     """A hash of the compiled sources and of the numba and Python versions."""
     here = Path(__file__).resolve().parent
