@@ -7,6 +7,8 @@ For ``d`` in {5, 20, 100} and float32/float64, one row block ``X_b`` (n_b x d) a
 - ``numpy``: the reference loop (:mod:`daskkrr.kernels.reference`, BLAS with its
   default threads), what daskkrr ran before the fused engine;
 - ``fused``: :mod:`daskkrr.kernels.fused` on every core;
+- ``blas``: :mod:`daskkrr.kernels.blas` on every core (what runs while the fused
+  engine compiles after an install);
 - ``gemm``: the machine's matrix-multiply rate, measured here (an ``(n_b, d) x
   (d, M)`` product, the distance part of a kernel block, and a square product),
   converted to kernel entries per second as GFLOP/s / (2 d): the rate at which the
@@ -33,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from fit_tools import machine, print_table, write_results  # noqa: E402
 
-from daskkrr.kernels import FusedEngine, GaussianKernel, reference  # noqa: E402
+from daskkrr.kernels import BlasEngine, FusedEngine, GaussianKernel, reference  # noqa: E402
 from daskkrr.utils.threads import available_cores, blas_threads  # noqa: E402
 
 
@@ -62,6 +64,8 @@ def measure(d: int, dtype: type, n_rows: int, n_centers: int, repeat: int) -> di
     t_np = _best(lambda: reference.knm_gram_matvec(k, X, Z, u), repeat)
     t_fu = _best(lambda: fused.gram_matvec(k, X, Z, u, n_threads=cores), repeat)
     t_pr = _best(lambda: fused.matvec(k, X, Z, u, n_threads=cores), repeat)
+    blas = BlasEngine()
+    t_bl = _best(lambda: blas.gram_matvec(k, X, Z, u, n_threads=cores), repeat)
     ZT = np.ascontiguousarray(Z.T)
     t_gemm = _best(lambda: X @ ZT, repeat)
     S = rng.normal(size=(2048, 2048)).astype(dtype)
@@ -71,6 +75,7 @@ def measure(d: int, dtype: type, n_rows: int, n_centers: int, repeat: int) -> di
         numpy_Mps=E / t_np,
         fused_Mps=E / t_fu,
         fused_predict_Mps=E / t_pr,
+        blas_Mps=E / t_bl,
         gemm_block_Mps=E / t_gemm,
         gemm_gflops=gemm_gflops,
         gemm_Mps=gemm_gflops * 1e3 / (2 * d),
@@ -82,8 +87,9 @@ def measure(d: int, dtype: type, n_rows: int, n_centers: int, repeat: int) -> di
         c_np = _best(lambda: reference.knm_gram_matvec(k, X, Z, u), repeat, time.thread_time)
         c_fu = _best(lambda: fused.gram_matvec(k, X, Z, u, n_threads=1), repeat,
                      time.thread_time)
+        c_bl = _best(lambda: blas.gram_matvec(k, X, Z, u, n_threads=1), repeat, time.thread_time)
         c_sq = _best(lambda: S @ S, repeat, time.thread_time)
-    row.update(numpy_1t_Mps=E / c_np, fused_1t_Mps=E / c_fu, speedup_1t=c_np / c_fu,
+    row.update(numpy_1t_Mps=E / c_np, fused_1t_Mps=E / c_fu, speedup_1t=c_np / c_fu, blas_1t_Mps=E / c_bl,
                gemm_1t_Mps=2.0 * 2048**3 / c_sq / 1e9 * 1e3 / (2 * d))
     return row
 
@@ -106,8 +112,8 @@ def main(argv=None) -> list[dict]:
     info = machine()
     title = (f"Kernel entries per second (millions), Gaussian kernel, M = {args.centers}, {rows} rows per block; "
              f"{info['cores']} cores ({info['cpu']}), {info['memory_gib']} GiB, load {info['load_average_1min']}")
-    print_table(out, ["dtype", "d", "numpy_Mps", "fused_Mps", "fused_predict_Mps", "gemm_Mps", "speedup",
-                      "fused_vs_gemm", "numpy_1t_Mps", "fused_1t_Mps", "speedup_1t"], title)
+    print_table(out, ["dtype", "d", "numpy_Mps", "fused_Mps", "fused_predict_Mps", "blas_Mps", "gemm_Mps", "speedup",
+                      "fused_vs_gemm", "numpy_1t_Mps", "fused_1t_Mps", "blas_1t_Mps", "speedup_1t"], title)
     write_results(out, args.out, "engine_throughput", {"machine": info, "args": vars(args)})
     return out
 

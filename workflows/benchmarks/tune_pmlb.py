@@ -192,10 +192,13 @@ def report(rows: list[dict], out: str | None, name: str, meta: dict, title: str)
                 r["r2_minus_grid"] = r["r2"] - grid["r2"]
                 r["time_vs_grid"] = r["seconds"] / grid["seconds"]
                 if "r2_seeds" in r and len(r["r2_seeds"]) == len(grid.get("r2_seeds", ())):
-                    r["seeds_ge_grid"] = int(sum(a >= b for a, b in zip(r["r2_seeds"], grid["r2_seeds"])))
+                    diff = np.subtract(r["r2_seeds"], grid["r2_seeds"])  # the same split per seed: paired
+                    r["seeds_ge_grid"] = int((diff >= 0).sum())
+                    r["paired_diff_mean"] = float(diff.mean())
+                    r["paired_diff_se"] = float(diff.std(ddof=1) / np.sqrt(len(diff))) if len(diff) > 1 else None
     print_table(rows, ["set", "method", "seeds", "n_train", "fits", "r2", "r2_min", "srbench_krr_r2", "beats_srbench",
-                       "r2_minus_grid", "seeds_ge_grid", "seconds", "time_vs_grid", "peak_mb", "best_sigma", "error"],
-                title)
+                       "r2_minus_grid", "seeds_ge_grid", "paired_diff_mean", "paired_diff_se", "seconds",
+                       "time_vs_grid", "peak_mb", "best_sigma", "error"], title)
     write_results(rows, out, name, meta)
 
 
