@@ -33,7 +33,16 @@ from typing import Any
 import numpy as np
 
 from daskkrr.kernels.base import Kernel
-from daskkrr.kernels.block_layout import PreparedCenters, as_2d, prepare, run_parts, split_rows, sum_parts
+from daskkrr.kernels.block_layout import (
+    PreparedCenters,
+    as_2d,
+    check_blocks,
+    prepare,
+    rows_for_bytes,
+    run_parts,
+    split_rows,
+    sum_parts,
+)
 from daskkrr.kernels.reference import cached_gram_matvec as _cached_gram
 from daskkrr.kernels.reference import cached_t_matvec as _cached_t
 from daskkrr.kernels.reference import precondition_tile
@@ -51,11 +60,7 @@ _OWN_KINDS = (GAUSSIAN, LINEAR, POLYNOMIAL)
 def tile_rows(n_centers: int, itemsize: int, max_tile_bytes: int | None = None,
               target_bytes: int = TILE_BYTES) -> int:
     """Rows per tile: about ``target_bytes`` of entries, 16 to 4096 rows, within ``max_tile_bytes``."""
-    row_bytes = max(1, n_centers * itemsize)
-    rows = min(4096, max(16, target_bytes // row_bytes))
-    if max_tile_bytes is not None:
-        rows = min(rows, max(1, int(max_tile_bytes) // row_bytes))
-    return int(rows)
+    return rows_for_bytes(n_centers, itemsize, target_bytes, 16, 4096, max_tile_bytes)
 
 
 class _Tiles:
@@ -83,11 +88,7 @@ class _Tiles:
                 self.ZTa[d + 1] = -g * P.zn.astype(np.float64)
         else:
             Xb, Z = np.asarray(Xb), np.asarray(Z)
-            if Xb.ndim != 2 or Z.ndim != 2 or Xb.shape[1] != Z.shape[1]:
-                raise ValueError(
-                    f"k(Xb, Z) needs 2-D blocks with the same number of features: Xb has shape {Xb.shape}, "
-                    f"Z has shape {Z.shape}"
-                )
+            check_blocks(Xb, Z)
             self.dtype = np.result_type(Xb.dtype, Z.dtype, np.float32)
             self.X, self.Z, self.kernel = np.asarray(Xb, self.dtype), np.asarray(Z, self.dtype), kernel
         self.n_rows = self.X.shape[0]
@@ -112,7 +113,7 @@ class _Tiles:
             np.minimum(K, 0, out=K)
             np.exp(K, out=K)
             return K
-        np.matmul(self.X[s:e] - P.center, P.ZT, out=K)
+        np.matmul(self.X[s:e], P.ZT, out=K)  # dot-product kernels: not centred (centre is 0)
         if kind == POLYNOMIAL:
             f = self.dtype.type
             K *= f(P.spec.p0)

@@ -39,6 +39,26 @@ class PreparedCenters:
         return (self.center, self.ZT, self.zn, s.kind, s.p0, s.p1, s.degree)
 
 
+def check_blocks(Xb: np.ndarray, Z: np.ndarray) -> None:
+    """Refuse blocks that are not 2-D with the same number of features."""
+    if Xb.ndim != 2 or Z.ndim != 2 or Xb.shape[1] != Z.shape[1]:
+        raise ValueError(
+            f"k(Xb, Z) needs 2-D blocks with the same number of features: Xb has shape {Xb.shape}, "
+            f"Z has shape {Z.shape}"
+        )
+
+
+def rows_for_bytes(n_centers: int, itemsize: int, target_bytes: int, lowest: int, highest: int,
+                   max_tile_bytes: int | None = None) -> int:
+    """Rows per tile: about ``target_bytes`` of kernel entries, from ``lowest`` to ``highest``
+    rows, never more than ``max_tile_bytes``."""
+    row_bytes = max(1, n_centers * itemsize)
+    rows = min(highest, max(lowest, target_bytes // row_bytes))
+    if max_tile_bytes is not None:
+        rows = min(rows, max(1, int(max_tile_bytes) // row_bytes))
+    return int(rows)
+
+
 def prepare(kernel: Kernel, Xb: Any, Z: Any, engine: str) -> tuple[np.ndarray, PreparedCenters]:
     """The block in the common dtype (C order) and the centers, for a built-in kernel.
 
@@ -50,11 +70,7 @@ def prepare(kernel: Kernel, Xb: Any, Z: Any, engine: str) -> tuple[np.ndarray, P
     if spec is None:
         raise TypeError(f"the {engine} engine does not implement {type(kernel).__name__}; use engine='numpy'")
     Xb, Z = ard_inputs(kernel, np.asarray(Xb), np.asarray(Z))
-    if Xb.ndim != 2 or Z.ndim != 2 or Xb.shape[1] != Z.shape[1]:
-        raise ValueError(
-            f"k(Xb, Z) needs 2-D blocks with the same number of features: Xb has shape {Xb.shape}, "
-            f"Z has shape {Z.shape}"
-        )
+    check_blocks(Xb, Z)
     dt = np.result_type(Xb.dtype, Z.dtype, np.float32)
     Xb = np.ascontiguousarray(Xb, dtype=dt)
     Z = np.asarray(Z, dtype=dt)

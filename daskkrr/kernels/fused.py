@@ -42,7 +42,7 @@ from numba import njit
 
 from daskkrr.kernels._vexp import SAFE_FASTMATH, exp_neg
 from daskkrr.kernels.base import Kernel
-from daskkrr.kernels.block_layout import as_2d, prepare, run_parts, split_rows, sum_parts
+from daskkrr.kernels.block_layout import as_2d, prepare, rows_for_bytes, run_parts, split_rows, sum_parts
 from daskkrr.kernels.reference import precondition_tile
 from daskkrr.kernels.spec import (  # noqa: F401  (re-exported)
     GAUSSIAN,
@@ -328,11 +328,7 @@ def tile_rows(n_centers: int, itemsize: int, max_tile_bytes: int | None = None,
     """
     if target_bytes is None:
         target_bytes = CACHE_TILE_BYTES * max(1, min(4, n_features // 25))
-    row_bytes = max(1, n_centers * itemsize)
-    rows = min(512, max(8, target_bytes // row_bytes))
-    if max_tile_bytes is not None:
-        rows = min(rows, max(1, int(max_tile_bytes) // row_bytes))
-    return int(rows)
+    return rows_for_bytes(n_centers, itemsize, target_bytes, 8, 512, max_tile_bytes)
 
 
 _NONE2 = np.empty((0, 0))  # placeholder for the driver's unused float64 arguments

@@ -35,6 +35,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from daskkrr.utils.atomic import atomic_write_bytes
+
 #: Source files whose compiled code the cache holds (the marker is keyed on their contents).
 _SOURCES = ("fused.py", "_vexp.py", "spec.py", "block_layout.py")
 #: Seconds between two looks for the marker while the fused engine is not ready.
@@ -193,7 +195,5 @@ def warm_up(wait: bool = True) -> bool:
             return False
         if not marker.exists():
             compile_engine()
-            tmp = marker.with_suffix(f".tmp{os.getpid()}")
-            tmp.write_text(f"numba {importlib.metadata.version('numba')}\n")
-            os.replace(tmp, marker)
+            atomic_write_bytes(marker, f"numba {importlib.metadata.version('numba')}\n".encode(), durable=False)
     return True

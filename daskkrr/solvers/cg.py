@@ -288,12 +288,12 @@ def conjugate_gradient(
         best_X, best_phi, best_rel = state.best_x.copy(), state.best_phi.copy(), state.best_rel.copy()
         it, n_matvec, last_true = state.iteration, state.n_matvec, state.last_true
         checks_without_progress, stagnated = state.checks_without_progress, state.stagnated
-        if state.low_x is not None and state.low_rel is not None:
-            low_X, low_rel = state.low_x.copy(), state.low_rel.copy()
 
-
-    # The divergence guard: per column, the iterate with the lowest residual so far.
-    if state is None or state.low_x is None or state.low_rel is None:
+    # The divergence guard: per column, the iterate with the lowest residual so far
+    # (from the state; a state saved before the guard existed starts it here).
+    if state is not None and state.low_x is not None and state.low_rel is not None:
+        low_X, low_rel = state.low_x.copy(), state.low_rel.copy()
+    else:
         low_X, low_rel = X.copy(), history[-1].copy()
 
     def snapshot() -> CGState:
