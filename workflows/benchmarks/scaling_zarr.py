@@ -38,17 +38,21 @@ from fit_tools import emit, machine, print_table, run_child, write_results  # no
 D = 20
 
 
-def store_for(data_dir: Path, n: int, chunk_rows: int) -> Path:
+def store_for(data_dir: Path, n: int, chunk_rows: int, test_rows: int) -> tuple[Path, float]:
+    """The store of ``n`` training rows followed by ``test_rows`` held-out ones (same stream), and its write time."""
     from daskkrr.data.synthetic import write_regression_zarr
     from daskkrr.data.writing import DEFAULT_COMPRESSORS
 
     codec = "-".join(type(c).__name__.replace("Codec", "").lower() for c in DEFAULT_COMPRESSORS) or "raw"
-    path = data_dir / f"scaling_n{n}_d{D}_c{chunk_rows}_{codec}.zarr"
+    chunk = min(chunk_rows, n)  # n is a multiple of it in every size run here: the fit's rows end on a chunk
+    path = data_dir / f"scaling_n{n}+{test_rows}_d{D}_c{chunk}_{codec}.zarr"
+    write_s = float("nan")
     if not path.exists():
         t = time.perf_counter()
-        write_regression_zarr(path, n, D, chunk_rows=min(chunk_rows, n), dtype="float32", random_state=0)
-        print(f"wrote {path} in {time.perf_counter() - t:.1f}s", flush=True)
-    return path
+        write_regression_zarr(path, n + test_rows, D, chunk_rows=chunk, dtype="float32", random_state=0)
+        write_s = time.perf_counter() - t
+        print(f"wrote {path} in {write_s:.1f}s", flush=True)
+    return path, write_s
 
 
 def _dir_bytes(path: Path) -> int:
@@ -68,35 +72,61 @@ def _rchar_tree() -> int:
     return total
 
 
+class PhaseClock:
+    """Seconds per pipeline stage and per pass over the data, from the fit's events."""
+
+    def __init__(self) -> None:
+        self.stages: dict[str, float] = {}
+        self.passes: dict[str, float] = {}
+        self._pass_start: dict[str, float] = {}
+
+    def __call__(self, event) -> None:
+        from daskkrr import events as ev
+
+        if isinstance(event, ev.StageDone):
+            self.stages[event.stage] = self.stages.get(event.stage, 0.0) + event.seconds
+        elif isinstance(event, ev.PassStarted):
+            self._pass_start[event.name] = time.perf_counter()
+        elif isinstance(event, ev.PassDone) and event.name in self._pass_start:
+            seconds = time.perf_counter() - self._pass_start.pop(event.name)
+            self.passes[event.name] = self.passes.get(event.name, 0.0) + seconds
+
+
 def child(args) -> dict:
     import numpy as np
 
     from daskkrr import FalkonRegressor, open_dataset
+    from daskkrr.events import subscribe
     from daskkrr.parallel.client import local_cluster_kwargs
 
-    path = args.store
-
     def run(client):
-        X, y = open_dataset(path)
+        X_all, y_all = open_dataset(args.store)
+        n = int(X_all.shape[0]) - args.test_rows
+        X, y = X_all[:n], y_all[:n]  # the last test_rows rows are held out
         kw = {} if client else {"scheduler": "threads"}
         read_pass_s = float("inf")
-        for _ in range(2):  # the first also warms the workers up
+        for _ in range(2 if n < 50_000_000 else 1):  # the first also warms the workers up
             t = time.perf_counter()
             X.sum().compute(**kw)
             read_pass_s = min(read_pass_s, time.perf_counter() - t)
         model = FalkonRegressor(n_centers=args.centers, penalty=1e-6, dtype="float32", max_iter=args.max_iter,
                                 tol=args.tol, random_state=0, strategy=args.strategy)
+        clock = PhaseClock()
         r0 = _rchar_tree()
         t = time.perf_counter()
-        model.fit(path)
+        with subscribe(clock):
+            model.fit(X, y)
         fit_s = time.perf_counter() - t
         read = _rchar_tree() - r0
-        n_test = min(20_000, int(X.shape[0]))
-        pred = np.asarray(model.predict(X[:n_test]).compute())
-        train_rmse = float(np.sqrt(np.mean((pred - np.asarray(y[:n_test])) ** 2)))
+        t = time.perf_counter()
+        pred = np.asarray(model.predict(X_all[n:]).compute())
+        predict_s = time.perf_counter() - t
+        y_test = np.asarray(y_all[n:])
+        test_rmse = float(np.sqrt(np.mean((pred - y_test) ** 2)))
         return dict(fit_s=fit_s, strategy=model.strategy_, n_iter=model.n_iter_, passes=model.n_data_passes_,
-                    sketch_rows=model.preconditioner_rows_,
-                    read_mb=read / 2**20, read_pass_s=read_pass_s, train_rmse=train_rmse,
+                    sketch_rows=model.preconditioner_rows_, stage_s=clock.stages, pass_s=clock.passes,
+                    read_mb=read / 2**20, read_pass_s=read_pass_s, test_rmse=test_rmse,
+                    test_rmse_vs_noise=test_rmse / 0.1, predict_s=predict_s, n_test=len(y_test),
                     read_share=read_pass_s / (fit_s / max(1, model.n_data_passes_)))
 
     if args.scheduler == "cluster":
@@ -117,6 +147,7 @@ def main(argv=None) -> list[dict]:
     ap.add_argument("--strategy", default="auto")
     ap.add_argument("--scheduler", choices=("cluster", "threads"), default="cluster")
     ap.add_argument("--chunk-rows", type=int, default=250_000)
+    ap.add_argument("--test-rows", type=int, default=50_000, help="held-out rows after the training rows")
     ap.add_argument("--data-dir", default="/tmp/daskkrr-bench")
     ap.add_argument("--timeout", type=float, default=3600)
     ap.add_argument("--out", default=None)
@@ -131,13 +162,14 @@ def main(argv=None) -> list[dict]:
     sizes = [int(float(s)) for s in (args.sizes or ("1e5,1e6" if args.quick else "1e5,1e6,1e7")).split(",")]
     rows = []
     for n in sizes:
-        store = store_for(data_dir, n, args.chunk_rows)
-        argv_child = [__file__, "--child", "--store", str(store), "--centers", str(args.centers),
+        store, write_s = store_for(data_dir, n, args.chunk_rows, args.test_rows)
+        argv_child = [__file__, "--child", "--store", str(store), "--test-rows", str(args.test_rows),
+                      "--centers", str(args.centers),
                       "--max-iter", str(args.max_iter), "--tol", str(args.tol), "--strategy", args.strategy,
                       "--scheduler", args.scheduler]
         res = run_child(argv_child, timeout=args.timeout)
         store_mb = _dir_bytes(store) / 2**20
-        row = {"n": n, "d": D, "M": args.centers, "store_mb": store_mb, **res}
+        row = {"n": n, "d": D, "M": args.centers, "store_mb": store_mb, "store_write_s": write_s, **res}
         if "passes" in row:
             row["store_reads"] = row["read_mb"] / store_mb
             row["max_process_mb"] = max(row["peak_per_process_mb"].values())
@@ -153,9 +185,16 @@ def main(argv=None) -> list[dict]:
              f"{args.scheduler}; {info['cores']} cores ({info['cpu']}), {info['memory_gib']} GiB")
     print_table(rows, ["n", "fit_s", "strategy", "n_iter", "sketch_rows", "passes", "peak_mb", "max_process_mb",
                        "n_processes", "read_mb", "store_reads", "read_share", "time_per_row_vs_1e6", "memory_vs_1e6",
-                       "train_rmse"], title)
+                       "test_rmse"], title)
+    for r in rows:
+        if "stage_s" in r:
+            print(f"n = {r['n']:.0e}: stages (s) {_rounded(r['stage_s'])}; passes (s) {_rounded(r['pass_s'])}")
     write_results(rows, args.out, "scaling_zarr", {"machine": info, "args": vars(args), "pid": os.getpid()})
     return rows
+
+
+def _rounded(times: dict[str, float]) -> dict[str, float]:
+    return {k: round(v, 1) for k, v in times.items()}
 
 
 if __name__ == "__main__":
