@@ -334,6 +334,9 @@ def _parser() -> argparse.ArgumentParser:
     space.add_argument("--centers-range", nargs=2, type=_positive_int, metavar=("LOW", "HIGH"), default=None,
                        help="n_centers range (default: n_centers not tuned)")
     space.add_argument("--ard", action="store_true", help="one sigma per feature (the estimator must accept it)")
+    space.add_argument("--fixed-space", action="store_true",
+                       help="never extend a range past a face the best candidate is on (default: extend, "
+                            "by a quarter of its log-width, twice per face at most)")
     space.add_argument("--candidates", type=_positive_int, default=256, help="candidates drawn in the space")
     space.add_argument("--budget-fits", type=_positive_int, default=40, help="model fits at most")
     space.add_argument("--budget-seconds", type=float, default=None,
@@ -424,7 +427,8 @@ def _cmd_tune(args: argparse.Namespace) -> None:
     X, y = read_training_data(args.data, args.target)
     search = BKBSearchCV(model, space or None, n_candidates=args.candidates, budget_fits=args.budget_fits,
                          budget_seconds=args.budget_seconds, batch_size=args.round_size, cv=args.cv,
-                         scoring=args.scoring, ard=args.ard, random_state=args.search_seed)
+                         scoring=args.scoring, ard=args.ard, grow_space=not args.fixed_space,
+                         random_state=args.search_seed)
     if search.param_space is not None and search.ard and "sigma" not in space:
         raise UsageError("--ard tunes sigma per feature: give --sigma-range")
     with cluster_client(args.scheduler, n_workers=args.workers):  # the fits' cluster
@@ -437,6 +441,8 @@ def _cmd_tune(args: argparse.Namespace) -> None:
     print(f"tuned {type(model).__name__} in {time.perf_counter() - t0:.1f}s: {search.n_fits_} fits "
           f"({search.stop_reason_}), best validation score {search.best_score_:.4g} with {best or 'ARD sigma'}; "
           f"wrote {args.out} and {history}")
+    for round_, name, side, bound in search.space_growth_:
+        print(f"  round {round_}: the {name} range grew past its {side} face to {bound:.4g}")
 
 
 def convergence_note(model: Any) -> str:

@@ -259,3 +259,38 @@ def test_asking_with_every_arm_excluded_is_refused():
 def test_bad_parameters_are_refused(bad):
     with pytest.raises(ValueError, match=next(iter(bad))):
         BKB(np.eye(3), **bad)
+
+
+def test_added_arms_get_the_exact_posterior_and_keep_the_rewards():
+    arms, f = branin_arms(12)
+    first, later = arms[::2], arms[1::2]
+    rng = np.random.default_rng(3)
+    bandit = _bkb(first, rng, qbar=1e15)  # every pulled arm kept: the exact GP
+    exact = ExactGPUCB(arms, np.random.default_rng(3))
+    for _ in range(15):
+        i = bandit.ask()
+        r = f[::2][i] + NOISE * rng.normal()
+        bandit.tell(i, r)
+        exact.tell(2 * i, r)  # the same arm in the full set
+    added = bandit.add_arms(later)
+    np.testing.assert_array_equal(added, np.arange(len(first), len(arms)))
+    assert bandit.n_arms == len(arms) and bandit.counts_[added].sum() == 0
+    order = np.concatenate([np.arange(0, len(arms), 2), np.arange(1, len(arms), 2)])
+    np.testing.assert_allclose(bandit.mean_, exact.mean[order], rtol=1e-7, atol=1e-8)
+    np.testing.assert_allclose(bandit.variance_, exact.variance[order], rtol=1e-6, atol=1e-8)
+    i = bandit.ask()  # the larger set is usable at once
+    bandit.tell(i, 0.0)
+
+
+def test_arms_are_added_only_between_steps_and_with_the_same_width():
+    rng = np.random.default_rng(0)
+    arms = rng.uniform(size=(20, 2))
+    bandit = BatchBKB(arms, sigma=0.3, penalty=0.01, batch_size=3, random_state=0)
+    batch = bandit.ask()
+    with pytest.raises(ValueError, match="no reward is pending"):
+        bandit.add_arms(rng.uniform(size=(4, 2)))
+    bandit.tell_many(batch, [0.1, 0.2, 0.3])
+    with pytest.raises(ValueError, match="3 coordinates"):
+        bandit.add_arms(rng.uniform(size=(4, 3)))
+    bandit.add_arms(rng.uniform(size=(4, 2)))
+    assert len(bandit.ask()) == 3 and bandit.n_arms == 24

@@ -151,3 +151,34 @@ def test_failed_candidates_are_excluded_and_reported():
     assert s.best_params_["sigma"] <= 2.0
     assert not set(failed["arm"]) & set(s.bandit_.pending)
     assert all(s.bandit_._excluded[i] for i in failed["arm"])
+
+
+def test_the_box_grows_past_the_face_the_best_candidate_is_on():
+    from daskkrr.tune.space import GROW_MAX, GROW_STEP, BoxGrowth, draw_candidates, parse_space
+
+    ranges = parse_space({"sigma": (1.0, 10.0), "penalty": (1e-4, 1e-2), "n_centers": (10, 50)}, 3, ard=False)
+    growth = BoxGrowth(ranges, 64, random_state=0, max_centers=100)
+    corner = np.array([0.5, 0.02, 0.99])  # penalty near its low face, n_centers at its high one
+    assert growth.faces_near(corner) == [(1, 0)]  # n_centers never grows
+    for k in range(GROW_MAX):
+        new = growth.grow(corner)
+        pen = np.array([p["penalty"] for p in new.params])
+        low = 1e-4 * (1e-2 / 1e-4) ** (-GROW_STEP * (k + 1))
+        assert np.all((pen < 1e-4 * (1 + 1e-9) * (1e-2 / 1e-4) ** (-GROW_STEP * k)) & (pen >= low * (1 - 1e-9)))
+        assert all(1.0 <= p["sigma"] <= 10.0 and 10 <= p["n_centers"] <= 50 for p in new.params)
+        assert growth.grown[-1][:2] == ("penalty", "low") and growth.grown[-1][2] == pytest.approx(low)
+        corner = new.arms[np.argmin(pen)]
+    assert growth.faces_near(corner) == [] and len(growth.grow(corner).params) == 0  # grown GROW_MAX times
+    assert len(draw_candidates(ranges, 64, 0).params) > 0
+
+
+def test_search_follows_an_optimum_outside_the_box_only_when_allowed():
+    X, y = _data(300, 0)  # 0.05 noise: the best penalty is far below 1e-2
+    space = {"sigma": (0.3, 3.0), "penalty": (1e-2, 1.0)}
+    grown = BKBSearchCV(ExactKernelRidge(), space, budget_fits=16, batch_size=4, random_state=0).fit(X, y)
+    fixed = BKBSearchCV(ExactKernelRidge(), space, budget_fits=16, batch_size=4, grow_space=False,
+                        random_state=0).fit(X, y)
+    assert any(face[1:3] == ("penalty", "low") for face in grown.space_growth_)
+    assert grown.best_params_["penalty"] < 1e-2 <= fixed.best_params_["penalty"]
+    assert fixed.space_growth_ == [] and len(fixed.candidates_) < len(grown.candidates_)
+    assert grown.best_score_ > fixed.best_score_

@@ -197,8 +197,8 @@ class BKB:
         self.norm_bound = _check_real("norm_bound", norm_bound, low=0.0, closed_low=True)
         self.epsilon = _check_real("epsilon", epsilon, low=0.0, high=1.0, closed_low=True)
         self.beta_scale = _check_real("beta_scale", beta_scale, low=0.0)
-        self.kernel, scale = scaled_kernel(kernel, sigma, self.arms.shape[1])
-        self._points = self.arms if scale is None else self.arms * scale
+        self.kernel, self._scale = scaled_kernel(kernel, sigma, self.arms.shape[1])
+        self._points = self._scaled(self.arms)
         self.rng = np.random.default_rng(random_state)
         n = self.arms.shape[0]
         self.kernel_diag_ = self.kernel.diag(self._points).astype(np.float64)
@@ -252,6 +252,32 @@ class BKB:
         self._excluded[i] = True
         self._pending.pop(i, None)
 
+    def add_arms(self, arms: Any) -> np.ndarray:
+        """Append arms to the arm set (between steps: no arm may be pending); returns their indices.
+
+        The new arms have no observations; the dictionary and every reward so far are
+        kept, and the posterior and ``beta~`` are recomputed over the larger set.
+        """
+        if self._pending:
+            raise ValueError(f"arms can be added only when no reward is pending; pending arms: {self.pending}")
+        new = check_arms(arms)
+        if new.shape[1] != self.arms.shape[1]:
+            raise ValueError(f"the new arms have {new.shape[1]} coordinates; the arm set has {self.arms.shape[1]}")
+        start, n_new = self.n_arms, new.shape[0]
+        points = self._scaled(new)
+        diag = self.kernel.diag(points).astype(np.float64)
+        self.arms = np.concatenate([self.arms, new])
+        self._points = np.concatenate([self._points, points])
+        self.kernel_diag_ = np.concatenate([self.kernel_diag_, diag])
+        self.kappa2_ = float(self.kernel_diag_.max())
+        self.counts_ = np.concatenate([self.counts_, np.zeros(n_new, dtype=np.int64)])
+        self.reward_sums_ = np.concatenate([self.reward_sums_, np.zeros(n_new)])
+        self._excluded = np.concatenate([self._excluded, np.zeros(n_new, dtype=bool)])
+        with blas_threads(1):  # small matrices: see _update
+            self._refresh_posterior()
+            self._update_beta(self._beta_ratio)
+        return np.arange(start, start + n_new)
+
     @property
     def n_arms_left(self) -> int:
         """Arms not excluded."""
@@ -263,6 +289,10 @@ class BKB:
         return sorted(self._pending.elements())
 
     # -------------------------------------------------------------- internals
+    def _scaled(self, arms: np.ndarray) -> np.ndarray:
+        """Arms in the kernel's coordinates (divided by the per-coordinate length, if any)."""
+        return arms if self._scale is None else arms * self._scale
+
     def _check_arms_left(self) -> None:
         if self._excluded.all():
             raise ValueError("every arm is excluded: no valid arm is left to ask")
@@ -325,6 +355,7 @@ class BKB:
         self.variance_ = self.posterior_.variance
 
     def _update_beta(self, ratio: float = 1.0) -> None:
+        self._beta_ratio = ratio  # add_arms recomputes beta~ with the same widening
         self.beta_ = self.beta_scale * confidence_width(
             variance_sum=float(self.variance_ @ self.counts_), t=self.t_, kappa2=self.kappa2_,
             penalty=self.penalty, noise_bound=self.noise_bound, norm_bound=self.norm_bound,

@@ -24,7 +24,7 @@ from sklearn.utils.validation import check_is_fitted
 
 from daskkrr.bandits import BatchBKB
 from daskkrr.parallel.tasks import TaskRunner, task_slots
-from daskkrr.tune.space import CandidateSet, default_space, draw_candidates, parse_space
+from daskkrr.tune.space import BoxGrowth, CandidateSet, default_space, draw_candidates, parse_space
 
 #: The bandit's settings for scores such as R^2 and accuracy (at most 1, noise of a few
 #: hundredths between splits), over arms in the unit cube of the log-parameters. The
@@ -81,6 +81,13 @@ class BKBSearchCV(MetaEstimatorMixin, BaseEstimator):
     ard : bool, default=False
         Tune one ``sigma`` per feature, passed to the estimator as a vector of
         length d (the estimator must accept it).
+    grow_space : bool, default=True
+        When the best candidate so far lies near a face of the box (within 0.1 of
+        a range's log-width), extend that range past the face by a quarter of its
+        log-width (twice per face at most) and add candidates there: the optimum of
+        a box whose best point is on its edge is usually outside it (the smallest
+        penalty on large data, for instance). ``n_centers`` never grows. False: the
+        search stays in ``param_space``.
     refit : bool, default=True
         Refit the best candidate on all the data (``best_estimator_``).
     bandit_params : dict or None, default=None
@@ -113,7 +120,9 @@ class BKBSearchCV(MetaEstimatorMixin, BaseEstimator):
     n_splits_ : int
     bandit_ : BatchBKB
     candidates_ : list of dict
-        Every candidate of the arm set.
+        Every candidate of the arm set (with those added when the box grew).
+    space_growth_ : list of tuple
+        ``(round, parameter, "low" or "high", new bound)`` for each growth of the box.
 
     Notes
     -----
@@ -138,6 +147,7 @@ class BKBSearchCV(MetaEstimatorMixin, BaseEstimator):
         cv: Any = 0.25,
         scoring: Any = None,
         ard: bool = False,
+        grow_space: bool = True,
         refit: bool = True,
         bandit_params: dict[str, Any] | None = None,
         random_state: Any = None,
@@ -151,6 +161,7 @@ class BKBSearchCV(MetaEstimatorMixin, BaseEstimator):
         self.cv = cv
         self.scoring = scoring
         self.ard = ard
+        self.grow_space = grow_space
         self.refit = refit
         self.bandit_params = bandit_params
         self.random_state = random_state
@@ -186,13 +197,21 @@ class BKBSearchCV(MetaEstimatorMixin, BaseEstimator):
             return KFold(n_splits=int(cv), shuffle=True, random_state=self.random_state)
         return check_cv(cv)
 
-    def _candidates(self, n_features: int, n_train: int) -> CandidateSet:
+    def _candidates(self, n_features: int, n_train: int) -> tuple[CandidateSet, BoxGrowth]:
         space = default_space(n_features) if self.param_space is None else dict(self.param_space)
         ranges = parse_space(space, n_features, ard=bool(self.ard))
         if self.ard and not any(r.name == "sigma" for r in ranges):
             raise ValueError("ard=True tunes sigma per feature: give the space a 'sigma' range")
         found = draw_candidates(ranges, self.n_candidates, self.random_state, max_centers=n_train)
-        # Candidates the estimator itself refuses (e.g. a vector sigma it cannot take) are dropped.
+        accepted, first_error = self._accepted(found)
+        if not accepted.params:
+            raise ValueError(f"the tuning space has no valid point for {type(self.estimator).__name__}: "
+                             f"{first_error}")
+        growth = BoxGrowth(ranges, self.n_candidates, self.random_state, max_centers=n_train)
+        return accepted, growth
+
+    def _accepted(self, found: CandidateSet) -> tuple[CandidateSet, Exception | None]:
+        """The candidates the estimator accepts (e.g. not a vector sigma it cannot take), and the first refusal."""
         keep, first_error = [], None
         for i, params in enumerate(found.params):
             try:
@@ -203,10 +222,7 @@ class BKBSearchCV(MetaEstimatorMixin, BaseEstimator):
                 first_error = first_error or exc
                 continue
             keep.append(i)
-        if not keep:
-            raise ValueError(f"the tuning space has no valid point for {type(self.estimator).__name__}: "
-                             f"{first_error}")
-        return CandidateSet(arms=found.arms[keep], params=[found.params[i] for i in keep])
+        return CandidateSet(arms=found.arms[keep], params=[found.params[i] for i in keep]), first_error
 
     # --------------------------------------------------------------------- fit
     def fit(self, X: Any, y: Any = None) -> BKBSearchCV:
@@ -217,7 +233,7 @@ class BKBSearchCV(MetaEstimatorMixin, BaseEstimator):
         splits = list(splitter.split(X, y))
         self.n_splits_ = len(splits)
         n_train = min(len(train) for train, _ in splits)
-        cands = self._candidates(X.shape[1], n_train)
+        cands, growth = self._candidates(X.shape[1], n_train)
         self.candidates_ = cands.params
         scorer = check_scoring(self.estimator, scoring=self.scoring)
         runner = TaskRunner(_evaluate, (X, y, scorer))
@@ -229,6 +245,7 @@ class BKBSearchCV(MetaEstimatorMixin, BaseEstimator):
         scores: dict[int, float] = {}
         floor = REWARD_FLOOR if self.scoring is None else -math.inf
         n_fits, rounds, t0 = 0, 0, time.perf_counter()
+        grown: list[tuple[int, str, str, float]] = []
         stop = "candidates"
         try:
             while True:
@@ -268,10 +285,14 @@ class BKBSearchCV(MetaEstimatorMixin, BaseEstimator):
                     bandit.tell_many(told, [max(scores[i], floor) for i in told])
                 for i in set(asked) - set(scores):
                     bandit.exclude(i)  # its fit failed: never asked again
+                if self.grow_space and scores:
+                    new_faces = self._grow(growth, cands, bandit, max(scores, key=scores.__getitem__))
+                    grown += [(rounds, *face) for face in new_faces]
         finally:
             runner.close()
         self.n_fits_ = n_fits
         self.stop_reason_ = stop
+        self.space_growth_ = grown
         if not scores:
             errors = "; ".join(sorted({r["error"] for r in rows if r["error"]}))
             raise ValueError(f"every evaluated candidate failed: {errors or 'no candidate was evaluated'}")
@@ -279,6 +300,18 @@ class BKBSearchCV(MetaEstimatorMixin, BaseEstimator):
         if self.refit:
             self.best_estimator_ = clone(self.estimator).set_params(**self.best_params_).fit(X, y)
         return self
+
+    def _grow(self, growth: BoxGrowth, cands: CandidateSet, bandit: BatchBKB,
+              best: int) -> list[tuple[str, str, float]]:
+        """Grow the box past the faces the best candidate is near (new candidates become
+        arms); returns the faces grown."""
+        done = len(growth.grown)
+        added, _ = self._accepted(growth.grow(cands.arms[best]))
+        if added.params:
+            bandit.add_arms(added.arms)
+            cands.arms = np.concatenate([cands.arms, added.arms])
+            cands.params.extend(added.params)
+        return growth.grown[done:]
 
     def _set_results(self, rows: list[dict[str, Any]]) -> None:
         n = len(rows)

@@ -107,6 +107,16 @@ def draw_candidates(ranges: list[Range], n_candidates: int, random_state: Any,
     dim = sum(r.width for r in ranges)
     seed = np.random.default_rng(random_state).integers(2**32)
     unit = qmc.Sobol(dim, scramble=True, seed=int(seed)).random(n_candidates) if dim else np.zeros((1, 0))
+    found = candidates_at(ranges, unit, max_centers)
+    if not found.params:
+        raise ValueError(f"the tuning space has no valid point: every candidate asks for more centers than "
+                         f"the {max_centers} training rows of a split; lower space['n_centers']")
+    return found
+
+
+def candidates_at(ranges: list[Range], unit: np.ndarray, max_centers: int | None = None) -> CandidateSet:
+    """The candidates at unit coordinates ``unit`` (n, dim), which may lie outside [0, 1]
+    (the log-ranges extended); invalid numbers of centers and duplicates are dropped."""
     columns: list[np.ndarray] = []
     values: dict[str, np.ndarray] = {}
     at = 0
@@ -116,16 +126,17 @@ def draw_candidates(ranges: list[Range], n_candidates: int, random_state: Any,
         # For integers, the arm is where the rounded value lies, so equal values share an arm.
         if r.integer:
             lo, hi = np.log(r.low), np.log(r.high)
-            u = (np.log(values[r.name]) - lo) / np.where(hi > lo, hi - lo, 1.0)
+            u = (np.log(np.maximum(values[r.name], 1.0)) - lo) / np.where(hi > lo, hi - lo, 1.0)
         columns.append(u)
         at += r.width
     arms = np.column_stack(columns) if columns else np.zeros((unit.shape[0], 0))
     valid = np.ones(arms.shape[0], dtype=bool)
-    if "n_centers" in values and max_centers is not None:
-        valid &= values["n_centers"][:, 0] <= max_centers
+    if "n_centers" in values:
+        valid &= values["n_centers"][:, 0] >= 1
+        if max_centers is not None:
+            valid &= values["n_centers"][:, 0] <= max_centers
     if not valid.any():
-        raise ValueError(f"the tuning space has no valid point: every candidate asks for more centers than "
-                         f"the {max_centers} training rows of a split; lower space['n_centers']")
+        return CandidateSet(arms=np.zeros((0, arms.shape[1])), params=[])
     _, first = np.unique(arms[valid], axis=0, return_index=True)
     keep = np.flatnonzero(valid)[np.sort(first)]
     params = []
@@ -141,3 +152,83 @@ def draw_candidates(ranges: list[Range], n_candidates: int, random_state: Any,
                 p[r.name] = float(v[0])
         params.append(p)
     return CandidateSet(arms=np.ascontiguousarray(arms[keep]), params=params)
+
+
+#: How the search box grows past a face (:class:`BoxGrowth`): when the best candidate
+#: lies within ``GROW_MARGIN`` of a face (in units of the range's log-width), the
+#: range is extended past that face by ``GROW_STEP`` of its log-width, at most
+#: ``GROW_MAX`` times per face (so by half the range at most).
+GROW_MARGIN = 0.1
+GROW_STEP = 0.25
+GROW_MAX = 2
+
+
+class BoxGrowth:
+    """Extends the search box past the faces the best candidate sits on.
+
+    A box that a user (or :func:`default_space`) gives is a guess: when the best
+    score so far lies on its edge (a grid's corner answer, such as the smallest
+    penalty), the optimum is likely outside. The unit cube of the log-ranges is
+    tracked as ``[low_j, high_j]`` per coordinate (initially ``[0, 1]``); growing a
+    face adds scrambled-Sobol candidates in the new slab, about as densely as the
+    box's own. ``n_centers`` never grows (its upper bound caps the fits' cost).
+    """
+
+    def __init__(self, ranges: list[Range], n_candidates: int, random_state: Any,
+                 max_centers: int | None = None) -> None:
+        self.ranges = ranges
+        self.n_candidates = n_candidates
+        self.max_centers = max_centers
+        self.names = [r.name if r.width == 1 else f"{r.name}[{k}]" for r in ranges for k in range(r.width)]
+        # Integer ranges (n_centers) and fixed values (low == high) do not grow.
+        self.frozen = np.array([r.integer or bool(r.low[k] == r.high[k]) for r in ranges for k in range(r.width)],
+                               dtype=bool)
+        dim = len(self.names)
+        self.low, self.high = np.zeros(dim), np.ones(dim)
+        self.steps = np.zeros((dim, 2), dtype=np.int64)
+        self.grown: list[tuple[str, str, float]] = []  # (coordinate, "low"/"high", new bound's value)
+        self._rng = np.random.default_rng(random_state)
+
+    def faces_near(self, arm: np.ndarray) -> list[tuple[int, int]]:
+        """``(coordinate, side)`` of each face within the margin of ``arm`` that may still grow (0: low, 1: high)."""
+        near = []
+        for j, u in enumerate(arm):
+            if self.frozen[j]:
+                continue
+            if u - self.low[j] < GROW_MARGIN and self.steps[j, 0] < GROW_MAX:
+                near.append((j, 0))
+            if self.high[j] - u < GROW_MARGIN and self.steps[j, 1] < GROW_MAX:
+                near.append((j, 1))
+        return near
+
+    def grow(self, arm: np.ndarray) -> CandidateSet:
+        """Grow every face near ``arm`` and return the candidates of the new slabs (possibly none)."""
+        parts = []
+        for j, side in self.faces_near(arm):
+            width = self.high[j] - self.low[j]
+            count = max(8, math.ceil(self.n_candidates * GROW_STEP / width))
+            seed = int(self._rng.integers(2**32))
+            raw = qmc.Sobol(len(self.names), scramble=True, seed=seed).random_base2(math.ceil(math.log2(count)))
+            unit = self.low + (self.high - self.low) * raw  # the slab spans the box in the other coordinates
+            edge = self.low[j] - GROW_STEP if side == 0 else self.high[j]
+            unit[:, j] = edge + GROW_STEP * raw[:, j]
+            if side == 0:
+                self.low[j] = edge
+            else:
+                self.high[j] = edge + GROW_STEP
+            self.steps[j, side] += 1
+            parts.append(unit)
+            self.grown.append((self.names[j], ("low", "high")[side], self._value(j, edge if side == 0
+                                                                                  else edge + GROW_STEP)))
+        if not parts:
+            return CandidateSet(arms=np.zeros((0, len(self.names))), params=[])
+        return candidates_at(self.ranges, np.concatenate(parts), self.max_centers)
+
+    def _value(self, j: int, unit: float) -> float:
+        at = 0
+        for r in self.ranges:
+            if j < at + r.width:
+                k = j - at
+                return float(np.exp(np.log(r.low[k]) + unit * (np.log(r.high[k]) - np.log(r.low[k]))))
+            at += r.width
+        raise IndexError(j)

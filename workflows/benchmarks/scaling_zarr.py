@@ -137,6 +137,30 @@ def child(args) -> dict:
     return run(None)
 
 
+def falkon_row(store: Path, test_rows: int, args) -> dict:
+    """FALKON (CPU build, its own venv) on the same rows, loaded into memory: time, memory, test RMSE or error."""
+    import numpy as np
+    from falkon_cpu import falkon_python, falkon_unavailable_reason, run_falkon
+
+    from daskkrr import open_dataset
+
+    if falkon_python() is None:
+        return {"error": falkon_unavailable_reason()}
+    X_all, y_all = open_dataset(store)
+    n = int(X_all.shape[0]) - test_rows
+    t = time.perf_counter()
+    X, y = np.asarray(X_all[:n]), np.asarray(y_all[:n])
+    load_s = time.perf_counter() - t
+    Xte, yte = np.asarray(X_all[n:]), np.asarray(y_all[n:])
+    out = run_falkon(X, y, Xte, model="regression", sigma=float(np.sqrt(D)), M=args.centers, penalty=1e-6,
+                     maxiter=args.max_iter, dtype="float32", timeout=args.falkon_timeout)
+    row = {k: v for k, v in out.items() if k != "decision"}
+    row["load_s"] = load_s
+    if "decision" in out:
+        row["test_rmse"] = float(np.sqrt(np.mean((np.asarray(out["decision"]).ravel() - yte) ** 2)))
+    return row
+
+
 def main(argv=None) -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="n = 1e5 and 1e6")
@@ -150,6 +174,9 @@ def main(argv=None) -> list[dict]:
     ap.add_argument("--test-rows", type=int, default=50_000, help="held-out rows after the training rows")
     ap.add_argument("--data-dir", default="/tmp/daskkrr-bench")
     ap.add_argument("--timeout", type=float, default=3600)
+    ap.add_argument("--falkon", action="store_true",
+                    help="also fit FALKON (CPU, in memory, FALKON_PYTHON's venv) on each size's rows")
+    ap.add_argument("--falkon-timeout", type=float, default=1800)
     ap.add_argument("--out", default=None)
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--store", help=argparse.SUPPRESS)
@@ -175,17 +202,24 @@ def main(argv=None) -> list[dict]:
             row["max_process_mb"] = max(row["peak_per_process_mb"].values())
         rows.append(row)
         print({k: v for k, v in row.items() if k != "peak_per_process_mb"}, flush=True)
-    base = next((r for r in rows if r["n"] == 1_000_000 and "fit_s" in r), None)
+        if args.falkon:
+            frow = {"n": n, "d": D, "M": args.centers, "library": "FALKON (CPU, in memory)",
+                    **falkon_row(store, args.test_rows, args)}
+            if "peak_per_process_mb" in frow:
+                frow["max_process_mb"] = max(frow["peak_per_process_mb"].values())
+            rows.append(frow)
+            print({k: v for k, v in frow.items() if k != "peak_per_process_mb"}, flush=True)
+    base = next((r for r in rows if r["n"] == 1_000_000 and "fit_s" in r and "library" not in r), None)
     for r in rows:
-        if base and "fit_s" in r:
+        if base and "fit_s" in r and "library" not in r:
             r["time_per_row_vs_1e6"] = (r["fit_s"] / r["n"]) / (base["fit_s"] / base["n"])
             r["memory_vs_1e6"] = r["peak_mb"] / base["peak_mb"]
     info = machine()
     title = (f"FALKON from Zarr, d = {D}, float32, M = {args.centers}, max_iter = {args.max_iter}, tol = {args.tol}, "
              f"{args.scheduler}; {info['cores']} cores ({info['cpu']}), {info['memory_gib']} GiB")
-    print_table(rows, ["n", "fit_s", "strategy", "n_iter", "sketch_rows", "passes", "peak_mb", "max_process_mb",
-                       "n_processes", "read_mb", "store_reads", "read_share", "time_per_row_vs_1e6", "memory_vs_1e6",
-                       "test_rmse"], title)
+    print_table(rows, ["n", "library", "fit_s", "strategy", "n_iter", "sketch_rows", "passes", "peak_mb",
+                       "max_process_mb", "n_processes", "read_mb", "store_reads", "read_share",
+                       "time_per_row_vs_1e6", "memory_vs_1e6", "test_rmse", "error"], title)
     for r in rows:
         if "stage_s" in r:
             print(f"n = {r['n']:.0e}: stages (s) {_rounded(r['stage_s'])}; passes (s) {_rounded(r['pass_s'])}")

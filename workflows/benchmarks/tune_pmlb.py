@@ -14,9 +14,10 @@ Methods, each (set, seed, method) in a fresh process, the methods interleaved se
   [sqrt(d)/10, 10 sqrt(d)] and penalty in [1e-8, 1e-1] (log-uniform, 256
   candidates), per-feature sigma (ARD) with ``--ard`` when the estimator takes
   it; the best candidate refitted on the whole training part;
-- ``tuneg-N``: the same search over the grid's box instead (sigma in
+- ``tuneg-N``: the same search starting from the grid's box instead (sigma in
   [sqrt(d)/4, 4 sqrt(d)], penalty in [1e-8, 1e-2]): the two strategies on the same
-  space;
+  space. Both grow the box past a face the best candidate is near (``grow_space``,
+  the default); ``tunef-N`` and ``tunegf-N`` keep it fixed;
 - ``grid-N``: scikit-learn ``GridSearchCV`` on the same estimator and holdout split
   over a 5 x 4 grid (sigma = sqrt(d) x {0.25, 0.5, 1, 2, 4}, penalty in
   {1e-8, 1e-6, 1e-4, 1e-2}): N = 20 fits, then the refit;
@@ -80,14 +81,15 @@ def child(args) -> dict:
         if args.method.startswith("tune"):
             from daskkrr.tune import BKBSearchCV
 
-            budget = int(args.method.split("-")[1])
+            kind, budget = args.method.split("-")[0], int(args.method.split("-")[1])
             space = None
-            if args.method.startswith("tuneg"):  # the grid's box
+            if kind.startswith("tuneg"):  # the grid's box
                 space = {"sigma": (math.sqrt(d) / 4, math.sqrt(d) * 4), "penalty": (1e-8, 1e-2)}
             model = BKBSearchCV(base, param_space=space, budget_fits=budget, ard=args.ard and _takes_vector_sigma(),
-                                random_state=args.seed).fit(Xtr, ytr)
+                                grow_space=not kind.endswith("f"), random_state=args.seed).fit(Xtr, ytr)
             extra = {"fits": model.n_fits_, "best_sigma": _first(model.best_params_["sigma"]),
-                     "best_penalty": model.best_params_["penalty"], "ard": bool(model.ard)}
+                     "best_penalty": model.best_params_["penalty"], "ard": bool(model.ard),
+                     "grown": [f"{name} {side} {bound:.3g}" for _, name, side, bound in model.space_growth_]}
         elif args.method.startswith("grid"):
             from sklearn.model_selection import GridSearchCV, ShuffleSplit
 
@@ -198,7 +200,7 @@ def report(rows: list[dict], out: str | None, name: str, meta: dict, title: str)
                     r["paired_diff_se"] = float(diff.std(ddof=1) / np.sqrt(len(diff))) if len(diff) > 1 else None
     print_table(rows, ["set", "method", "seeds", "n_train", "fits", "r2", "r2_min", "srbench_krr_r2", "beats_srbench",
                        "r2_minus_grid", "seeds_ge_grid", "paired_diff_mean", "paired_diff_se", "seconds",
-                       "time_vs_grid", "peak_mb", "best_sigma", "error"], title)
+                       "time_vs_grid", "peak_mb", "best_sigma", "best_penalty", "grown_seeds", "error"], title)
     write_results(rows, out, name, meta)
 
 
@@ -212,7 +214,9 @@ def summarise(name: str, method: str, runs: list[dict]) -> dict:
                    seconds=float(np.median([r["seconds"] for r in ok])),
                    peak_mb=float(np.median([r["peak_mb"] for r in ok])),
                    fits=ok[0].get("fits"), n_train=ok[0]["n_train"],
-                   best_sigma=float(np.median([r["best_sigma"] for r in ok])) if "best_sigma" in ok[0] else None)
+                   best_sigma=float(np.median([r["best_sigma"] for r in ok])) if "best_sigma" in ok[0] else None,
+                   best_penalty=float(np.median([r["best_penalty"] for r in ok])) if "best_penalty" in ok[0] else None,
+                   grown_seeds=sum(bool(r.get("grown")) for r in ok))
         row["beats_srbench"] = row["r2"] > row["srbench_krr_r2"] if row["srbench_krr_r2"] else None
     if len(ok) < len(runs):
         row["error"] = next(str(r.get("error", "?"))[-300:] for r in runs if "r2" not in r)

@@ -1,24 +1,41 @@
-"""One Dask worker vs two: the same FALKON fit from Zarr on a LocalCluster.
+"""One Dask worker vs two (and four), and the model that predicts the wall time for W workers.
 
 Configurations (each in a fresh process, the same store, ``strategy="recompute"``
 so that every iteration is a full pass of kernel computations):
 
 - ``1 worker, 1 core``: one single-threaded worker whose engine is capped at one
-  thread (``DASKKRR_ENGINE_THREADS=1``): the one-core baseline;
+  thread (``DASKKRR_ENGINE_THREADS=1``): the one-core baseline, and the run the
+  model's per-row costs come from;
 - ``1 worker, 2 engine threads``: one single-threaded worker; the host's spare
   core goes to the engine inside each task (the thread budget rule of
   :mod:`daskkrr.parallel.resources`);
 - ``2 workers``: two single-threaded worker processes (daskkrr's default local
-  cluster on 2 cores), each task on one engine thread.
+  cluster on 2 cores), each task on one engine thread;
+- ``4 workers``: four single-threaded worker processes on the 2 cores.
 
-Reported: fit time, its speed-up over the one-core baseline, and the sum of the
-processes' peak RSS. Run ``python workflows/benchmarks/workers_scaling.py --quick``.
+Measured besides, each in fresh processes:
+
+- the hardware's parallel efficiency ``e(2)``: the engine's block product
+  (n = 20 000 rows, M = 2000, float32, one thread) run alone, then as two copies at
+  once; ``e(2)`` is the two copies' total rate over twice the lone one's. It bounds
+  what any second worker can give: ``2 e(2)``;
+- the scheduler's overheads: seconds per task (400 empty tasks) and per pass (an
+  8-block ``map_reduce`` of empty blocks through daskkrr's executor).
+
+The model (:mod:`daskkrr.parallel.scaling_model`) takes the per-row cost of each
+pass and the serial part from the one-core run and predicts every configuration;
+the table shows prediction and measurement side by side, then the model's plan for
+16 and 64 single-threaded workers (one core each, hosts like this one), at this n
+and at n = 1e8. Reported: fit time, speed-up over the one-core baseline, the sum
+of the processes' peak RSS. Run ``python workflows/benchmarks/workers_scaling.py --quick``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -29,28 +46,156 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fit_tools import emit, machine, print_table, run_child, write_results  # noqa: E402
 
 D = 20
+#: name: (workers, engine threads per task, DASKKRR_ENGINE_THREADS cap).
 CONFIGS = {
-    "1 worker, 1 core": dict(n_workers=1, cap="1"),
-    "1 worker, 2 engine threads": dict(n_workers=1, cap=""),
-    "2 workers": dict(n_workers=2, cap=""),
+    "1 worker, 1 core": dict(n_workers=1, engine_threads=1, cap="1"),
+    "1 worker, 2 engine threads": dict(n_workers=1, engine_threads=2, cap=""),
+    "2 workers": dict(n_workers=2, engine_threads=1, cap=""),
+    "4 workers": dict(n_workers=4, engine_threads=1, cap="1"),
 }
+PLAN_WORKERS = (16, 64)
+
+
+class PassClock:
+    """Wall seconds and count of each kind of pass, from the fit's events."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self.count: dict[str, int] = {}
+        self.blocks = 0
+        self._start: dict[str, float] = {}
+
+    def __call__(self, event) -> None:
+        from daskkrr import events as ev
+
+        if isinstance(event, ev.PassStarted):
+            self._start[event.name] = time.perf_counter()
+            self.blocks = max(self.blocks, event.n_blocks)
+        elif isinstance(event, ev.PassDone) and event.name in self._start:
+            self.seconds[event.name] = self.seconds.get(event.name, 0.0) + time.perf_counter() - self._start.pop(
+                event.name)
+            self.count[event.name] = self.count.get(event.name, 0) + 1
 
 
 def child(args) -> dict:
     from distributed import Client, LocalCluster
 
     from daskkrr import FalkonRegressor
+    from daskkrr.events import subscribe
 
     env = {"DASKKRR_ENGINE_THREADS": args.cap} if args.cap else {}
     with LocalCluster(n_workers=args.workers, threads_per_worker=1, processes=True, host="127.0.0.1",
                       dashboard_address=None, env=env) as cluster, Client(cluster) as client:
         model = FalkonRegressor(n_centers=args.centers, penalty=1e-6, dtype="float32", max_iter=args.max_iter,
                                 random_state=0, strategy="recompute")  # on the default client
+        clock = PassClock()
         t = time.perf_counter()
-        model.fit(args.store)
+        with subscribe(clock):
+            model.fit(args.store)
         fit_s = time.perf_counter() - t
         budget = client.run(lambda: os.environ.get("DASKKRR_ENGINE_THREADS", ""))
-    return dict(fit_s=fit_s, passes=model.n_data_passes_, n_iter=model.n_iter_, worker_cap=sorted(budget.values()))
+    return dict(fit_s=fit_s, passes=model.n_data_passes_, n_iter=model.n_iter_, worker_cap=sorted(budget.values()),
+                pass_s=clock.seconds, pass_count=clock.count, blocks=clock.blocks)
+
+
+def probe_child(seconds: float) -> dict:
+    """The engine's block product on one thread for ``seconds``: kernel entries per second."""
+    import numpy as np
+
+    from daskkrr.kernels import FusedEngine, GaussianKernel
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(20_000, D)).astype(np.float32)
+    Z = rng.normal(size=(2000, D)).astype(np.float32)
+    u = rng.normal(size=2000)
+    k, engine = GaussianKernel(sigma=float(np.sqrt(D))), FusedEngine()
+    engine.gram_matvec(k, X[:64], Z, u, n_threads=1)
+    done, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        engine.gram_matvec(k, X, Z, u, n_threads=1)
+        done += 1
+    return {"entries_per_s": done * X.shape[0] * Z.shape[0] / (time.perf_counter() - t0)}
+
+
+def hardware_efficiency(seconds: float = 6.0) -> dict:
+    """``e(2)``: two concurrent single-threaded copies of the probe against one alone."""
+    env = {**os.environ, "DASKKRR_ENGINE_THREADS": "1", "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+
+    def run(copies: int) -> list[float]:
+        procs = [subprocess.Popen([sys.executable, __file__, "--probe", str(seconds)], env=env,
+                                  stdout=subprocess.PIPE, text=True) for _ in range(copies)]
+        rates = []
+        for proc in procs:
+            out, _ = proc.communicate()
+            rates.append(json.loads(out.strip().splitlines()[-1])["entries_per_s"])
+        return rates
+
+    alone = max(run(1)[0], run(1)[0])
+    pair = run(2)
+    return {"alone_Mps": alone / 1e6, "pair_Mps": [r / 1e6 for r in pair], "efficiency_2": sum(pair) / (2 * alone)}
+
+
+def overheads_child() -> dict:
+    """Seconds per task (400 empty tasks) and per pass (an 8-block map_reduce of empty blocks)."""
+    import dask.array as da
+    import numpy as np
+    from distributed import Client, LocalCluster
+
+    from daskkrr.parallel.executor import Executor
+
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+                      dashboard_address=None) as cluster, Client(cluster) as client:
+        client.gather(client.map(_empty, range(50)))  # warm up
+        per_task = []
+        for r in range(3):
+            t = time.perf_counter()
+            client.gather(client.map(_empty, range(400), key=[f"empty-{r}-{i}" for i in range(400)]))
+            per_task.append((time.perf_counter() - t) / 400)
+        task_s = float(np.median(per_task))
+        X = da.zeros((8 * 4096, D), chunks=(4096, D), dtype=np.float32)
+        passes = Executor(client).passes(X)
+        per_pass = []
+        for _ in range(7):
+            t = time.perf_counter()
+            passes.map_reduce(_block_sum, name="overhead")
+            per_pass.append(time.perf_counter() - t)
+    return {"task_s": task_s, "pass_s": max(0.0, float(np.median(per_pass)) - 8 * task_s)}
+
+
+def _empty(i):
+    return i
+
+
+def _block_sum(Xb):
+    import numpy as np
+
+    return np.zeros(1)
+
+
+def model_rows(rows: list[dict], over: dict, eff: dict, n: int) -> list[dict]:
+    """The model's prediction for every configuration measured, and its plan for 16 and 64 workers."""
+    from daskkrr.parallel.scaling_model import Overheads, predict, profile_from_run
+
+    base = rows[0]
+    overheads = Overheads(task_s=over["task_s"], pass_s=over["pass_s"], efficiency={1: 1.0, 2: eff["efficiency_2"]})
+    profile = profile_from_run(n, base["fit_s"], base["pass_s"], base["pass_count"], base["blocks"], overheads)
+    cores = os.cpu_count() or 1
+    for r in rows:
+        if "fit_s" not in r:
+            continue
+        cfg = CONFIGS[r["config"]]
+        pred = predict(profile, overheads, cfg["n_workers"], engine_threads=cfg["engine_threads"], cores=cores)
+        r["predicted_s"] = pred["fit_s"]
+        r["predicted_vs_measured"] = pred["fit_s"] / r["fit_s"]
+    plan = []
+    for rows_n in (n, 100_000_000):
+        for w in PLAN_WORKERS:
+            pred = predict(profile, overheads, w, cores=w, n=rows_n)
+            one = predict(profile, overheads, 1, cores=1, n=rows_n)["fit_s"]
+            plan.append({"config": f"MODEL: {w} workers, 1 core each", "n": rows_n, "predicted_s": pred["fit_s"],
+                         "predicted_speedup": one / pred["fit_s"], "blocks": pred["blocks"],
+                         "serial_share": pred["serial_s"] / pred["fit_s"]})
+    return plan
 
 
 def main(argv=None) -> list[dict]:
@@ -63,10 +208,18 @@ def main(argv=None) -> list[dict]:
     ap.add_argument("--timeout", type=float, default=3600)
     ap.add_argument("--out", default=None)
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--probe", type=float, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--overheads", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--store", help=argparse.SUPPRESS)
     ap.add_argument("--workers", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--cap", default="", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.probe is not None:
+        print(json.dumps(probe_child(args.probe)))
+        return []
+    if args.overheads:
+        emit(overheads_child())
+        return []
     if args.child:
         emit(child(args))
         return []
@@ -79,6 +232,10 @@ def main(argv=None) -> list[dict]:
     store = data_dir / f"workers_n{n}_d{D}.zarr"
     if not store.exists():
         write_regression_zarr(store, n, D, chunk_rows=max(n // 8, 1), dtype="float32", random_state=0)
+    eff = hardware_efficiency(3.0 if args.quick else 6.0)
+    print("hardware:", eff, flush=True)
+    over = run_child([__file__, "--overheads"], timeout=args.timeout)
+    print("scheduler:", {k: over.get(k) for k in ("task_s", "pass_s", "error")}, flush=True)
     rows = []
     for name, cfg in CONFIGS.items():
         res = run_child([__file__, "--child", "--store", str(store), "--workers", str(cfg["n_workers"]),
@@ -90,11 +247,18 @@ def main(argv=None) -> list[dict]:
     for r in rows:
         if base and "fit_s" in r:
             r["speedup_vs_1_core"] = base / r["fit_s"]
+    plan = model_rows(rows, over, eff, n) if base and "task_s" in over else []
     info = machine()
-    title = (f"1 vs 2 Dask workers, n = {n}, d = {D}, M = {centers}, recompute, max_iter = {args.max_iter}; "
-             f"{info['cores']} cores ({info['cpu']}), {info['memory_gib']} GiB")
-    print_table(rows, ["config", "fit_s", "speedup_vs_1_core", "passes", "peak_mb", "n_processes"], title)
-    write_results(rows, args.out, "workers_scaling", {"machine": info, "args": vars(args)})
+    title = (f"1, 2 and 4 Dask workers, n = {n}, d = {D}, M = {centers}, recompute, max_iter = {args.max_iter}; "
+             f"{info['cores']} cores ({info['cpu']}), {info['memory_gib']} GiB; hardware e(2) = "
+             f"{eff['efficiency_2']:.2f} (a second core gives at most {2 * eff['efficiency_2']:.2f}x); "
+             f"scheduler {over.get('task_s', float('nan')) * 1e3:.2f} ms/task, "
+             f"{over.get('pass_s', float('nan')) * 1e3:.1f} ms/pass")
+    print_table(rows + plan, ["config", "n", "fit_s", "speedup_vs_1_core", "predicted_s", "predicted_vs_measured",
+                              "predicted_speedup", "blocks", "serial_share", "passes", "peak_mb", "n_processes"],
+                title)
+    write_results(rows + plan, args.out, "workers_scaling",
+                  {"machine": info, "args": vars(args), "hardware": eff, "scheduler": over})
     return rows
 
 
