@@ -179,3 +179,33 @@ def test_strategies_on_a_cluster(data, cluster2, tmp_path):
         np.testing.assert_allclose(coefs[s], coefs["recompute"], rtol=1e-5,
                                    atol=1e-7 * np.abs(coefs["recompute"]).max())
     assert not [key for key in cluster2.who_has() if "kernel_block" in str(key)]  # the cache was released
+
+
+def test_blocks_kept_on_a_cluster_are_spread_over_its_workers(cluster2):
+    """Persisted row blocks and kept results land round robin on the task slots, so that
+    the passes on them keep every worker busy (left to the scheduler: 6 and 2 of 8)."""
+    import collections
+
+    import dask.array as da
+    from dask import delayed
+    from distributed import futures_of
+
+    from daskkrr.parallel.backends import DistributedBackend
+
+    backend = DistributedBackend(cluster2)
+    X = da.random.default_rng(0).normal(size=(8 * 100, 3), chunks=(100, 3))
+    y = X[:, 0] * 2.0
+    held_X, held_y = backend.persist([X, y])
+    np.testing.assert_array_equal(held_X.compute(scheduler=cluster2.get), X.compute())
+    np.testing.assert_array_equal(held_y.compute(scheduler=cluster2.get), y.compute())
+    assert held_X.chunks == X.chunks and held_y.chunks == y.chunks
+
+    def where(futures):
+        return collections.Counter(next(iter(w)) for w in cluster2.who_has(futures).values())
+
+    X_at, y_at = where(futures_of(held_X)), where(futures_of(held_y))
+    assert sorted(X_at.values()) == [4, 4] and X_at == y_at  # block i of X and of y side by side
+    kept = backend.keep([delayed(np.ones)(i + 1) for i in range(6)])
+    assert sorted(where(kept).values()) == [3, 3]
+    backend.release(kept)
+    cluster2.cancel(futures_of(held_X) + futures_of(held_y))

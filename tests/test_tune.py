@@ -154,22 +154,25 @@ def test_failed_candidates_are_excluded_and_reported():
 
 
 def test_the_box_grows_past_the_face_the_best_candidate_is_on():
-    from daskkrr.tune.space import GROW_MAX, GROW_STEP, BoxGrowth, draw_candidates, parse_space
+    from daskkrr.tune.space import GROW_MAX, GROW_POINTS, GROW_STEP, BoxGrowth, parse_space
 
     ranges = parse_space({"sigma": (1.0, 10.0), "penalty": (1e-4, 1e-2), "n_centers": (10, 50)}, 3, ard=False)
-    growth = BoxGrowth(ranges, 64, random_state=0, max_centers=100)
-    corner = np.array([0.5, 0.02, 0.99])  # penalty near its low face, n_centers at its high one
-    assert growth.faces_near(corner) == [(1, 0)]  # n_centers never grows
+    growth = BoxGrowth(ranges, max_centers=100)
+    best = np.array([0.5, 0.02, 0.99])  # penalty near its low face, n_centers at its high one
+    assert growth.faces_near(best) == [(1, 0)]  # n_centers never grows
+    sigma = ranges[0].values(best[None, :1])[0, 0]
     for k in range(GROW_MAX):
-        new = growth.grow(corner)
+        new = growth.grow(best)
         pen = np.array([p["penalty"] for p in new.params])
-        low = 1e-4 * (1e-2 / 1e-4) ** (-GROW_STEP * (k + 1))
-        assert np.all((pen < 1e-4 * (1 + 1e-9) * (1e-2 / 1e-4) ** (-GROW_STEP * k)) & (pen >= low * (1 - 1e-9)))
-        assert all(1.0 <= p["sigma"] <= 10.0 and 10 <= p["n_centers"] <= 50 for p in new.params)
+        top = 1e-4 * 100.0 ** (-GROW_STEP * k)  # the face before this growth
+        low = 1e-4 * 100.0 ** (-GROW_STEP * (k + 1))
+        assert len(pen) == GROW_POINTS and pen.min() == pytest.approx(low) and pen.max() < top
+        np.testing.assert_allclose(np.diff(np.log(pen)), -np.log(100.0) * GROW_STEP / GROW_POINTS)  # a line
+        # The other coordinates are the best candidate's.
+        assert all(p["sigma"] == pytest.approx(sigma) and p["n_centers"] == 49 for p in new.params)
         assert growth.grown[-1][:2] == ("penalty", "low") and growth.grown[-1][2] == pytest.approx(low)
-        corner = new.arms[np.argmin(pen)]
-    assert growth.faces_near(corner) == [] and len(growth.grow(corner).params) == 0  # grown GROW_MAX times
-    assert len(draw_candidates(ranges, 64, 0).params) > 0
+        best = new.arms[np.argmin(pen)]
+    assert growth.faces_near(best) == [] and len(growth.grow(best).params) == 0  # grown GROW_MAX times
 
 
 def test_search_follows_an_optimum_outside_the_box_only_when_allowed():

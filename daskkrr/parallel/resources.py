@@ -55,6 +55,12 @@ def _available_memory() -> int:
         return 4 * 2**30
 
 
+def cluster_workers(client: Any) -> dict[str, dict[str, Any]]:
+    """Every worker of ``client``'s cluster: address -> the scheduler's info on it."""
+    info = client.scheduler_info(n_workers=-1) if _takes_n_workers(client) else client.scheduler_info()
+    return dict(info["workers"])
+
+
 def cluster_resources(client: Any | None) -> Resources:
     """Slots, cores, memory and per-task thread budget of ``client`` (None: the threaded scheduler)."""
     if client is None:
@@ -64,8 +70,7 @@ def cluster_resources(client: Any | None) -> Resources:
         slots = int(dask.config.get("num_workers", None) or cores)
         return Resources(slots=slots, cores=cores, memory_bytes=_available_memory(), n_workers=0,
                          thread_budget=max(1, cores // slots))
-    workers = client.scheduler_info(n_workers=-1)["workers"] if _takes_n_workers(client) else \
-        client.scheduler_info()["workers"]
+    workers = cluster_workers(client)
     try:
         worker_cores = client.run(available_cores)
     except Exception:  # pragma: no cover - a worker that cannot run functions

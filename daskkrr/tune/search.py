@@ -39,6 +39,11 @@ from daskkrr.tune.space import BoxGrowth, CandidateSet, default_space, draw_cand
 DEFAULT_BANDIT = {"sigma": 0.5, "penalty": 1e-3, "qbar": 4.0, "noise_bound": 0.03, "norm_bound": 1.0,
                   "epsilon": 0.0, "delta": 0.5, "beta_scale": 0.2}
 
+#: The box grows only from this round on: BKB's first batch, asked with no reward yet,
+#: goes to the most uncertain candidates (the box's edges), so the best of it being on
+#: a face says little about where the optimum is.
+GROW_AFTER_ROUNDS = 2
+
 #: Scores below this are told to the bandit as this (a diverged fit's R^2 of -1e6 would
 #: otherwise flatten the bandit's picture of every other candidate).
 REWARD_FLOOR = -1.0
@@ -82,12 +87,13 @@ class BKBSearchCV(MetaEstimatorMixin, BaseEstimator):
         Tune one ``sigma`` per feature, passed to the estimator as a vector of
         length d (the estimator must accept it).
     grow_space : bool, default=True
-        When the best candidate so far lies near a face of the box (within 0.1 of
-        a range's log-width), extend that range past the face by a quarter of its
-        log-width (twice per face at most) and add candidates there: the optimum of
-        a box whose best point is on its edge is usually outside it (the smallest
-        penalty on large data, for instance). ``n_centers`` never grows. False: the
-        search stays in ``param_space``.
+        From the second round on, when the best candidate so far lies near a face of
+        the box (within 0.1 of a range's log-width), extend that range past the face
+        by a quarter of its log-width (twice per face at most) and add 4 candidates on
+        the line from the best one across the new slab: the optimum of a box whose
+        best point is on its edge may well be outside it (the smallest penalty on
+        large data, for instance). ``n_centers`` never grows. False: the search
+        stays in ``param_space``.
     refit : bool, default=True
         Refit the best candidate on all the data (``best_estimator_``).
     bandit_params : dict or None, default=None
@@ -207,7 +213,7 @@ class BKBSearchCV(MetaEstimatorMixin, BaseEstimator):
         if not accepted.params:
             raise ValueError(f"the tuning space has no valid point for {type(self.estimator).__name__}: "
                              f"{first_error}")
-        growth = BoxGrowth(ranges, self.n_candidates, self.random_state, max_centers=n_train)
+        growth = BoxGrowth(ranges, max_centers=n_train)
         return accepted, growth
 
     def _accepted(self, found: CandidateSet) -> tuple[CandidateSet, Exception | None]:
@@ -285,7 +291,7 @@ class BKBSearchCV(MetaEstimatorMixin, BaseEstimator):
                     bandit.tell_many(told, [max(scores[i], floor) for i in told])
                 for i in set(asked) - set(scores):
                     bandit.exclude(i)  # its fit failed: never asked again
-                if self.grow_space and scores:
+                if self.grow_space and scores and rounds >= GROW_AFTER_ROUNDS:
                     new_faces = self._grow(growth, cands, bandit, max(scores, key=scores.__getitem__))
                     grown += [(rounds, *face) for face in new_faces]
         finally:
