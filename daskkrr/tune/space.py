@@ -185,14 +185,23 @@ class BoxGrowth:
     def __init__(self, ranges: list[Range], max_centers: int | None = None) -> None:
         self.ranges = ranges
         self.max_centers = max_centers
-        self.names = [r.name if r.width == 1 else f"{r.name}[{k}]" for r in ranges for k in range(r.width)]
+        #: (range, index within it) of each coordinate of the unit cube.
+        self._coords = [(r, k) for r in ranges for k in range(r.width)]
+        self.names = [r.name if r.width == 1 else f"{r.name}[{k}]" for r, k in self._coords]
         # Integer ranges (n_centers) and fixed values (low == high) do not grow.
-        self.frozen = np.array([r.integer or bool(r.low[k] == r.high[k]) for r in ranges for k in range(r.width)],
-                               dtype=bool)
-        dim = len(self.names)
-        self.low, self.high = np.zeros(dim), np.ones(dim)
-        self.steps = np.zeros((dim, 2), dtype=np.int64)
+        self.frozen = np.array([r.integer or bool(r.low[k] == r.high[k]) for r, k in self._coords], dtype=bool)
+        self.steps = np.zeros((len(self._coords), 2), dtype=np.int64)  # growths per (coordinate, low/high face)
         self.grown: list[tuple[str, str, float]] = []  # (coordinate, "low"/"high", new bound's value)
+
+    @property
+    def low(self) -> np.ndarray:
+        """The box's low faces in unit coordinates (0 before any growth)."""
+        return -GROW_STEP * self.steps[:, 0]
+
+    @property
+    def high(self) -> np.ndarray:
+        """The box's high faces in unit coordinates (1 before any growth)."""
+        return 1.0 + GROW_STEP * self.steps[:, 1]
 
     def faces_near(self, arm: np.ndarray) -> list[tuple[int, int]]:
         """``(coordinate, side)`` of each face within the margin of ``arm`` that may still grow (0: low, 1: high)."""
@@ -214,23 +223,11 @@ class BoxGrowth:
             face = self.low[j] if side == 0 else self.high[j]
             line = np.repeat(arm[None, :], GROW_POINTS, axis=0)
             line[:, j] = face + sign * GROW_STEP * np.arange(1, GROW_POINTS + 1) / GROW_POINTS
-            new_face = face + sign * GROW_STEP
-            if side == 0:
-                self.low[j] = new_face
-            else:
-                self.high[j] = new_face
             self.steps[j, side] += 1
             lines.append(line)
-            self.grown.append((self.names[j], ("low", "high")[side], self._value(j, new_face)))
+            r, k = self._coords[j]
+            bound = r.values(np.full((1, r.width), face + sign * GROW_STEP))[0, k]
+            self.grown.append((self.names[j], ("low", "high")[side], float(bound)))
         if not lines:
             return CandidateSet(arms=np.zeros((0, len(self.names))), params=[])
         return candidates_at(self.ranges, np.concatenate(lines), self.max_centers)
-
-    def _value(self, j: int, unit: float) -> float:
-        at = 0
-        for r in self.ranges:
-            if j < at + r.width:
-                k = j - at
-                return float(np.exp(np.log(r.low[k]) + unit * (np.log(r.high[k]) - np.log(r.low[k]))))
-            at += r.width
-        raise IndexError(j)

@@ -89,6 +89,33 @@ def _role(p: psutil.Process) -> str:
     return "client" if "python" in cmd else p.name()
 
 
+class PhaseClock:
+    """Seconds per pipeline stage and per kind of pass over the data, from a fit's events.
+
+    Subscribe it around the fit (``with daskkrr.events.subscribe(clock): model.fit(...)``).
+    """
+
+    def __init__(self) -> None:
+        self.stages: dict[str, float] = {}
+        self.passes: dict[str, float] = {}
+        self.pass_count: dict[str, int] = {}
+        self.blocks = 0  # the most blocks a pass had
+        self._pass_start: dict[str, float] = {}
+
+    def __call__(self, event: Any) -> None:
+        from daskkrr import events as ev
+
+        if isinstance(event, ev.StageDone):
+            self.stages[event.stage] = self.stages.get(event.stage, 0.0) + event.seconds
+        elif isinstance(event, ev.PassStarted):
+            self._pass_start[event.name] = time.perf_counter()
+            self.blocks = max(self.blocks, event.n_blocks)
+        elif isinstance(event, ev.PassDone) and event.name in self._pass_start:
+            seconds = time.perf_counter() - self._pass_start.pop(event.name)
+            self.passes[event.name] = self.passes.get(event.name, 0.0) + seconds
+            self.pass_count[event.name] = self.pass_count.get(event.name, 0) + 1
+
+
 def run_child(argv: Sequence[str], timeout: float = 3600, python: str | None = None,
               env: dict[str, str] | None = None) -> dict[str, Any]:
     """Run ``python argv...`` in a fresh process; return its result JSON plus memory peaks.

@@ -33,7 +33,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from fit_tools import emit, machine, print_table, run_child, write_results  # noqa: E402
+from fit_tools import PhaseClock, emit, machine, print_table, run_child, write_results  # noqa: E402
 
 D = 20
 
@@ -70,26 +70,6 @@ def _rchar_tree() -> int:
         except (psutil.Error, AttributeError):
             pass
     return total
-
-
-class PhaseClock:
-    """Seconds per pipeline stage and per pass over the data, from the fit's events."""
-
-    def __init__(self) -> None:
-        self.stages: dict[str, float] = {}
-        self.passes: dict[str, float] = {}
-        self._pass_start: dict[str, float] = {}
-
-    def __call__(self, event) -> None:
-        from daskkrr import events as ev
-
-        if isinstance(event, ev.StageDone):
-            self.stages[event.stage] = self.stages.get(event.stage, 0.0) + event.seconds
-        elif isinstance(event, ev.PassStarted):
-            self._pass_start[event.name] = time.perf_counter()
-        elif isinstance(event, ev.PassDone) and event.name in self._pass_start:
-            seconds = time.perf_counter() - self._pass_start.pop(event.name)
-            self.passes[event.name] = self.passes.get(event.name, 0.0) + seconds
 
 
 def child(args) -> dict:

@@ -43,7 +43,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from fit_tools import emit, machine, print_table, run_child, write_results  # noqa: E402
+from fit_tools import PhaseClock, emit, machine, print_table, run_child, write_results  # noqa: E402
 
 D = 20
 #: name: (workers, engine threads per task, DASKKRR_ENGINE_THREADS cap).
@@ -54,27 +54,6 @@ CONFIGS = {
     "4 workers": dict(n_workers=4, engine_threads=1, cap="1"),
 }
 PLAN_WORKERS = (16, 64)
-
-
-class PassClock:
-    """Wall seconds and count of each kind of pass, from the fit's events."""
-
-    def __init__(self) -> None:
-        self.seconds: dict[str, float] = {}
-        self.count: dict[str, int] = {}
-        self.blocks = 0
-        self._start: dict[str, float] = {}
-
-    def __call__(self, event) -> None:
-        from daskkrr import events as ev
-
-        if isinstance(event, ev.PassStarted):
-            self._start[event.name] = time.perf_counter()
-            self.blocks = max(self.blocks, event.n_blocks)
-        elif isinstance(event, ev.PassDone) and event.name in self._start:
-            self.seconds[event.name] = self.seconds.get(event.name, 0.0) + time.perf_counter() - self._start.pop(
-                event.name)
-            self.count[event.name] = self.count.get(event.name, 0) + 1
 
 
 def child(args) -> dict:
@@ -88,14 +67,14 @@ def child(args) -> dict:
                       dashboard_address=None, env=env) as cluster, Client(cluster) as client:
         model = FalkonRegressor(n_centers=args.centers, penalty=1e-6, dtype="float32", max_iter=args.max_iter,
                                 random_state=0, strategy="recompute")  # on the default client
-        clock = PassClock()
+        clock = PhaseClock()
         t = time.perf_counter()
         with subscribe(clock):
             model.fit(args.store)
         fit_s = time.perf_counter() - t
         budget = client.run(lambda: os.environ.get("DASKKRR_ENGINE_THREADS", ""))
     return dict(fit_s=fit_s, passes=model.n_data_passes_, n_iter=model.n_iter_, worker_cap=sorted(budget.values()),
-                pass_s=clock.seconds, pass_count=clock.count, blocks=clock.blocks)
+                pass_s=clock.passes, pass_count=clock.pass_count, blocks=clock.blocks)
 
 
 def probe_child(seconds: float) -> dict:
