@@ -337,6 +337,9 @@ def _parser() -> argparse.ArgumentParser:
     space.add_argument("--fixed-space", action="store_true",
                        help="never extend a range past a face the best candidate is on (default: extend, "
                             "by a quarter of its log-width, twice per face at most)")
+    space.add_argument("--no-refine", action="store_true",
+                       help="spend every fit on the bandit (default: the last round moves the best candidate "
+                            "by a twelfth of each range, down and up)")
     space.add_argument("--candidates", type=_positive_int, default=256, help="candidates drawn in the space")
     space.add_argument("--budget-fits", type=_positive_int, default=40, help="model fits at most")
     space.add_argument("--budget-seconds", type=float, default=None,
@@ -428,7 +431,7 @@ def _cmd_tune(args: argparse.Namespace) -> None:
     search = BKBSearchCV(model, space or None, n_candidates=args.candidates, budget_fits=args.budget_fits,
                          budget_seconds=args.budget_seconds, batch_size=args.round_size, cv=args.cv,
                          scoring=args.scoring, ard=args.ard, grow_space=not args.fixed_space,
-                         random_state=args.search_seed)
+                         refine=not args.no_refine, random_state=args.search_seed)
     if search.param_space is not None and search.ard and "sigma" not in space:
         raise UsageError("--ard tunes sigma per feature: give --sigma-range")
     with cluster_client(args.scheduler, n_workers=args.workers):  # the fits' cluster

@@ -185,3 +185,83 @@ def test_search_follows_an_optimum_outside_the_box_only_when_allowed():
     assert grown.best_params_["penalty"] < 1e-2 <= fixed.best_params_["penalty"]
     assert fixed.space_growth_ == [] and len(fixed.candidates_) < len(grown.candidates_)
     assert grown.best_score_ > fixed.best_score_
+
+
+def test_local_refinement_finds_the_peak_of_a_quadratic():
+    from daskkrr.tune.space import REFINE_STEP, LocalRefinement, parse_space
+
+    ranges = parse_space({"sigma": (1.0, 16.0), "penalty": (1e-8, 1e-2), "n_centers": (10, 50)}, 3, ard=False)
+
+    def score(u):
+        return -((u[0] - 0.45) ** 2) - 0.1 * (u[1] - 0.6) ** 2
+
+    local = LocalRefinement(ranges, np.array([0.5, 0.5, 0.3]), np.zeros(3), np.ones(3))
+    pattern = local.pattern()
+    step = np.array([[-1, 0, 0], [1, 0, 0], [0, -1, 0], [0, 1, 0]]) * REFINE_STEP
+    np.testing.assert_allclose(pattern, local.center + step)  # a compass; n_centers stays
+    peak = local.vertex(score(local.center), np.array([score(u) for u in pattern]))
+    np.testing.assert_allclose(peak, [0.45, 0.6, 0.3])  # exact on a quadratic
+    # At a face the down move is cut short; the parabola uses the shortened offset.
+    local = LocalRefinement(ranges, np.array([0.52, 0.03, 0.3]), np.zeros(3), np.ones(3))
+    pattern = local.pattern()
+    assert pattern[2, 1] == 0.0
+    peak = local.vertex(score(local.center), np.array([score(u) for u in pattern]))
+    assert peak[0] == pytest.approx(0.45)
+    assert peak[1] == pytest.approx(0.03 + 2 * REFINE_STEP)  # the peak is far above: at most 2 steps
+    # Where a pattern arm was not evaluated, its direction stays at the centre.
+    peak = local.vertex(score(local.center), np.array([np.nan, score(pattern[1]), *map(score, pattern[2:])]))
+    assert peak[0] == pytest.approx(0.52)
+
+
+def test_local_refinement_moves_an_ard_sigma_as_a_whole():
+    from daskkrr.tune.space import REFINE_STEP, LocalRefinement, parse_space
+
+    ranges = parse_space({"sigma": (1.0, 16.0), "penalty": (1e-8, 1e-2)}, 3, ard=True)
+    center = np.array([0.2, 0.5, 0.7, 0.4])
+    pattern = LocalRefinement(ranges, center, np.zeros(4), np.ones(4)).pattern()
+    assert pattern.shape == (4, 4)
+    np.testing.assert_allclose(pattern[1, :3] - center[:3], REFINE_STEP)
+    np.testing.assert_allclose(pattern[1, 3], center[3])
+
+
+class _NarrowPeak(RegressorMixin, BaseEstimator):
+    """Scores exp(-(log(sigma / 1.3) / 0.12)^2) whatever the data: a peak the bandit's smooth model misses."""
+
+    def __init__(self, sigma: float = 1.0, penalty: float = 1e-3):
+        self.sigma = sigma
+        self.penalty = penalty
+
+    def fit(self, X, y):
+        self.fitted_ = True
+        return self
+
+    def score(self, X, y, sample_weight=None):
+        return float(np.exp(-((np.log(self.sigma / 1.3) / 0.12) ** 2)) - 1e-3 * np.log10(self.penalty) ** 2 / 64)
+
+    def predict(self, X):
+        return np.zeros(len(X))
+
+
+def test_refinement_rounds_close_in_on_a_narrow_peak():
+    X, y = _data(40, 0)
+    space = {"sigma": (0.1, 10.0), "penalty": (1e-8, 1e-2)}
+    gains = []
+    for seed in range(8):
+        kw = dict(budget_fits=15, batch_size=4, random_state=seed)
+        refined = BKBSearchCV(_NarrowPeak(), space, **kw).fit(X, y)
+        plain = BKBSearchCV(_NarrowPeak(), space, refine=False, **kw).fit(X, y)
+        assert refined.refined_ and not plain.refined_
+        assert refined.n_fits_ <= 15 and plain.n_fits_ <= 15
+        rounds = refined.history_["round"]
+        last = rounds.max()
+        assert (rounds == last).sum() == 1 and (rounds == last - 1).sum() == 4  # the vertex after the compass
+        assert len(refined.candidates_) > refined.bandit_.n_arms  # refinement candidates are not arms
+        assert refined.best_score_ >= refined.history_.query("round < @last - 1")["mean_test_score"].max()
+        gains.append(refined.best_score_ - plain.best_score_)
+    assert np.mean(gains) > 0.05 and np.mean(np.array(gains) >= 0) >= 0.75, gains
+
+
+def test_no_refinement_when_the_budget_is_small():
+    X, y = _data(60, 0)
+    s = BKBSearchCV(ExactKernelRidge(), budget_fits=8, batch_size=4, random_state=0).fit(X, y)
+    assert not s.refined_ and s.n_fits_ == 8 and len(s.candidates_) == s.bandit_.n_arms

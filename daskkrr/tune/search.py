@@ -4,8 +4,8 @@ The candidates (``n_candidates`` points of a log-uniform space) are the arms of 
 :class:`~daskkrr.bandits.BatchBKB`; each round asks it for a batch, fits every
 candidate of the batch on every split in parallel (one Dask task per fit on the
 current cluster), and tells it the mean validation score. The search stops when
-the budget of fits or of seconds is spent, then refits the best candidate on all
-the data.
+the budget of fits or of seconds is spent; a last round searches locally around
+the best candidate (``refine``); then the best candidate is refitted on all the data.
 """
 
 from __future__ import annotations
@@ -24,7 +24,15 @@ from sklearn.utils.validation import check_is_fitted
 
 from daskkrr.bandits import BatchBKB
 from daskkrr.parallel.tasks import TaskRunner, task_slots
-from daskkrr.tune.space import BoxGrowth, CandidateSet, default_space, draw_candidates, parse_space
+from daskkrr.tune.space import (
+    BoxGrowth,
+    CandidateSet,
+    LocalRefinement,
+    candidates_at,
+    default_space,
+    draw_candidates,
+    parse_space,
+)
 
 #: The bandit's settings for scores such as R^2 and accuracy (at most 1, noise of a few
 #: hundredths between splits), over arms in the unit cube of the log-parameters. The
@@ -94,6 +102,16 @@ class BKBSearchCV(MetaEstimatorMixin, BaseEstimator):
         best point is on its edge may well be outside it (the smallest penalty on
         large data, for instance). ``n_centers`` never grows. False: the search
         stays in ``param_space``.
+    refine : bool, default=True
+        Spend the last two rounds of ``budget_fits`` on a local search: the best
+        candidate moved by a twelfth of each range's log-width
+        (:data:`~daskkrr.tune.space.REFINE_STEP`), down and up, one range at a time
+        (``n_centers`` stays; a per-feature sigma moves as a whole), then one
+        candidate at the peak of the parabola through each range's three scores: 5
+        candidates for ``sigma`` and ``penalty``. The bandit's smooth model finds the
+        region of the best score; this finds its peak, which can be narrow in
+        ``sigma``. Only when the budget is at least twice these fits, and not after
+        ``budget_seconds`` ran out.
     refit : bool, default=True
         Refit the best candidate on all the data (``best_estimator_``).
     bandit_params : dict or None, default=None
@@ -127,6 +145,9 @@ class BKBSearchCV(MetaEstimatorMixin, BaseEstimator):
     bandit_ : BatchBKB
     candidates_ : list of dict
         Every candidate of the arm set (with those added when the box grew).
+    refined_ : bool
+        Whether the last two rounds were the local refinement (see ``refine``); their
+        candidates are in ``candidates_`` but are not the bandit's arms.
     space_growth_ : list of tuple
         ``(round, parameter, "low" or "high", new bound)`` for each growth of the box.
 
@@ -154,6 +175,7 @@ class BKBSearchCV(MetaEstimatorMixin, BaseEstimator):
         scoring: Any = None,
         ard: bool = False,
         grow_space: bool = True,
+        refine: bool = True,
         refit: bool = True,
         bandit_params: dict[str, Any] | None = None,
         random_state: Any = None,
@@ -168,6 +190,7 @@ class BKBSearchCV(MetaEstimatorMixin, BaseEstimator):
         self.scoring = scoring
         self.ard = ard
         self.grow_space = grow_space
+        self.refine = refine
         self.refit = refit
         self.bandit_params = bandit_params
         self.random_state = random_state
@@ -247,65 +270,93 @@ class BKBSearchCV(MetaEstimatorMixin, BaseEstimator):
         bandit = BatchBKB(cands.arms, batch_size=batch, random_state=self.random_state,
                           **{**DEFAULT_BANDIT, **(self.bandit_params or {})})
         self.bandit_ = bandit
-        rows: list[dict[str, Any]] = []
-        scores: dict[int, float] = {}
-        floor = REWARD_FLOOR if self.scoring is None else -math.inf
-        n_fits, rounds, t0 = 0, 0, time.perf_counter()
+        search = _Progress(splits, floor=REWARD_FLOOR if self.scoring is None else -math.inf)
+        # The refinement round's fits are kept out of the bandit's budget, when the
+        # budget is at least twice them (a smaller budget is all bandit).
+        mid = np.full(cands.arms.shape[1], 0.5)
+        n_refine = (len(LocalRefinement(growth.ranges, mid, mid - 1, mid + 1).pattern()) + 1) * self.n_splits_
+        reserve = n_refine if self.refine and self.budget_fits is not None and self.budget_fits >= 2 * n_refine else 0
+        bandit_budget = None if self.budget_fits is None else self.budget_fits - reserve
         grown: list[tuple[int, str, str, float]] = []
         stop = "candidates"
         try:
             while True:
-                if self.budget_fits is not None and n_fits + self.n_splits_ > self.budget_fits:
+                if bandit_budget is not None and search.n_fits + self.n_splits_ > bandit_budget:
                     stop = "budget_fits"
                     break
-                if self.budget_seconds is not None and time.perf_counter() - t0 >= self.budget_seconds:
+                if self.budget_seconds is not None and search.elapsed >= self.budget_seconds:
                     stop = "budget_seconds"
                     break
-                if bandit.n_arms_left == 0 or len(scores) >= len(cands.params):
+                if bandit.n_arms_left == 0 or len(search.scores) >= len(cands.params):
                     break
                 size = batch
-                if self.budget_fits is not None:
-                    size = max(1, min(size, (self.budget_fits - n_fits) // self.n_splits_))
+                if bandit_budget is not None:
+                    size = max(1, min(size, (bandit_budget - search.n_fits) // self.n_splits_))
                 asked = bandit.ask(size)
-                new = list(dict.fromkeys(i for i in asked if i not in scores))
+                new = list(dict.fromkeys(i for i in asked if i not in search.scores))
                 if not new:  # only candidates already evaluated: the bandit has settled
-                    bandit.tell_many(asked, [max(scores[i], floor) for i in asked])
+                    bandit.tell_many(asked, [search.reward(i) for i in asked])
                     stop = "converged"
                     break
-                rounds += 1
-                jobs = [(self.estimator, cands.params[i], train, test) for i in new for train, test in splits]
-                outcomes = runner.run(jobs)
-                n_fits += len(jobs)
-                elapsed = time.perf_counter() - t0
-                for k, i in enumerate(new):
-                    mine = outcomes[k * self.n_splits_ : (k + 1) * self.n_splits_]
-                    error = next((o.error for o in mine if not o.ok), None)
-                    split_scores = [o.value if o.ok else np.nan for o in mine]
-                    rows.append({"round": rounds, "arm": i, "params": cands.params[i], "elapsed": elapsed,
-                                 "error": None if error is None else f"{type(error).__name__}: {error}",
-                                 "fit_times": [o.seconds for o in mine], "split_scores": split_scores})
-                    if error is None:
-                        scores[i] = float(np.mean(split_scores))
-                told = [i for i in asked if i in scores]
+                search.run_round(runner, self.estimator, cands, new)
+                told = [i for i in asked if i in search.scores]
                 if told:
-                    bandit.tell_many(told, [max(scores[i], floor) for i in told])
-                for i in set(asked) - set(scores):
+                    bandit.tell_many(told, [search.reward(i) for i in told])
+                for i in set(asked) - set(search.scores):
                     bandit.exclude(i)  # its fit failed: never asked again
-                if self.grow_space and scores and rounds >= GROW_AFTER_ROUNDS:
-                    new_faces = self._grow(growth, cands, bandit, max(scores, key=scores.__getitem__))
-                    grown += [(rounds, *face) for face in new_faces]
+                if self.grow_space and search.scores and search.rounds >= GROW_AFTER_ROUNDS:
+                    new_faces = self._grow(growth, cands, bandit, search.best)
+                    grown += [(search.rounds, *face) for face in new_faces]
+            self.refined_ = bool(reserve) and stop != "budget_seconds" and bool(search.scores)
+            if self.refined_:
+                self._refine(search, runner, cands, growth)
         finally:
             runner.close()
-        self.n_fits_ = n_fits
+        self.n_fits_ = search.n_fits
         self.stop_reason_ = stop
         self.space_growth_ = grown
-        if not scores:
-            errors = "; ".join(sorted({r["error"] for r in rows if r["error"]}))
+        if not search.scores:
+            errors = "; ".join(sorted({r["error"] for r in search.rows if r["error"]}))
             raise ValueError(f"every evaluated candidate failed: {errors or 'no candidate was evaluated'}")
-        self._set_results(rows)
+        self._set_results(search.rows)
         if self.refit:
             self.best_estimator_ = clone(self.estimator).set_params(**self.best_params_).fit(X, y)
         return self
+
+    def _refine(self, search: _Progress, runner: TaskRunner, cands: CandidateSet, growth: BoxGrowth) -> None:
+        """The last two rounds: the compass around the best candidate, then the vertex of
+        each range's parabola (:class:`~daskkrr.tune.space.LocalRefinement`).
+
+        Their candidates join ``candidates_`` but not the bandit's arms: no bandit round follows.
+        """
+        low, high = (growth.low, growth.high) if self.grow_space else (np.zeros_like(growth.low),
+                                                                       np.ones_like(growth.high))
+        center = search.best
+        local = LocalRefinement(growth.ranges, cands.arms[center], low, high)
+        compass = self._add_candidates(cands, growth, local.pattern())
+        search.run_round(runner, self.estimator, cands, [i for i in dict.fromkeys(compass)
+                                                        if i is not None and i not in search.scores])
+        scores = np.array([search.scores.get(i, np.nan) if i is not None else np.nan for i in compass])
+        peak = self._add_candidates(cands, growth, local.vertex(search.scores[center], scores)[None, :])[0]
+        if peak is not None and peak not in search.scores:
+            search.run_round(runner, self.estimator, cands, [peak])
+
+    def _add_candidates(self, cands: CandidateSet, growth: BoxGrowth, unit: np.ndarray) -> list[int | None]:
+        """The candidate index of each arm in ``unit`` (appended when new; None when invalid)."""
+        indices: list[int | None] = []
+        for arm in unit:
+            found, _ = self._accepted(candidates_at(growth.ranges, arm[None, :], growth.max_centers))
+            if not found.params:
+                indices.append(None)
+                continue
+            same = np.flatnonzero(np.all(np.isclose(cands.arms, found.arms[0], rtol=0, atol=1e-9), axis=1))
+            if same.size:
+                indices.append(int(same[0]))
+                continue
+            cands.arms = np.concatenate([cands.arms, found.arms])
+            cands.params.append(found.params[0])
+            indices.append(len(cands.params) - 1)
+        return indices
 
     def _grow(self, growth: BoxGrowth, cands: CandidateSet, bandit: BatchBKB,
               best: int) -> list[tuple[str, str, float]]:
@@ -365,6 +416,50 @@ class BKBSearchCV(MetaEstimatorMixin, BaseEstimator):
         check_is_fitted(self, "best_estimator_")
         return float(check_scoring(self.best_estimator_, scoring=self.scoring)(self.best_estimator_, X, y))
 
+
+
+class _Progress:
+    """The search's record: the rows of ``cv_results_``, each candidate's mean score, the fits and rounds."""
+
+    def __init__(self, splits: list[tuple[np.ndarray, np.ndarray]], floor: float) -> None:
+        self.splits = splits
+        self.floor = floor
+        self.rows: list[dict[str, Any]] = []
+        self.scores: dict[int, float] = {}
+        self.n_fits = 0
+        self.rounds = 0
+        self._t0 = time.perf_counter()
+
+    @property
+    def elapsed(self) -> float:
+        return time.perf_counter() - self._t0
+
+    @property
+    def best(self) -> int:
+        """The candidate with the best mean score so far."""
+        return max(self.scores, key=self.scores.__getitem__)
+
+    def reward(self, index: int) -> float:
+        """The score told to the bandit (floored: see :data:`REWARD_FLOOR`)."""
+        return max(self.scores[index], self.floor)
+
+    def run_round(self, runner: TaskRunner, estimator: Any, cands: CandidateSet, indices: list[int]) -> None:
+        """Fit and score candidates ``indices`` on every split, in parallel; record them as one round."""
+        n_splits = len(self.splits)
+        self.rounds += 1
+        jobs = [(estimator, cands.params[i], train, test) for i in indices for train, test in self.splits]
+        outcomes = runner.run(jobs)
+        self.n_fits += len(jobs)
+        elapsed = self.elapsed
+        for k, i in enumerate(indices):
+            mine = outcomes[k * n_splits : (k + 1) * n_splits]
+            error = next((o.error for o in mine if not o.ok), None)
+            split_scores = [o.value if o.ok else np.nan for o in mine]
+            self.rows.append({"round": self.rounds, "arm": i, "params": cands.params[i], "elapsed": elapsed,
+                              "error": None if error is None else f"{type(error).__name__}: {error}",
+                              "fit_times": [o.seconds for o in mine], "split_scores": split_scores})
+            if error is None:
+                self.scores[i] = float(np.mean(split_scores))
 
 def _in_memory(X: Any, y: Any) -> tuple[np.ndarray, np.ndarray]:
     """The training data as numpy arrays (a store or dask arrays are read into memory)."""
