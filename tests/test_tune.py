@@ -195,22 +195,49 @@ def test_local_refinement_finds_the_peak_of_a_quadratic():
     def score(u):
         return -((u[0] - 0.45) ** 2) - 0.1 * (u[1] - 0.6) ** 2
 
+    def peak(local, arms):
+        return local.peak(arms, np.array([score(u) for u in arms]))
+
     local = LocalRefinement(ranges, np.array([0.5, 0.5, 0.3]), np.zeros(3), np.ones(3))
     pattern = local.pattern()
     step = np.array([[-1, 0, 0], [1, 0, 0], [0, -1, 0], [0, 1, 0]]) * REFINE_STEP
     np.testing.assert_allclose(pattern, local.center + step)  # a compass; n_centers stays
-    peak = local.vertex(score(local.center), np.array([score(u) for u in pattern]))
-    np.testing.assert_allclose(peak, [0.45, 0.6, 0.3])  # exact on a quadratic
-    # At a face the down move is cut short; the parabola uses the shortened offset.
+    seen = np.vstack([local.center, pattern])
+    np.testing.assert_allclose(peak(local, seen), [0.45, 0.6, 0.3])  # exact on a quadratic
+    # Candidates with another n_centers, or beyond the reach, are not in the model.
+    far = np.array([[0.45, 0.6, 0.9], [0.9, 0.9, 0.3]])
+    np.testing.assert_allclose(local.peak(np.vstack([seen, far]), np.r_[[score(u) for u in seen], 5.0, 5.0]),
+                               [0.45, 0.6, 0.3])
+    # At a face the down move is cut short; the model uses the shortened offset.
     local = LocalRefinement(ranges, np.array([0.52, 0.03, 0.3]), np.zeros(3), np.ones(3))
     pattern = local.pattern()
     assert pattern[2, 1] == 0.0
-    peak = local.vertex(score(local.center), np.array([score(u) for u in pattern]))
-    assert peak[0] == pytest.approx(0.45)
-    assert peak[1] == pytest.approx(0.03 + 2 * REFINE_STEP)  # the peak is far above: at most 2 steps
-    # Where a pattern arm was not evaluated, its direction stays at the centre.
-    peak = local.vertex(score(local.center), np.array([np.nan, score(pattern[1]), *map(score, pattern[2:])]))
-    assert peak[0] == pytest.approx(0.52)
+    best = peak(local, np.vstack([local.center, pattern]))
+    assert best[0] == pytest.approx(0.45)
+    assert best[1] == pytest.approx(0.03 + 2 * REFINE_STEP)  # the peak is far above: at most 2 steps
+    # A direction without candidates on both sides stays at the centre.
+    best = peak(local, np.vstack([local.center, pattern[1:]]))
+    assert best[0] == pytest.approx(0.52) and best[1] == pytest.approx(0.03 + 2 * REFINE_STEP)
+    # Too few candidates for a model: the centre.
+    np.testing.assert_allclose(peak(local, local.center[None, :]), local.center)
+
+
+def test_local_refinement_follows_a_diagonal_ridge():
+    from daskkrr.tune.space import REFINE_STEP, LocalRefinement, parse_space
+
+    ranges = parse_space({"sigma": (1.0, 16.0), "penalty": (1e-8, 1e-2)}, 3, ard=False)
+    h = REFINE_STEP
+
+    def score(u):  # a ridge along sigma + penalty = 1, peaked at (0.6, 0.4)
+        a, b = u[0] - 0.6, u[1] - 0.4
+        return -10 * (a + b) ** 2 - 0.5 * (a - b) ** 2
+
+    local = LocalRefinement(ranges, np.array([0.5, 0.5]), np.zeros(2), np.ones(2))
+    seen = np.vstack([local.center, local.pattern(), local.center + [h, -h]])  # one candidate off the axes
+    best = local.peak(seen, np.array([score(u) for u in seen]))
+    np.testing.assert_allclose(best, [0.6, 0.4], atol=1e-9)  # the cross term is fitted
+    compass_only = local.peak(seen[:5], np.array([score(u) for u in seen[:5]]))
+    assert score(compass_only) < score(best) - 0.01  # one parabola per direction misses the ridge
 
 
 def test_local_refinement_moves_an_ard_sigma_as_a_whole():
@@ -254,7 +281,7 @@ def test_refinement_rounds_close_in_on_a_narrow_peak():
         assert refined.n_fits_ <= 15 and plain.n_fits_ <= 15
         rounds = refined.history_["round"]
         last = rounds.max()
-        assert (rounds == last).sum() == 1 and (rounds == last - 1).sum() == 4  # the vertex after the compass
+        assert (rounds == last).sum() == 1 and (rounds == last - 1).sum() == 4  # the model's peak after the compass
         assert len(refined.candidates_) > refined.bandit_.n_arms  # refinement candidates are not arms
         assert refined.best_score_ >= refined.history_.query("round < @last - 1")["mean_test_score"].max()
         gains.append(refined.best_score_ - plain.best_score_)

@@ -107,7 +107,8 @@ class BKBSearchCV(MetaEstimatorMixin, BaseEstimator):
         candidate moved by a twelfth of each range's log-width
         (:data:`~daskkrr.tune.space.REFINE_STEP`), down and up, one range at a time
         (``n_centers`` stays; a per-feature sigma moves as a whole), then one
-        candidate at the peak of the parabola through each range's three scores: 5
+        candidate at the peak of a quadratic model fitted to the scores within two
+        steps (the compass and any candidates of the bandit there): 5
         candidates for ``sigma`` and ``penalty``. The bandit's smooth model finds the
         region of the best score; this finds its peak, which can be narrow in
         ``sigma``. Only when the budget is at least twice these fits, and not after
@@ -324,8 +325,8 @@ class BKBSearchCV(MetaEstimatorMixin, BaseEstimator):
         return self
 
     def _refine(self, search: _Progress, runner: TaskRunner, cands: CandidateSet, growth: BoxGrowth) -> None:
-        """The last two rounds: the compass around the best candidate, then the vertex of
-        each range's parabola (:class:`~daskkrr.tune.space.LocalRefinement`).
+        """The last two rounds: the compass around the best candidate, then the peak of a
+        quadratic model of the scores near it (:class:`~daskkrr.tune.space.LocalRefinement`).
 
         Their candidates join ``candidates_`` but not the bandit's arms: no bandit round follows.
         """
@@ -336,8 +337,9 @@ class BKBSearchCV(MetaEstimatorMixin, BaseEstimator):
         compass = self._add_candidates(cands, growth, local.pattern())
         search.run_round(runner, self.estimator, cands, [i for i in dict.fromkeys(compass)
                                                         if i is not None and i not in search.scores])
-        scores = np.array([search.scores.get(i, np.nan) if i is not None else np.nan for i in compass])
-        peak = self._add_candidates(cands, growth, local.vertex(search.scores[center], scores)[None, :])[0]
+        done = list(search.scores)
+        peak = self._add_candidates(cands, growth, local.peak(cands.arms[done],
+                                                              np.array([search.scores[i] for i in done]))[None, :])[0]
         if peak is not None and peak not in search.scores:
             search.run_round(runner, self.estimator, cands, [peak])
 

@@ -236,28 +236,31 @@ class BoxGrowth:
 
 #: The search's last two rounds (``BKBSearchCV(refine=True)``) search around the best
 #: candidate: first each range moved by this fraction of its log-width, down and up,
-#: then the vertex of the parabola through the three scores on each range's line. The
-#: bandit's arm kernel (length 0.5 of the cube) is too smooth to see a narrow peak,
-#: and a validation score can fall by 0.005 R^2 over a twelfth of the sigma range
-#: (201_pol, seed 0: 0.9494 at sigma = 0.21 sqrt(d), 0.9437 at 0.18 sqrt(d) and 0.9475
-#: at 0.25 sqrt(d), penalty 1e-6).
+#: then the peak of a quadratic model of the scores near it. The bandit's arm kernel
+#: (length 0.5 of the cube) is too smooth to see a narrow peak, and a validation score
+#: can fall by 0.005 R^2 over a twelfth of the sigma range (201_pol, seed 0: 0.9494 at
+#: sigma = 0.21 sqrt(d), 0.9437 at 0.18 sqrt(d) and 0.9475 at 0.25 sqrt(d), penalty 1e-6).
 REFINE_STEP = 1 / 12
 
-#: The vertex step goes at most this many steps from the centre (a parabola through
-#: three points that rise to one side extrapolates far).
+#: The quadratic model uses the evaluated candidates within this many steps of the
+#: centre (in every moving range), and its peak is sought there too: a trust region.
 REFINE_REACH = 2.0
 
 
 class LocalRefinement:
-    """A compass pattern around a centre arm, then the vertex of each range's parabola.
+    """A compass pattern around a centre arm, then the peak of a local quadratic model.
 
     Each range that may move (not ``n_centers``, whose upper bound caps the cost, nor
     a fixed one) is a direction; a vector range (ARD sigma) moves as a whole, along
-    its common scale. :meth:`pattern` gives the ``2 x directions`` arms of the
-    compass; :meth:`vertex` takes their scores and gives one arm with every range at
-    the peak of the parabola through its three scores (at the better of its points
-    where the parabola opens upwards), within ``REFINE_REACH`` steps of the centre.
-    Arms are clipped to ``[low, high]`` per coordinate.
+    its common scale, so there are at most two directions (sigma and penalty).
+    :meth:`pattern` gives the ``2 x directions`` arms of the compass. :meth:`peak`
+    fits a quadratic in the directions' offsets, by least squares, to every evaluated
+    candidate within ``REFINE_REACH`` steps of the centre (the compass, and the
+    bandit's candidates that fell there), and returns the arm where the model is
+    highest within that reach. With a candidate off the compass's axes the model has
+    the cross term, so it can follow a diagonal ridge (a wider sigma wanting a
+    smaller penalty); without, it is one parabola per direction. Arms are clipped to
+    ``[low, high]`` per coordinate.
     """
 
     def __init__(self, ranges: list[Range], center: np.ndarray, low: np.ndarray, high: np.ndarray,
@@ -270,37 +273,106 @@ class LocalRefinement:
             if not (r.integer or bool(np.all(r.low == r.high))):
                 self.directions.append(slice(at, at + r.width))
             at += r.width
+        self._fixed = np.ones(self.center.size, dtype=bool)
+        for cols in self.directions:
+            self._fixed[cols] = False
 
-    def _moved(self, moves: list[tuple[slice, float]]) -> np.ndarray:
+    def _moved(self, offsets: np.ndarray) -> np.ndarray:
+        """The centre moved by ``offsets`` steps along each direction, clipped to the box."""
         point = self.center.copy()
-        for cols, by in moves:
-            point[cols] = np.clip(point[cols] + by, self.low[cols], self.high[cols])
+        for cols, by in zip(self.directions, offsets, strict=True):
+            point[cols] = np.clip(point[cols] + by * self.step, self.low[cols], self.high[cols])
         return point
+
+    def offsets(self, arms: np.ndarray) -> np.ndarray:
+        """Each arm's offset from the centre along each direction, in steps (n, directions)."""
+        arms = np.atleast_2d(arms)
+        return np.column_stack([np.mean(arms[:, cols] - self.center[cols], axis=1) / self.step
+                                for cols in self.directions]) if self.directions else np.zeros((len(arms), 0))
 
     def pattern(self) -> np.ndarray:
         """The compass: row ``2 k`` is direction ``k`` moved down by a step, row ``2 k + 1`` up."""
-        rows = [self._moved([(cols, sign * self.step)]) for cols in self.directions for sign in (-1.0, 1.0)]
+        D = len(self.directions)
+        rows = [self._moved(sign * np.eye(D)[k]) for k in range(D) for sign in (-1.0, 1.0)]
         return np.array(rows) if rows else np.zeros((0, self.center.size))
 
-    def vertex(self, center_score: float, scores: np.ndarray) -> np.ndarray:
-        """The arm at each direction's parabola peak, from the pattern's ``scores``
-        (NaN where a pattern arm was not evaluated: that direction stays at the centre)."""
-        pattern = self.pattern()
-        moves = []
-        for k, cols in enumerate(self.directions):
-            # Offsets in steps (clipping at a face may have shortened a move).
-            xd, xu = (float(np.mean(pattern[2 * k + j, cols] - self.center[cols])) / self.step for j in (0, 1))
-            fd, fu = float(scores[2 * k]) - center_score, float(scores[2 * k + 1]) - center_score
-            if not (math.isfinite(fd) and math.isfinite(fu)) or xd >= 0 or xu <= 0:
-                continue
-            # The parabola f(x) = a x^2 + b x through (xd, fd), (0, 0), (xu, fu).
-            a = (fu / xu - fd / xd) / (xu - xd)
-            b = fu / xu - a * xu
-            if a < 0:  # a peak
-                at = float(np.clip(-b / (2.0 * a), -REFINE_REACH, REFINE_REACH))
-            elif max(fd, fu) > 0:  # no peak: to the better side
-                at = xd if fd > fu else xu
-            else:
-                at = 0.0
-            moves.append((cols, at * self.step))
-        return self._moved(moves)
+    def peak(self, arms: np.ndarray, scores: np.ndarray) -> np.ndarray:
+        """The arm of the quadratic model's highest score within the reach, from evaluated
+        ``arms`` (rows, unit coordinates) and their ``scores`` (NaN: not evaluated).
+        The centre itself when too few candidates are near to fit a model."""
+        arms, scores = np.atleast_2d(np.asarray(arms, dtype=np.float64)), np.asarray(scores, dtype=np.float64)
+        x = self.offsets(arms)
+        near = (np.isfinite(scores) & np.all(np.isclose(arms[:, self._fixed], self.center[self._fixed]), axis=1)
+                & np.all(np.abs(x) <= REFINE_REACH + 1e-9, axis=1))
+        x, f = x[near], scores[near]
+        # A direction moves only where candidates lie on both sides of the centre.
+        free = [k for k in range(x.shape[1]) if (x[:, k] < -1e-9).any() and (x[:, k] > 1e-9).any()]
+        design = _quadratic_features(x, free, cross=True)
+        if len(f) < design.shape[1] or np.linalg.matrix_rank(design) < design.shape[1]:
+            design = _quadratic_features(x, free, cross=False)
+            if len(f) < design.shape[1] or np.linalg.matrix_rank(design) < design.shape[1]:
+                return self.center.copy()
+        cross = design.shape[1] > 1 + 2 * len(free)
+        coef = np.linalg.lstsq(design, f, rcond=None)[0]
+        # The model's maximum over the reach: a fine lattice plus the stationary point.
+        axis = np.linspace(-REFINE_REACH, REFINE_REACH, 41)
+        trial = np.zeros((axis.size ** len(free), x.shape[1]))
+        if free:
+            trial[:, free] = np.stack(np.meshgrid(*[axis] * len(free), indexing="ij"), axis=-1).reshape(-1, len(free))
+        stationary = _stationary(coef, len(free), cross)
+        if stationary is not None and np.all(np.abs(stationary) <= REFINE_REACH):
+            extra = np.zeros((1, x.shape[1]))
+            extra[0, free] = stationary
+            trial = np.concatenate([trial, extra])
+        moved = np.array([self._moved(t) for t in trial])
+        model = _quadratic_features(self.offsets(moved), free, cross=cross) @ coef  # at the clipped arms
+        best = trial[int(np.argmax(model))]
+        # Off the lattice: coordinate ascent on the model from its best lattice point.
+        polished = self.offsets(self._moved(_ascend(coef, best, free, cross)))
+        if (_quadratic_features(polished, free, cross=cross) @ coef)[0] > model.max():
+            return self._moved(polished[0])
+        return moved[int(np.argmax(model))]
+
+
+def _quadratic_features(x: np.ndarray, free: list[int], *, cross: bool) -> np.ndarray:
+    """``[1, x_k, x_k^2 (k free), x_j x_k (j < k free, with cross)]`` for each row of ``x``."""
+    cols = [np.ones(len(x))] + [x[:, k] for k in free] + [x[:, k] ** 2 for k in free]
+    if cross:
+        cols += [x[:, j] * x[:, k] for i, j in enumerate(free) for k in free[i + 1 :]]
+    return np.column_stack(cols)
+
+
+def _slope_and_hessian(coef: np.ndarray, n: int, cross: bool) -> tuple[np.ndarray, np.ndarray]:
+    """The fitted quadratic's gradient at 0 and its Hessian (n free directions)."""
+    g = coef[1 : 1 + n]
+    H = np.diag(2.0 * coef[1 + n : 1 + 2 * n])
+    if cross:
+        pairs = [(i, j) for i in range(n) for j in range(i + 1, n)]
+        for (i, j), c in zip(pairs, coef[1 + 2 * n :], strict=True):
+            H[i, j] = H[j, i] = c
+    return g, H
+
+
+def _ascend(coef: np.ndarray, start: np.ndarray, free: list[int], cross: bool, sweeps: int = 20) -> np.ndarray:
+    """Maximise the fitted quadratic one free coordinate at a time, within the reach."""
+    g, H = _slope_and_hessian(coef, len(free), cross)
+    x = start.copy()
+    for _ in range(sweeps):
+        for i, k in enumerate(free):
+            others = x[free] - np.eye(len(free))[i] * x[k]
+            slope = g[i] + H[i] @ others  # d/dx_k with x_k = 0
+            if H[i, i] < 0:
+                x[k] = float(np.clip(-slope / H[i, i], -REFINE_REACH, REFINE_REACH))
+            else:  # no peak along it: the better end
+                x[k] = REFINE_REACH if slope >= 0 else -REFINE_REACH
+    return x
+
+
+def _stationary(coef: np.ndarray, n: int, cross: bool) -> np.ndarray | None:
+    """The maximum of the fitted quadratic where its Hessian is negative definite, else None."""
+    if n == 0:
+        return None
+    g, H = _slope_and_hessian(coef, n, cross)
+    if np.any(np.linalg.eigvalsh(H) >= 0):
+        return None
+    return np.asarray(np.linalg.solve(H, -g))
