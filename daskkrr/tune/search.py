@@ -272,7 +272,7 @@ class BKBSearchCV(MetaEstimatorMixin, BaseEstimator):
                           **{**DEFAULT_BANDIT, **(self.bandit_params or {})})
         self.bandit_ = bandit
         search = _Progress(splits, floor=REWARD_FLOOR if self.scoring is None else -math.inf)
-        # The refinement round's fits are kept out of the bandit's budget, when the
+        # The refinement rounds' fits are kept out of the bandit's budget, when the
         # budget is at least twice them (a smaller budget is all bandit).
         mid = np.full(cands.arms.shape[1], 0.5)
         n_refine = (len(LocalRefinement(growth.ranges, mid, mid - 1, mid + 1).pattern()) + 1) * self.n_splits_
@@ -447,6 +447,8 @@ class _Progress:
 
     def run_round(self, runner: TaskRunner, estimator: Any, cands: CandidateSet, indices: list[int]) -> None:
         """Fit and score candidates ``indices`` on every split, in parallel; record them as one round."""
+        if not indices:
+            return
         n_splits = len(self.splits)
         self.rounds += 1
         jobs = [(estimator, cands.params[i], train, test) for i in indices for train, test in self.splits]
