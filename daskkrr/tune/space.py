@@ -326,12 +326,13 @@ class LocalRefinement:
             trial = np.concatenate([trial, extra])
         moved = np.array([self._moved(t) for t in trial])
         model = _quadratic_features(self.offsets(moved), free, cross=cross) @ coef  # at the clipped arms
-        best = trial[int(np.argmax(model))]
+        top = int(np.argmax(model))
+        best = trial[top]
         # Off the lattice: coordinate ascent on the model from its best lattice point.
         polished = self.offsets(self._moved(_ascend(coef, best, free, cross)))
         if (_quadratic_features(polished, free, cross=cross) @ coef)[0] > model.max():
             return self._moved(polished[0])
-        return moved[int(np.argmax(model))]
+        return moved[top]
 
 
 def _quadratic_features(x: np.ndarray, free: list[int], *, cross: bool) -> np.ndarray:
