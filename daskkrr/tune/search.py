@@ -31,6 +31,7 @@ from daskkrr.tune.space import (
     candidates_at,
     default_space,
     draw_candidates,
+    interior,
     parse_space,
 )
 
@@ -51,6 +52,10 @@ DEFAULT_BANDIT = {"sigma": 0.5, "penalty": 1e-3, "qbar": 4.0, "noise_bound": 0.0
 #: goes to the most uncertain candidates (the box's edges), so the best of it being on
 #: a face says little about where the optimum is.
 GROW_AFTER_ROUNDS = 2
+
+#: The first round is asked among this share of the candidates, those nearest the
+#: centre of the box (:func:`~daskkrr.tune.space.interior`); later rounds among all.
+FIRST_ROUND_SHARE = 1 / 3
 
 #: Scores below this are told to the bandit as this (a diverged fit's R^2 of -1e6 would
 #: otherwise flatten the bandit's picture of every other candidate).
@@ -82,7 +87,8 @@ class BKBSearchCV(MetaEstimatorMixin, BaseEstimator):
     budget_fits : int or None, default=40
         Model fits at most (a candidate costs one fit per split); None: no limit.
     budget_seconds : float or None, default=None
-        No new batch starts after this many seconds (the batch running then finishes).
+        No new batch starts after this many seconds (the batch running then finishes;
+        the first batch always runs).
     batch_size : int or None, default=None
         Candidates per round; None: the cluster's task slots divided by the splits
         (at least 2; 4 without a cluster).
@@ -285,7 +291,7 @@ class BKBSearchCV(MetaEstimatorMixin, BaseEstimator):
                 if bandit_budget is not None and search.n_fits + self.n_splits_ > bandit_budget:
                     stop = "budget_fits"
                     break
-                if self.budget_seconds is not None and search.elapsed >= self.budget_seconds:
+                if self.budget_seconds is not None and search.rounds and search.elapsed >= self.budget_seconds:
                     stop = "budget_seconds"
                     break
                 if bandit.n_arms_left == 0 or len(search.scores) >= len(cands.params):
@@ -293,7 +299,8 @@ class BKBSearchCV(MetaEstimatorMixin, BaseEstimator):
                 size = batch
                 if bandit_budget is not None:
                     size = max(1, min(size, (bandit_budget - search.n_fits) // self.n_splits_))
-                asked = bandit.ask(size)
+                among = interior(cands.arms, FIRST_ROUND_SHARE).tolist() if search.rounds == 0 else None
+                asked = bandit.ask(size, among=among)
                 new = list(dict.fromkeys(i for i in asked if i not in search.scores))
                 if not new:  # only candidates already evaluated: the bandit has settled
                     bandit.tell_many(asked, [search.reward(i) for i in asked])
