@@ -136,6 +136,20 @@ def test_preconditioned_operator_is_well_conditioned():
     assert ev.min() > 0 and ev.max() / ev.min() < 100
 
 
+def test_preconditioner_factors_kmm_in_place_only_when_given_up():
+    Knm, Kmm, y = _problem(M=200)
+    kept = Kmm.copy()
+    P = FalkonPreconditioner.from_kernel_matrix(Kmm, penalty=1e-3, n=Knm.shape[0])
+    assert np.array_equal(Kmm, kept)  # the default leaves K_MM alone
+    Q = FalkonPreconditioner.from_kernel_matrix(Kmm, penalty=1e-3, n=Knm.shape[0], overwrite_kmm=True)
+    assert np.shares_memory(Q.T, Kmm)  # factored in K_MM's own memory, no M x M copy
+    np.testing.assert_allclose(Q.T, P.T, atol=1e-10)
+    np.testing.assert_allclose(Q.A, P.A, atol=1e-10)
+    # A from T T^T (LAPACK's triangular lauum) as from the dense product.
+    inner = (P.T @ P.T.T) / 200 + 1e-3 * np.eye(200)
+    np.testing.assert_allclose(P.A.T @ P.A, inner, atol=1e-10)
+
+
 def test_weighted_preconditioner_solves_the_same_system():
     Knm, Kmm, y = _problem(M=100)
     n = Knm.shape[0]

@@ -13,7 +13,8 @@ the tolerance, among :func:`sketch_candidates`::
 - the sketch Gram, ``2 s M^2`` flops (a triangular solve and a rank-k update,
   :func:`daskkrr.solvers.falkon.sketch_gram`) at the GEMM rate of its precision
   (float32 for a float32 fit: twice the float64 rate);
-- what every candidate pays: ``T T^T`` (``M^3`` flops, float64) and the two
+- what every candidate pays: ``T T^T`` (``M^3 / 3`` flops, float64, LAPACK ``lauum``
+  at the GEMM rate) and the two
   Cholesky factorisations (``M^3 / 3`` flops each, at :data:`CHOLESKY_GEMM_FRACTION`
   of the float64 GEMM rate).
 
@@ -106,7 +107,7 @@ def preconditioner_seconds(rows: int, problem: Problem, cores: int, sketch_items
     cores = max(1, int(cores))
     gemm64 = rates.gemm_flops[1] * cores
     gemm_sketch = rates.gemm_flops[0 if sketch_itemsize == 4 else 1] * cores
-    fixed = M ** 3 / gemm64 + 2 * (M ** 3 / 3) / (CHOLESKY_GEMM_FRACTION * gemm64)
+    fixed = (M ** 3 / 3) / gemm64 + 2 * (M ** 3 / 3) / (CHOLESKY_GEMM_FRACTION * gemm64)
     fixed += M * M * rates.entry_s(problem.d, 8) / cores  # K_MM, float64
     if rows <= 0:
         return fixed

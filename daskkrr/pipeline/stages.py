@@ -178,7 +178,7 @@ def falkon_preconditioner(ctx: FitContext, *, sketch: bool = True) -> None:
     ctx.preconditioner = FalkonPreconditioner.from_kernel_matrix(
         ctx.kernel(Z64, Z64), penalty=float(p.penalty), n=weight_sum(ctx),
         weights=None if ctx.dictionary.is_uniform else ctx.dictionary.weights, sketch=row_sketch,
-        center_sketch=bool(getattr(p, "fit_intercept", False)), precision=precision,
+        center_sketch=bool(getattr(p, "fit_intercept", False)), precision=precision, overwrite_kmm=True,
     )
     ctx.sketch_rows = 0 if row_sketch is None else int(row_sketch.rows)
     logger.info("preconditioner from %d sketch rows (%s) in %.2fs", ctx.sketch_rows,

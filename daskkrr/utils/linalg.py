@@ -27,9 +27,11 @@ from daskkrr.utils.threads import blas_threads
 
 __all__ = ["JitterWarning", "cholesky_jitter", "mirror_triangle", "solve_upper"]
 
-#: Above this size the factorisation runs single-threaded: scipy's bundled
-#: OpenBLAS has been seen to crash in multithreaded Cholesky at M >= 16 000.
-SINGLE_THREAD_FACTOR_SIZE = 8000
+#: From this size on the factorisation runs single-threaded: scipy's bundled
+#: OpenBLAS (0.3.30) crashes in multithreaded ``dpotrf`` at M = 16 000; it ran at
+#: 10 000, 13 000, 14 500 and 15 500 (where two threads took 5.3 s against 11.1 s for
+#: one at M = 10 000, on the busy 2-core machine).
+SINGLE_THREAD_FACTOR_SIZE = 12000
 #: Below this size too: a threaded factorisation synchronises its threads once per
 #: panel, and when another process holds a core they spin. On the 2-core development
 #: machine with one other job running, ``dpotrf`` at M = 1000 took 0.5-1.2 s threaded
