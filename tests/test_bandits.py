@@ -245,21 +245,6 @@ def test_batch_needs_its_rewards_before_the_next_batch():
     assert bandit.n_rounds_ == 1 and batch[1] not in bandit.ask(3)
 
 
-def test_batch_asked_among_some_arms_stays_among_them():
-    arms = np.linspace(0, 1, 21)[:, None]
-    bandit = BatchBKB(arms, sigma=0.5, batch_size=3, random_state=0)
-    among = [8, 9, 10, 11, 12]
-    batch = bandit.ask(among=among)
-    assert set(batch) <= set(among) and {8, 12} <= set(batch)  # the most uncertain of them: its ends
-    bandit.tell_many(batch, [0.0] * 3)
-    bandit.exclude(8)
-    with pytest.raises(ValueError, match="no arm of `among`"):
-        bandit.ask(among=[8])
-    with pytest.raises(IndexError, match="out of range"):
-        bandit.ask(among=[21])
-    assert not set(bandit.ask(3)) <= set(among)  # unrestricted again
-
-
 def test_asking_with_every_arm_excluded_is_refused():
     bandit = BKB(np.eye(2), sigma=0.5, random_state=0)
     bandit.exclude(0)

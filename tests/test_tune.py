@@ -187,25 +187,6 @@ def test_search_follows_an_optimum_outside_the_box_only_when_allowed():
     assert grown.best_score_ > fixed.best_score_
 
 
-def test_first_round_is_asked_among_the_interior_candidates():
-    from daskkrr.tune.space import interior
-
-    arms = np.random.default_rng(0).random((300, 2))
-    inner = interior(arms, 1 / 3)
-    assert len(inner) == 100
-    far = np.abs(arms - 0.5).max(axis=1)
-    assert far[inner].max() <= np.delete(far, inner).min()  # the third nearest the centre
-    with pytest.raises(ValueError, match="share"):
-        interior(arms, 0.0)
-    X, y = _data(120, 0)
-    s = BKBSearchCV(ExactKernelRidge(), budget_fits=12, batch_size=4, refine=False, random_state=0).fit(X, y)
-    first = s.history_.query("round == 1")["arm"].to_numpy()
-    inner = interior(s.bandit_.arms[:256], 1 / 3)
-    assert len(first) == 4 and set(first) <= set(inner)
-    # Later rounds may go anywhere: the bandit's arms all remain.
-    assert s.bandit_.n_arms_left == s.bandit_.n_arms
-
-
 def test_local_refinement_finds_the_peak_of_a_quadratic():
     from daskkrr.tune.space import REFINE_STEP, LocalRefinement, parse_space
 
@@ -221,12 +202,8 @@ def test_local_refinement_finds_the_peak_of_a_quadratic():
     pattern = local.pattern()
     step = np.array([[-1, 0, 0], [1, 0, 0], [0, -1, 0], [0, 1, 0]]) * REFINE_STEP
     np.testing.assert_allclose(pattern, local.center + step)  # a compass; n_centers stays
-    # The compass alone: one parabola per direction, the peak along the better one
-    # (sigma gains 0.0025 at its vertex, penalty 0.001).
-    np.testing.assert_allclose(peak(local, np.vstack([local.center, pattern])), [0.45, 0.5, 0.3])
-    # One candidate off the axes: the full quadratic, exact.
-    seen = np.vstack([local.center, pattern, local.center + [REFINE_STEP, REFINE_STEP, 0]])
-    np.testing.assert_allclose(peak(local, seen), [0.45, 0.6, 0.3])
+    seen = np.vstack([local.center, pattern])
+    np.testing.assert_allclose(peak(local, seen), [0.45, 0.6, 0.3])  # exact on a quadratic
     # Candidates with another n_centers, or beyond the reach, are not in the model.
     far = np.array([[0.45, 0.6, 0.9], [0.9, 0.9, 0.3]])
     np.testing.assert_allclose(local.peak(np.vstack([seen, far]), np.r_[[score(u) for u in seen], 5.0, 5.0]),
@@ -235,7 +212,7 @@ def test_local_refinement_finds_the_peak_of_a_quadratic():
     local = LocalRefinement(ranges, np.array([0.52, 0.03, 0.3]), np.zeros(3), np.ones(3))
     pattern = local.pattern()
     assert pattern[2, 1] == 0.0
-    best = peak(local, np.vstack([local.center, pattern, local.center + [-REFINE_STEP, REFINE_STEP, 0]]))
+    best = peak(local, np.vstack([local.center, pattern]))
     assert best[0] == pytest.approx(0.45)
     assert best[1] == pytest.approx(0.03 + 2 * REFINE_STEP)  # the peak is far above: at most 2 steps
     # A direction without candidates on both sides stays at the centre.
@@ -262,15 +239,6 @@ def test_local_refinement_follows_a_diagonal_ridge():
     compass_only = local.peak(seen[:5], np.array([score(u) for u in seen[:5]]))
     assert score(compass_only) < score(best) - 0.01  # one parabola per direction misses the ridge
 
-    # Off the ridge, each direction alone improves but both together overshoot it: from the
-    # compass alone (no evidence of the cross term) the peak moves along one direction only.
-    local = LocalRefinement(ranges, np.array([0.5, 0.4]), np.zeros(2), np.ones(2))
-    seen = np.vstack([local.center, local.pattern()])
-    best = local.peak(seen, np.array([score(u) for u in seen]))
-    assert np.count_nonzero(np.abs(best - local.center) > 1e-12) == 1
-    both = local.center + [h, h]  # the two best compass moves added
-    assert score(best) > max(score(u) for u in seen) > score(both)
-
 
 def test_local_refinement_moves_an_ard_sigma_as_a_whole():
     from daskkrr.tune.space import REFINE_STEP, LocalRefinement, parse_space
@@ -284,9 +252,7 @@ def test_local_refinement_moves_an_ard_sigma_as_a_whole():
 
 
 class _NarrowPeak(RegressorMixin, BaseEstimator):
-    """Scores exp(-(log(sigma / 1.3) / 0.3)^2) whatever the data: a peak 0.07 of the unit
-    range wide, far narrower than the bandit's arm kernel (0.5), which finds its region
-    but not its top."""
+    """Scores exp(-(log(sigma / 1.3) / 0.12)^2) whatever the data: a peak the bandit's smooth model misses."""
 
     def __init__(self, sigma: float = 1.0, penalty: float = 1e-3):
         self.sigma = sigma
@@ -297,7 +263,7 @@ class _NarrowPeak(RegressorMixin, BaseEstimator):
         return self
 
     def score(self, X, y, sample_weight=None):
-        return float(np.exp(-((np.log(self.sigma / 1.3) / 0.3) ** 2)) - 1e-3 * np.log10(self.penalty) ** 2 / 64)
+        return float(np.exp(-((np.log(self.sigma / 1.3) / 0.12) ** 2)) - 1e-3 * np.log10(self.penalty) ** 2 / 64)
 
     def predict(self, X):
         return np.zeros(len(X))

@@ -86,33 +86,25 @@ class BatchBKB(BKB):
         self.n_rounds_ = 0
         self._batch: list[int] = []
 
-    def ask(self, batch_size: int | None = None, among: Sequence[int] | None = None) -> list[int]:  # type: ignore[override]
+    def ask(self, batch_size: int | None = None) -> list[int]:  # type: ignore[override]
         """The arms of the next batch (a list of indices, possibly with repeats).
 
-        ``batch_size`` overrides the constructor's for this batch. ``among`` restricts
-        this batch to those arms (e.g. a first batch kept off the box's faces). Every
-        arm of the previous batch must have been told (or excluded) first.
+        ``batch_size`` overrides the constructor's for this batch. Every arm of the
+        previous batch must have been told (or excluded) first.
         """
         if self._pending:
             raise ValueError(f"the previous batch has arms without a reward: {self.pending}; "
                              "tell (or exclude) them before asking for a new batch")
         size = _check_size("batch_size", batch_size) or self.batch_size
         self._check_arms_left()
-        allowed = ~self._excluded
-        if among is not None:
-            chosen = np.zeros(self.n_arms, dtype=bool)
-            chosen[[self._check_index(i) for i in among]] = True
-            allowed &= chosen
-            if not allowed.any():
-                raise ValueError("no arm of `among` is left to ask (all excluded or the list is empty)")
         with blas_threads(1):  # small matrices: see BKB._update
-            batch = self._choose_batch(size, allowed)
+            batch = self._choose_batch(size)
         self._batch = batch
         self._pending.update(batch)
         self.batch_sizes_.append(len(batch))
         return batch
 
-    def _choose_batch(self, size: int | None, allowed: np.ndarray) -> list[int]:
+    def _choose_batch(self, size: int | None) -> list[int]:
         cap = size or min(self.max_batch_size or self.n_arms, self.n_arms)
         frozen = self.variance_
         hallucinated = HallucinatedVariance(self.posterior_, self.kernel, self._points, self.counts_)
@@ -121,7 +113,7 @@ class BatchBKB(BKB):
         batch: list[int] = []
         while len(batch) < cap:
             u = self.mean_ + sd_scale * np.sqrt(hallucinated.variance)
-            u[~allowed] = -np.inf
+            u[self._excluded] = -np.inf
             index = self._argmax(u)
             batch.append(index)
             hallucinated.add(index)

@@ -31,7 +31,6 @@ from daskkrr.tune.space import (
     candidates_at,
     default_space,
     draw_candidates,
-    interior,
     parse_space,
 )
 
@@ -52,10 +51,6 @@ DEFAULT_BANDIT = {"sigma": 0.5, "penalty": 1e-3, "qbar": 4.0, "noise_bound": 0.0
 #: goes to the most uncertain candidates (the box's edges), so the best of it being on
 #: a face says little about where the optimum is.
 GROW_AFTER_ROUNDS = 2
-
-#: The first round is asked among this share of the candidates, those nearest the
-#: centre of the box (:func:`~daskkrr.tune.space.interior`); later rounds among all.
-FIRST_ROUND_SHARE = 1 / 3
 
 #: Scores below this are told to the bandit as this (a diverged fit's R^2 of -1e6 would
 #: otherwise flatten the bandit's picture of every other candidate).
@@ -299,8 +294,7 @@ class BKBSearchCV(MetaEstimatorMixin, BaseEstimator):
                 size = batch
                 if bandit_budget is not None:
                     size = max(1, min(size, (bandit_budget - search.n_fits) // self.n_splits_))
-                among = interior(cands.arms, FIRST_ROUND_SHARE).tolist() if search.rounds == 0 else None
-                asked = bandit.ask(size, among=among)
+                asked = bandit.ask(size)
                 new = list(dict.fromkeys(i for i in asked if i not in search.scores))
                 if not new:  # only candidates already evaluated: the bandit has settled
                     bandit.tell_many(asked, [search.reward(i) for i in asked])

@@ -114,22 +114,6 @@ def draw_candidates(ranges: list[Range], n_candidates: int, random_state: Any,
     return found
 
 
-def interior(arms: np.ndarray, share: float) -> np.ndarray:
-    """Indices of the ``share`` of ``arms`` nearest the unit cube's centre (max-norm).
-
-    With no reward told, a batch that maximises the posterior variance goes to the
-    most isolated arms, the corners of whatever set it is asked from: asked from
-    this share, the first batch lands on the corners of an inner box (about
-    [0.2, 0.8] for two ranges and a third of the arms) rather than on the faces of
-    the space, where the scores of the PMLB sets are worst.
-    """
-    if not 0 < share <= 1:
-        raise ValueError(f"share must be in (0, 1]; got {share!r}")
-    distance = np.abs(np.asarray(arms, dtype=float) - 0.5).max(axis=1) if arms.shape[1] else np.zeros(len(arms))
-    keep = max(1, math.ceil(share * len(arms)))
-    return np.sort(np.argsort(distance, kind="stable")[:keep])
-
-
 def candidates_at(ranges: list[Range], unit: np.ndarray, max_centers: int | None = None) -> CandidateSet:
     """The candidates at unit coordinates ``unit`` (n, dim), which may lie outside [0, 1]
     (the log-ranges extended); invalid numbers of centers and duplicates are dropped."""
@@ -275,9 +259,8 @@ class LocalRefinement:
     bandit's candidates that fell there), and returns the arm where the model is
     highest within that reach. With a candidate off the compass's axes the model has
     the cross term, so it can follow a diagonal ridge (a wider sigma wanting a
-    smaller penalty); without, it is one parabola per direction, and the peak is
-    sought along one direction at a time (the best of each parabola's peak). Arms
-    are clipped to ``[low, high]`` per coordinate.
+    smaller penalty); without, it is one parabola per direction. Arms are clipped to
+    ``[low, high]`` per coordinate.
     """
 
     def __init__(self, ranges: list[Range], center: np.ndarray, low: np.ndarray, high: np.ndarray,
@@ -331,8 +314,6 @@ class LocalRefinement:
                 return self.center.copy()
         cross = design.shape[1] > 1 + 2 * len(free)
         coef = np.linalg.lstsq(design, f, rcond=None)[0]
-        if not cross and len(free) > 1:
-            return self._axis_peak(coef, free, x)
         # The model's maximum over the reach: a fine lattice plus the stationary point.
         axis = np.linspace(-REFINE_REACH, REFINE_REACH, 41)
         trial = np.zeros((axis.size ** len(free), x.shape[1]))
@@ -344,43 +325,14 @@ class LocalRefinement:
             extra[0, free] = stationary
             trial = np.concatenate([trial, extra])
         moved = np.array([self._moved(t) for t in trial])
-        model = self._unseen(moved, _quadratic_features(self.offsets(moved), free, cross=cross) @ coef, x)
+        model = _quadratic_features(self.offsets(moved), free, cross=cross) @ coef  # at the clipped arms
         top = int(np.argmax(model))
-        if not np.isfinite(model[top]):
-            return self.center.copy()
+        best = trial[top]
         # Off the lattice: coordinate ascent on the model from its best lattice point.
-        polished = self._moved(_ascend(coef, trial[top], free, cross))
-        value = self._unseen(polished[None, :],
-                             _quadratic_features(self.offsets(polished), free, cross=cross) @ coef, x)
-        return polished if value[0] > model[top] else moved[top]
-
-    def _unseen(self, arms: np.ndarray, model: np.ndarray, seen: np.ndarray) -> np.ndarray:
-        """``model`` with -inf at the arms already evaluated (offsets in ``seen``): the
-        last fit goes to the model's best point not yet known (when the model's peak
-        is a compass arm, that arm's score is already in hand)."""
-        x = self.offsets(arms)
-        known = (np.abs(x[:, None, :] - seen[None, :, :]).max(axis=2) < 1e-6).any(axis=1)
-        return np.where(known, -np.inf, model)
-
-    def _axis_peak(self, coef: np.ndarray, free: list[int], seen: np.ndarray) -> np.ndarray:
-        """The separable model's best point on one axis: with no candidate off the axes the
-        data say nothing of how the directions interact, and adding the best move of each
-        (a wider sigma and a larger penalty, say) extrapolates across a ridge it cannot see."""
-        g, H = _slope_and_hessian(coef, len(free), cross=False)
-        axis = np.linspace(-REFINE_REACH, REFINE_REACH, 41)
-        trial = []
-        for i, k in enumerate(free):
-            steps = list(axis)
-            if H[i, i] < 0 and abs(g[i] / H[i, i]) <= REFINE_REACH:
-                steps.append(-g[i] / H[i, i])  # the parabola's vertex
-            for t in steps:
-                offset = np.zeros(seen.shape[1])
-                offset[k] = t
-                trial.append(offset)
-        moved = np.array([self._moved(t) for t in trial])
-        model = self._unseen(moved, _quadratic_features(self.offsets(moved), free, cross=False) @ coef, seen)
-        top = int(np.argmax(model))
-        return moved[top] if np.isfinite(model[top]) else self.center.copy()
+        polished = self.offsets(self._moved(_ascend(coef, best, free, cross)))
+        if (_quadratic_features(polished, free, cross=cross) @ coef)[0] > model.max():
+            return self._moved(polished[0])
+        return moved[top]
 
 
 def _quadratic_features(x: np.ndarray, free: list[int], *, cross: bool) -> np.ndarray:
