@@ -105,7 +105,6 @@ class FalkonPreconditioner:
         """
         given = Kmm
         Kmm = np.asarray(Kmm, dtype=np.float64)
-        owned = overwrite_kmm or Kmm is not given  # a converted copy is ours too
         M = Kmm.shape[0]
         if Kmm.shape != (M, M):
             raise ValueError(f"K_MM must be square; got shape {Kmm.shape}")
@@ -115,7 +114,7 @@ class FalkonPreconditioner:
         if d.shape != (M,):
             raise ValueError(f"weights must have shape ({M},); got {d.shape}")
         S = Kmm if weights is None else d[:, None] * Kmm * d[None, :]
-        owned = owned or S is not Kmm
+        owned = overwrite_kmm or S is not given  # a converted or weighted copy is ours too
         del Kmm, given  # the caller may have handed over its only reference: M x M matrices are large
         if owned and S.flags.c_contiguous:
             S = S.T  # symmetric: the same matrix, Fortran-ordered, so potrf can work in place

@@ -327,10 +327,9 @@ class LocalRefinement:
         moved = np.array([self._moved(t) for t in trial])
         model = _quadratic_features(self.offsets(moved), free, cross=cross) @ coef  # at the clipped arms
         top = int(np.argmax(model))
-        best = trial[top]
         # Off the lattice: coordinate ascent on the model from its best lattice point.
-        polished = self.offsets(self._moved(_ascend(coef, best, free, cross)))
-        if (_quadratic_features(polished, free, cross=cross) @ coef)[0] > model.max():
+        polished = self.offsets(self._moved(_ascend(coef, trial[top], free, cross)))
+        if (_quadratic_features(polished, free, cross=cross) @ coef)[0] > model[top]:
             return self._moved(polished[0])
         return moved[top]
 
