@@ -179,3 +179,57 @@ def test_no_warning_for_well_posed_preconditioner():
     with warnings.catch_warnings():
         warnings.simplefilter("error", JitterWarning)
         FalkonPreconditioner.from_kernel_matrix(Kmm, penalty=1e-3, n=Knm.shape[0])
+
+
+def _discrete_problem(n: int = 3000, m: int = 300, seed: int = 0):
+    """Features of three values each: the centers repeat, K_MM is singular."""
+    rng = np.random.default_rng(seed)
+    X = rng.integers(0, 3, size=(n, 6)).astype(np.float64)
+    y = X.sum(axis=1) + np.sin(3 * X[:, 0]) + 0.3 * rng.standard_normal(n)
+    k = GaussianKernel(sigma=2.0)
+    Z = X[rng.choice(n, m, replace=False)]
+    return X, y, Z, k(X, Z), k(Z, Z)
+
+
+@pytest.mark.filterwarnings("ignore::daskkrr.utils.linalg.JitterWarning")  # the repeated centers
+@pytest.mark.parametrize("weighted", [False, True])
+def test_a_larger_jitter_keeps_the_solution_by_keeping_its_part_of_the_penalty(weighted):
+    X, y, Z, Knm, Kmm = _discrete_problem()
+    n, lam = len(X), 1e-3
+    w = np.random.default_rng(1).uniform(0.5, 2.0, len(Z)) if weighted else None
+    D = np.ones(len(Z)) if w is None else np.sqrt(w)
+    # The Nystrom KRR solution in the scaled variable, with a dense solve (K_MM is singular: lstsq)
+    Kd = Knm * D
+    exact = D * np.linalg.lstsq(Kd.T @ Kd + lam * n * (D[:, None] * Kmm * D), Kd.T @ y, rcond=None)[0]
+    for relative in (None, 1e-4):
+        P = FalkonPreconditioner.from_kernel_matrix(Kmm, penalty=lam, n=n, weights=w, relative_jitter=relative)
+        assert P.exact_penalty == (relative is not None)
+        assert P.jitter >= (0 if relative is None else relative * len(Z) * np.mean(D**2 * np.diag(Kmm)))
+        alpha, _ = falkon_solve(P, lambda u: Knm.T @ (Knm @ u), Knm.T @ y, tol=1e-10, max_iter=500)
+        direct = P.direct_solve(Knm.T @ Knm, Knm.T @ y)
+        for coef in (alpha, direct):
+            np.testing.assert_allclose(Knm @ coef, Knm @ exact, rtol=0, atol=1e-5 * np.abs(Knm @ exact).max())
+    # Dropping the jitter's part (FALKON's penalty) solves another, more regularised problem
+    P = FalkonPreconditioner.from_kernel_matrix(Kmm, penalty=lam, n=n, weights=w, relative_jitter=1e-4)
+    P.exact_penalty = False
+    other, _ = falkon_solve(P, lambda u: Knm.T @ (Knm @ u), Knm.T @ y, tol=1e-10, max_iter=500)
+    assert np.abs(Knm @ other - Knm @ exact).max() > 1e-3 * np.abs(Knm @ exact).max()
+
+
+def test_float32_fit_with_repeated_centers_converges_like_float64():
+    """float32 products with the round-off jitter's T^{-1} lost every digit: CG's residual rose."""
+    from daskkrr import FalkonRegressor
+
+    rng = np.random.default_rng(0)
+    X = rng.integers(0, 3, size=(20000, 8)).astype(np.float64)
+    y = X @ rng.standard_normal(8) + np.sin(2 * X[:, 0]) + 0.3 * rng.standard_normal(len(X))
+    common = dict(n_centers=1500, sigma=2.0, penalty=1e-6, max_iter=6, tol=1e-14, standardize=False,
+                  fit_intercept=False, random_state=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a fixed budget
+        f32 = FalkonRegressor(dtype="float32", **common).fit(X, y)
+        f64 = FalkonRegressor(dtype="float64", **common).fit(X, y)
+    assert np.all(np.diff(f32.residuals_[:, 0]) < 0), f32.residuals_[:, 0]
+    rmse32 = np.sqrt(np.mean((f32.predict(X) - y) ** 2))
+    rmse64 = np.sqrt(np.mean((f64.predict(X) - y) ** 2))
+    assert rmse32 <= 1.01 * rmse64

@@ -38,6 +38,7 @@ from daskkrr.pipeline.fingerprint import fit_fingerprint
 from daskkrr.sampling import make_sampler
 from daskkrr.solvers import FalkonPreconditioner, falkon_solve
 from daskkrr.solvers.exact import exact_krr_solve
+from daskkrr.solvers.falkon import FLOAT32_RELATIVE_JITTER
 from daskkrr.solvers.intercept import centered_gram_matvec
 from daskkrr.solvers.sketch import KernelRowSketch, sketch_indices, sketch_precision
 from daskkrr.solvers.variance import exact_posterior
@@ -179,6 +180,7 @@ def falkon_preconditioner(ctx: FitContext, *, sketch: bool = True) -> None:
         ctx.kernel(Z64, Z64), penalty=float(p.penalty), n=weight_sum(ctx),
         weights=None if ctx.dictionary.is_uniform else ctx.dictionary.weights, sketch=row_sketch,
         center_sketch=bool(getattr(p, "fit_intercept", False)), precision=precision, overwrite_kmm=True,
+        relative_jitter=FLOAT32_RELATIVE_JITTER if ctx.X.dtype == np.float32 else None,
     )
     ctx.sketch_rows = 0 if row_sketch is None else int(row_sketch.rows)
     logger.info("preconditioner from %d sketch rows (%s) in %.2fs", ctx.sketch_rows,

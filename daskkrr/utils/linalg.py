@@ -82,7 +82,8 @@ def cholesky_jitter(
     what : str, default="matrix"
         Name of the matrix in messages.
     initial_jitter : float or None, default=None
-        First jitter tried (None: the round-off-level default).
+        First jitter tried (None: the round-off-level default). Escalating past the
+        larger of the two warns.
     max_jitter_ratio : float, default=1e-2
         Largest jitter accepted, relative to the mean diagonal.
     overwrite : bool, default=False
@@ -130,6 +131,7 @@ def cholesky_jitter(
         )
     default = m * np.finfo(np.float64).eps * scale
     jitter = default if initial_jitter is None else float(initial_jitter)
+    expected = max(default, jitter)  # escalating past this one warns
     limit = max_jitter_ratio * scale
     in_place = overwrite and S.flags.f_contiguous and S.flags.writeable
     work = S if in_place else np.array(S, dtype=np.float64, order="F")
@@ -152,7 +154,7 @@ def cholesky_jitter(
     _zero_lower(T)
     if not np.all(np.isfinite(T)):
         raise np.linalg.LinAlgError(f"Cholesky of the {what} of shape {S.shape} overflowed")
-    if jitter > default * (1 + 1e-12):
+    if jitter > expected * (1 + 1e-12):
         warnings.warn(
             f"Cholesky of the {what} of shape {S.shape} needed jitter {jitter:.3g} "
             f"({jitter / scale:.1e} of its mean diagonal); centers may be near-duplicates, or large "
