@@ -161,7 +161,10 @@ def test_dask_input_gives_lazy_std_equal_to_numpy_and_multi_output_shares_the_sh
     np.testing.assert_allclose(ratio, np.sqrt(model.posterior_.prior_variance[1] / model.posterior_.prior_variance[0]))
     lazy_mean, lazy_std = model.predict(da.from_array(Xt, chunks=17), return_std=True)
     assert isinstance(lazy_mean, da.Array) and isinstance(lazy_std, da.Array)
-    np.testing.assert_allclose(lazy_std.compute(), std, rtol=1e-12)
+    # The variance is the prior minus a quadratic form: where they nearly cancel (a point near the
+    # centers), another block shape's BLAS rounding moves the std by ~1e-12 of the prior's (seen on
+    # an AMD EPYC VM: 4.5e-12 relative on a std 35 times below the largest).
+    np.testing.assert_allclose(lazy_std.compute(), std, rtol=1e-10, atol=1e-11 * np.max(std))
     np.testing.assert_allclose(lazy_mean.compute(), mean, rtol=1e-12)
     np.testing.assert_allclose(mean, model.predict(Xt), rtol=1e-12)
 
