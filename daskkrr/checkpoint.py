@@ -54,7 +54,9 @@ __all__ = ["CHECKPOINT_FILE", "CheckpointError", "FitCheckpoint"]
 logger = logging.getLogger("daskkrr")
 
 FORMAT_NAME = "daskkrr-checkpoint"
-FORMAT_VERSION = 1
+#: 2: a float32 fit's preconditioner carries a larger jitter (``FLOAT32_RELATIVE_JITTER``), and the
+#: CG state lives in that preconditioner's variable, so a version-1 state must not be resumed.
+FORMAT_VERSION = 2
 CHECKPOINT_FILE = "checkpoint.npz"
 #: How daskkrr.utils.atomic names the temporary of ``checkpoint.npz`` (cleaned up on start).
 _TMP_PREFIX = f".{CHECKPOINT_FILE}.tmp-"

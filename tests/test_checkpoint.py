@@ -201,7 +201,7 @@ def test_max_iter_and_tol_may_change(data, saved_checkpoint, tmp_path):
     "edit, match",
     [
         (lambda a: a.update(meta=np.array(json.dumps({**json.loads(str(a["meta"])), "format_version": 7}))),
-         "has format version 7, but this daskkrr reads version 1"),
+         "has format version 7, but this daskkrr reads version 2"),
         (lambda a: a.update(meta=np.array("{}")), "is not a daskkrr checkpoint"),
         (lambda a: a.update(cg_x=np.zeros(3)), r"is damaged \(CG state: x has shape"),
         (lambda a: a.pop("cg_history"), r"is damaged \(CG state lacks \['history'\]"),
