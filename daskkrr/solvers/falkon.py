@@ -210,8 +210,8 @@ class FalkonPreconditioner:
         C = (C + C.T) / 2
         C[np.diag_indices_from(C)] += self.penalty
         if self.exact_penalty:  # lambda (I - jitter T^{-T} T^{-1}): see the module docstring
-            R = solve_upper(self.T, np.eye(self.n_centers))
-            C -= (self.penalty * self.jitter) * (R.T @ R)
+            T_inv = solve_upper(self.T, np.eye(self.n_centers))
+            C -= (self.penalty * self.jitter) * (T_inv.T @ T_inv)
         rhs = solve_upper(self.T, self._d_col(knm_t_y) * knm_t_y, trans=True) / self.n
         try:
             R, _ = cholesky_jitter(C, what="preconditioned Nystrom system", max_jitter_ratio=1e-8)
