@@ -56,7 +56,9 @@ logger = logging.getLogger("daskkrr")
 FORMAT_NAME = "daskkrr-checkpoint"
 #: 2: a float32 fit's preconditioner carries a larger jitter (``FLOAT32_RELATIVE_JITTER``), and the
 #: CG state lives in that preconditioner's variable, so a version-1 state must not be resumed.
-FORMAT_VERSION = 2
+#: 3: a float32 fit with at least 2048 centers factors its preconditioner in float32 (another
+#: variable for the CG state again).
+FORMAT_VERSION = 3
 CHECKPOINT_FILE = "checkpoint.npz"
 #: How daskkrr.utils.atomic names the temporary of ``checkpoint.npz`` (cleaned up on start).
 _TMP_PREFIX = f".{CHECKPOINT_FILE}.tmp-"

@@ -16,7 +16,7 @@ import pytest
 
 import daskkrr
 from daskkrr import FalkonClassifier, FalkonRegressor
-from daskkrr.checkpoint import CHECKPOINT_FILE, CheckpointError, FitCheckpoint
+from daskkrr.checkpoint import CHECKPOINT_FILE, FORMAT_VERSION, CheckpointError, FitCheckpoint
 from daskkrr.data import write_zarr
 from daskkrr.solvers import CGState, conjugate_gradient
 
@@ -201,7 +201,7 @@ def test_max_iter_and_tol_may_change(data, saved_checkpoint, tmp_path):
     "edit, match",
     [
         (lambda a: a.update(meta=np.array(json.dumps({**json.loads(str(a["meta"])), "format_version": 7}))),
-         "has format version 7, but this daskkrr reads version 2"),
+         f"has format version 7, but this daskkrr reads version {FORMAT_VERSION}"),
         (lambda a: a.update(meta=np.array("{}")), "is not a daskkrr checkpoint"),
         (lambda a: a.update(cg_x=np.zeros(3)), r"is damaged \(CG state: x has shape"),
         (lambda a: a.pop("cg_history"), r"is damaged \(CG state lacks \['history'\]"),

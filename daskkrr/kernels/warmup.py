@@ -144,7 +144,8 @@ def wait_until_idle(pid: int, max_wait: float = 120.0, window: float = 0.5, busy
 
 
 def compile_engine() -> None:
-    """Compile every signature of the fused engine's loops (float32 and float64 blocks)."""
+    """Compile every signature of the fused engine's loops (float32 and float64 blocks), and the
+    mixed-precision triangular solves."""
     import numpy as np
 
     from daskkrr.kernels import fused
@@ -162,6 +163,13 @@ def compile_engine() -> None:
         K = fused.kernel_block(kernel, X, Z)
         fused.cached_gram_matvec(K, U)
         fused.cached_t_matvec(K, V)
+    # the float64 solves with a float32-factored preconditioner (daskkrr.utils.mixed_solve)
+    from daskkrr.utils.mixed_solve import solve_upper_mixed
+
+    T = np.eye(4, dtype=np.float32)
+    for B in (np.ones(4), np.ones((4, 2))):
+        solve_upper_mixed(T, B)
+        solve_upper_mixed(T, B, trans=True)
 
 
 @contextlib.contextmanager

@@ -234,8 +234,10 @@ _FITTED_DOC = """
     preconditioner_rows_ : int
         Rows the preconditioner was built from (0: FALKON's own, from the centers).
     preconditioner_dtype_ : str
-        Arithmetic of the sketch Gram matrix: "float32" (a float32 fit, where it
-        was accurate enough) or "float64".
+        Arithmetic of the preconditioner: "float32" where its factorisations
+        were (a float32 fit with at least 2048 centers) or its sketch Gram matrix
+        was (a float32 fit, where it was accurate enough), else "float64". The
+        solution does not depend on it.
     preconditioner_costs_ : list of dict
         The cost model's expectation for each sketch size it weighed (and the
         one asked for): ``rows``, CG ``iterations``, ``strategy``, and the

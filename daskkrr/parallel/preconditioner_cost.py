@@ -13,10 +13,10 @@ the tolerance, among :func:`sketch_candidates`::
 - the sketch Gram, ``2 s M^2`` flops (a triangular solve and a rank-k update,
   :func:`daskkrr.solvers.falkon.sketch_gram`) at the GEMM rate of its precision
   (float32 for a float32 fit: twice the float64 rate);
-- what every candidate pays: ``T T^T`` (``M^3 / 3`` flops, float64, LAPACK ``lauum``
-  at the GEMM rate) and the two
-  Cholesky factorisations (``M^3 / 3`` flops each, at :data:`CHOLESKY_GEMM_FRACTION`
-  of the float64 GEMM rate).
+- what every candidate pays: ``T T^T`` (``M^3 / 3`` flops, LAPACK ``lauum`` at the GEMM
+  rate) and the two Cholesky factorisations (``M^3 / 3`` flops each, at
+  :data:`CHOLESKY_GEMM_FRACTION` of the GEMM rate), in float64, or in float32 where the
+  fit factors in float32 (:func:`daskkrr.solvers.falkon.factor_precision`).
 
 ``solve(I)`` is the strategy cost of :mod:`daskkrr.parallel.cost` (the cheapest
 feasible strategy for ``strategy="auto"``, else the one asked for) plus ``I``
@@ -55,6 +55,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
+
 from daskkrr.parallel.cost import (
     DEFAULT_RATES,
     TYPICAL_CONVERGENCE_FACTOR,
@@ -65,6 +67,7 @@ from daskkrr.parallel.cost import (
     estimate,
     expected_iterations,
 )
+from daskkrr.solvers.falkon import factor_precision
 
 #: Sketch sizes ``r M`` weighed by ``preconditioner_rows="auto"`` (besides none), at most ``n``.
 SKETCH_ROWS_PER_CENTER = (2, 4, 8, 16)
@@ -105,9 +108,10 @@ def preconditioner_seconds(rows: int, problem: Problem, cores: int, sketch_items
     """Expected seconds to build the preconditioner from ``rows`` sketch rows (see the module docstring)."""
     M = float(problem.n_centers)
     cores = max(1, int(cores))
-    gemm64 = rates.gemm_flops[1] * cores
+    single = factor_precision(np.float32 if problem.itemsize == 4 else np.float64, problem.n_centers) == "float32"
+    gemm_factor = rates.gemm_flops[0 if single else 1] * cores
     gemm_sketch = rates.gemm_flops[0 if sketch_itemsize == 4 else 1] * cores
-    fixed = (M ** 3 / 3) / gemm64 + 2 * (M ** 3 / 3) / (CHOLESKY_GEMM_FRACTION * gemm64)
+    fixed = (M ** 3 / 3) / gemm_factor + 2 * (M ** 3 / 3) / (CHOLESKY_GEMM_FRACTION * gemm_factor)
     fixed += M * M * rates.entry_s(problem.d, 8) / cores  # K_MM, float64
     if rows <= 0:
         return fixed

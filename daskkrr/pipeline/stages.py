@@ -38,7 +38,7 @@ from daskkrr.pipeline.fingerprint import fit_fingerprint
 from daskkrr.sampling import make_sampler
 from daskkrr.solvers import FalkonPreconditioner, falkon_solve
 from daskkrr.solvers.exact import exact_krr_solve
-from daskkrr.solvers.falkon import FLOAT32_RELATIVE_JITTER
+from daskkrr.solvers.falkon import FLOAT32_RELATIVE_JITTER, factor_precision
 from daskkrr.solvers.intercept import centered_gram_matvec
 from daskkrr.solvers.sketch import KernelRowSketch, sketch_indices, sketch_precision
 from daskkrr.solvers.variance import exact_posterior
@@ -181,10 +181,11 @@ def falkon_preconditioner(ctx: FitContext, *, sketch: bool = True) -> None:
         weights=None if ctx.dictionary.is_uniform else ctx.dictionary.weights, sketch=row_sketch,
         center_sketch=bool(getattr(p, "fit_intercept", False)), precision=precision, overwrite_kmm=True,
         relative_jitter=FLOAT32_RELATIVE_JITTER if ctx.X.dtype == np.float32 else None,
+        factor_precision=factor_precision(ctx.X.dtype, Z.shape[0]),
     )
     ctx.sketch_rows = 0 if row_sketch is None else int(row_sketch.rows)
-    logger.info("preconditioner from %d sketch rows (%s) in %.2fs", ctx.sketch_rows,
-                ctx.preconditioner.precision, time.perf_counter() - t0)
+    logger.info("preconditioner from %d sketch rows (%s), factored in %s, in %.2fs", ctx.sketch_rows,
+                ctx.preconditioner.precision, ctx.preconditioner.factor_precision, time.perf_counter() - t0)
 
 
 def weight_sum(ctx: FitContext) -> float:
@@ -298,10 +299,17 @@ def _nystrom_model(ctx: FitContext, coef: np.ndarray) -> None:
         sampler_info_=dict(d.info), jitter_=float(ctx.preconditioner.jitter),
         coef_=coef[:, 0] if (ctx.one_d and coef.ndim == 2) else coef,
         strategy_=ctx.plan.strategy, preconditioner_rows_=ctx.sketch_rows,
-        preconditioner_dtype_=str(ctx.preconditioner.precision) if ctx.sketch_rows else "float64",
+        preconditioner_dtype_=preconditioner_dtype(ctx.preconditioner, ctx.sketch_rows),
         preconditioner_costs_=[] if ctx.sketch_plan is None else [c.as_dict() for c in ctx.sketch_plan.costs],
         n_data_passes_=ctx.passes.n_passes + 1,  # + the statistics pass
     )
+
+
+def preconditioner_dtype(pre: FalkonPreconditioner, sketch_rows: int) -> str:
+    """``preconditioner_dtype_``: float32 when the factors or the sketch Gram were float32."""
+    if pre.factor_precision == "float32":
+        return "float32"
+    return str(pre.precision) if sketch_rows else "float64"
 
 
 def exact_solve(ctx: FitContext) -> None:

@@ -21,7 +21,7 @@ import warnings
 
 import numpy as np
 import scipy.linalg as sla
-from scipy.linalg.lapack import dpotrf as potrf
+from scipy.linalg.lapack import dpotrf, spotrf
 
 from daskkrr.utils.threads import blas_threads
 
@@ -64,6 +64,7 @@ def cholesky_jitter(
     max_jitter_ratio: float = 1e-2,
     overwrite: bool = False,
     advice: str = SINGULAR_ADVICE,
+    escalate: bool = True,
 ) -> tuple[np.ndarray, float]:
     """Upper Cholesky factor ``T`` with ``T^T T = S + jitter I``.
 
@@ -78,7 +79,8 @@ def cholesky_jitter(
     Parameters
     ----------
     S : array_like of shape (m, m)
-        Symmetric positive (semi)definite matrix.
+        Symmetric positive (semi)definite matrix. float32 is factored in float32
+        (the default jitter is then float32's round-off); anything else in float64.
     what : str, default="matrix"
         Name of the matrix in messages.
     initial_jitter : float or None, default=None
@@ -90,11 +92,14 @@ def cholesky_jitter(
         Factor in ``S`` itself when it allows (see Memory).
     advice : str
         What to change when the matrix is singular (appended to the error).
+    escalate : bool, default=True
+        Raise the jitter on failure; with False the first failure raises
+        ``numpy.linalg.LinAlgError`` (with ``S`` restored when factored in place).
 
     Returns
     -------
     T : ndarray of shape (m, m)
-        Upper-triangular factor (Fortran-ordered, strict lower triangle zero).
+        Upper-triangular factor (Fortran-ordered, strict lower triangle zero), of ``S``'s dtype.
     jitter : float
         The jitter that was added.
 
@@ -109,16 +114,18 @@ def cholesky_jitter(
     Notes
     -----
     Memory: ``S`` plus one ``m x m`` working matrix; with ``overwrite=True`` (``S``
-    a symmetric, Fortran-ordered float64 array the caller gives up) the factor is
+    a symmetric, Fortran-ordered float32/64 array the caller gives up) the factor is
     built in ``S`` itself. A failed attempt only writes the upper triangle, so ``S``
     is restored from its lower triangle and diagonal before the next one.
     """
-    S = np.asarray(S, dtype=np.float64)
+    S = np.asarray(S)
+    dtype = np.float32 if S.dtype == np.float32 else np.float64
+    S = S.astype(dtype, copy=False)
     if S.ndim != 2 or S.shape[0] != S.shape[1]:
         raise ValueError(f"{what} must be square; got shape {S.shape}")
     m = S.shape[0]
     if m == 0:
-        return np.zeros((0, 0), order="F"), 0.0
+        return np.zeros((0, 0), dtype=dtype, order="F"), 0.0
     if not np.all(np.isfinite(S)):
         raise np.linalg.LinAlgError(f"{what} of shape {S.shape} has NaN or inf entries")
     diagonal = np.diag(S).copy()
@@ -129,12 +136,13 @@ def cholesky_jitter(
             "the kernel is degenerate on these points (e.g. a linear or polynomial kernel on all-zero "
             "or constant features): use another kernel or informative features"
         )
-    default = m * np.finfo(np.float64).eps * scale
+    default = m * float(np.finfo(dtype).eps) * scale
     jitter = default if initial_jitter is None else float(initial_jitter)
     expected = max(default, jitter)  # escalating past this one warns
     limit = max_jitter_ratio * scale
     in_place = overwrite and S.flags.f_contiguous and S.flags.writeable
-    work = S if in_place else np.array(S, dtype=np.float64, order="F")
+    work = S if in_place else np.array(S, dtype=dtype, order="F")
+    potrf = spotrf if dtype == np.float32 else dpotrf
     with _factor_threads(m):
         while True:
             work[np.diag_indices(m)] = diagonal + jitter
@@ -145,6 +153,9 @@ def cholesky_jitter(
             if info < 0:  # pragma: no cover - an argument error, not a numerical one
                 raise ValueError(f"LAPACK potrf rejected argument {-info} for the {what}")
             mirror_triangle(work, from_upper=False)
+            if not escalate:
+                work[np.diag_indices(m)] = diagonal
+                raise np.linalg.LinAlgError(f"Cholesky of the {what} of shape {S.shape} failed (jitter {jitter:.3g})")
             if jitter >= limit:
                 raise np.linalg.LinAlgError(
                     f"Cholesky of the {what} of shape {S.shape} failed even with jitter {jitter:.3g} "
@@ -198,6 +209,21 @@ def _zero_lower(A: np.ndarray) -> None:
         block[np.tril_indices(k - j, -1)] = 0.0
 
 
+#: Right-hand sides from which a float32 ``T`` is upcast for BLAS rather than read by the mixed loops.
+MIXED_SOLVE_MAX_COLUMNS = 32
+
+
 def solve_upper(T: np.ndarray, B: np.ndarray, trans: bool = False) -> np.ndarray:
-    """``T^{-1} B`` (or ``T^{-T} B`` with ``trans``) for upper-triangular ``T``."""
+    """``T^{-1} B`` (or ``T^{-T} B`` with ``trans``) for upper-triangular ``T``, in float64.
+
+    A float32 ``T`` (a float32-factored preconditioner) is read as it is, in float64
+    arithmetic (:func:`daskkrr.utils.mixed_solve.solve_upper_mixed`), for a few
+    right-hand sides; for more it is upcast for BLAS.
+    """
+    if T.dtype == np.float32:
+        if np.ndim(B) == 1 or np.shape(B)[1] <= MIXED_SOLVE_MAX_COLUMNS:
+            from daskkrr.utils.mixed_solve import solve_upper_mixed
+
+            return solve_upper_mixed(T, B, trans=trans)
+        T = T.astype(np.float64)
     return sla.solve_triangular(T, B, lower=False, trans="T" if trans else "N", check_finite=False)
