@@ -165,3 +165,21 @@ def test_a_float32_fit_with_float32_factors_matches_float64_factors(repeated, mo
         warnings.simplefilter("ignore")
         short = FalkonRegressor(**common, max_iter=6, tol=1e-14).fit(X, y)
     assert np.all(np.diff(short.residuals_[:, 0]) < 0), short.residuals_[:, 0]
+
+
+def test_the_predictive_std_of_a_float32_fit_does_not_depend_on_the_factors(monkeypatch):
+    """The posterior takes ``T`` as a factor of ``K_MM``: float32's round-off stays below the jitter's effect."""
+    from daskkrr import FalkonRegressor
+
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((3000, 4))
+    y = np.sin(X[:, 0]) + 0.1 * rng.standard_normal(len(X))
+    Xt = rng.standard_normal((200, 4))
+    stds = {}
+    for minimum in (10**9, 300):
+        monkeypatch.setattr(falkon_module, "FLOAT32_FACTOR_MIN_CENTERS", minimum)
+        model = FalkonRegressor(n_centers=300, sigma=1.5, penalty=1e-4, dtype="float32", compute_std=True,
+                                max_iter=100, tol=1e-5, random_state=0).fit(X, y)
+        stds[minimum] = model.predict(Xt, return_std=True)[1]
+    assert model.preconditioner_dtype_ == "float32"
+    np.testing.assert_allclose(stds[300], stds[10**9], rtol=1e-3)
