@@ -38,7 +38,8 @@ from pathlib import Path
 from daskkrr.utils.atomic import atomic_write_bytes
 
 #: Source files whose compiled code the cache holds (the marker is keyed on their contents).
-_SOURCES = ("fused.py", "_vexp.py", "spec.py", "block_layout.py")
+_SOURCES = ("kernels/fused.py", "kernels/_vexp.py", "kernels/spec.py", "kernels/block_layout.py",
+            "utils/_mixed_loops.py")
 #: Seconds between two looks for the marker while the fused engine is not ready.
 _RECHECK_SECONDS = 1.0
 
@@ -62,10 +63,10 @@ def background_allowed() -> bool:
 @functools.cache
 def cache_key() -> str:
     """A hash of the compiled sources and of the numba and Python versions."""
-    here = Path(__file__).resolve().parent
+    package = Path(__file__).resolve().parents[1]
     h = hashlib.sha256()
     for name in _SOURCES:
-        h.update((here / name).read_bytes())
+        h.update((package / name).read_bytes())
     h.update(importlib.metadata.version("numba").encode())
     h.update(f"{sys.version_info[0]}.{sys.version_info[1]}".encode())
     return h.hexdigest()[:20]
