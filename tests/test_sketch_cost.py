@@ -17,6 +17,7 @@ from daskkrr.parallel.preconditioner_cost import (
     sketch_cost,
 )
 from daskkrr.solvers import FalkonPreconditioner, falkon_solve
+from daskkrr.solvers import falkon as falkon_module
 from daskkrr.solvers.falkon import sketch_gram
 from daskkrr.solvers.sketch import KernelRowSketch, sketch_indices, sketch_precision
 from daskkrr.utils.linalg import cholesky_jitter
@@ -145,11 +146,16 @@ def data():
     return X, y, Xt, common, reference
 
 
-@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("dtype", ["float64", "float32", "float32 factors"])
 @pytest.mark.parametrize("rows", [None, 480, "auto"])
 @pytest.mark.parametrize("strategy", ["recompute", "cache", "gram"])
-def test_every_strategy_sketch_and_precision_agree_with_the_float64_reference(data, strategy, rows, dtype):
+def test_every_strategy_sketch_and_precision_agree_with_the_float64_reference(data, strategy, rows, dtype,
+                                                                              monkeypatch):
     X, y, Xt, common, reference = data
+    factors32 = dtype == "float32 factors"
+    if factors32:  # factored in float32 too (a float32 fit with >= FLOAT32_FACTOR_MIN_CENTERS centers)
+        monkeypatch.setattr(falkon_module, "FLOAT32_FACTOR_MIN_CENTERS", common["n_centers"])
+        dtype = "float32"
     model = FalkonRegressor(**common, strategy=strategy, preconditioner_rows=rows, dtype=dtype, max_iter=200,
                             tol=1e-9 if dtype == "float64" else 1e-5, chunks=1000).fit(X, y)
     assert model.strategy_ == strategy
@@ -158,7 +164,9 @@ def test_every_strategy_sketch_and_precision_agree_with_the_float64_reference(da
     rtol = 1e-6 if dtype == "float64" else 2e-3
     assert np.max(np.abs(model.predict(Xt) - expected)) <= rtol * np.max(np.abs(expected))
     assert np.linalg.norm(model.coef_ - reference.coef_) <= 10 * rtol * np.linalg.norm(reference.coef_)
-    if rows == 480:
+    if factors32:
+        assert model.preconditioner_dtype_ == "float32"
+    elif rows == 480:
         assert model.preconditioner_rows_ == 480
         assert model.preconditioner_dtype_ == dtype
     elif rows is None:
