@@ -202,11 +202,18 @@ class CenterFactor:
     jitter: float
 
     @classmethod
-    def from_kernel_matrix(cls, Kmm: np.ndarray, weights: np.ndarray | None = None) -> CenterFactor:
+    def from_kernel_matrix(cls, Kmm: np.ndarray, weights: np.ndarray | None = None,
+                           relative_jitter: float | None = None) -> CenterFactor:
+        """Factor ``D K_MM D`` with at least ``relative_jitter * M * mean(diag)`` of jitter (default:
+        round-off). ``T`` only preconditions (the Newton systems apply ``K_MM`` itself), so a float32
+        fit can take :data:`~daskkrr.solvers.falkon.FLOAT32_RELATIVE_JITTER`, which bounds ``T^{-1}``
+        and with it the float32 round-off of the products ``K_nM u``."""
         Kmm = np.asarray(Kmm, dtype=np.float64)
         M = Kmm.shape[0]
         d = np.ones(M) if weights is None else np.sqrt(np.asarray(weights, dtype=np.float64))
-        T, jitter = cholesky_jitter(d[:, None] * Kmm * d[None, :], what="center kernel matrix K_MM")
+        S = d[:, None] * Kmm * d[None, :]
+        start = None if relative_jitter is None else relative_jitter * M * float(np.mean(np.diag(S)))
+        T, jitter = cholesky_jitter(S, what="center kernel matrix K_MM", initial_jitter=start)
         return cls(Kmm=Kmm, T=T, d=d, jitter=jitter)
 
 
