@@ -75,6 +75,17 @@ def _discrete_problem(n: int = 3000, m: int = 300, seed: int = 0):
 @pytest.mark.parametrize("weighted", [False, True])
 @pytest.mark.parametrize("sketched", [False, True])
 def test_float32_factors_converge_to_the_nystrom_solution(weighted, sketched):
+    _converge_to_the_nystrom_solution(weighted, sketched, center=False)
+
+
+@pytest.mark.filterwarnings("ignore::daskkrr.utils.linalg.JitterWarning")
+@pytest.mark.parametrize("sketched", [False, True])
+def test_float32_factors_of_a_centred_preconditioner_converge_too(sketched):
+    """An intercept centres FALKON's rows (``center_sketch``): in float32 too without a sketch."""
+    _converge_to_the_nystrom_solution(False, sketched, center=True)
+
+
+def _converge_to_the_nystrom_solution(weighted: bool, sketched: bool, center: bool) -> None:
     X, y, Z, Knm, Kmm = _discrete_problem()
     n, lam = len(X), 1e-3
     w = np.random.default_rng(1).uniform(0.5, 2.0, len(Z)) if weighted else None
@@ -82,7 +93,7 @@ def test_float32_factors_converge_to_the_nystrom_solution(weighted, sketched):
     Kd = Knm * D
     exact = D * np.linalg.lstsq(Kd.T @ Kd + lam * n * (D[:, None] * Kmm * D), Kd.T @ y, rcond=None)[0]
     sketch = [Knm[:400], Knm[400:900]] if sketched else None
-    P = FalkonPreconditioner.from_kernel_matrix(Kmm, penalty=lam, n=n, weights=w, sketch=sketch,
+    P = FalkonPreconditioner.from_kernel_matrix(Kmm, penalty=lam, n=n, weights=w, sketch=sketch, center_sketch=center,
                                                 relative_jitter=FLOAT32_RELATIVE_JITTER, factor_precision="float32")
     assert P.factor_precision == "float32" and P.T.dtype == np.float32
     assert P.A.dtype == (np.float64 if sketched else np.float32)  # a sketch's Gram sums in float64
