@@ -18,6 +18,8 @@ from daskkrr.solvers.falkon import FLOAT32_FACTOR_MIN_CENTERS, FLOAT32_RELATIVE_
 from daskkrr.utils import mixed_solve
 from daskkrr.utils.linalg import MIXED_SOLVE_MAX_COLUMNS, solve_upper
 
+from .test_solvers import _discrete_problem, discrete_nystrom_solution
+
 
 def _upper32(m: int, seed: int = 0) -> np.ndarray:
     rng = np.random.default_rng(seed)
@@ -61,16 +63,6 @@ def test_the_rule_picks_float32_factors_for_float32_fits_with_many_centers():
     assert factor_precision(np.float64, 10 * FLOAT32_FACTOR_MIN_CENTERS) == "float64"
 
 
-def _discrete_problem(n: int = 3000, m: int = 300, seed: int = 0):
-    """Features of three values each: the centers repeat, K_MM is singular."""
-    rng = np.random.default_rng(seed)
-    X = rng.integers(0, 3, size=(n, 6)).astype(np.float64)
-    y = X.sum(axis=1) + np.sin(3 * X[:, 0]) + 0.3 * rng.standard_normal(n)
-    k = GaussianKernel(sigma=2.0)
-    Z = X[rng.choice(n, m, replace=False)]
-    return X, y, Z, k(X, Z), k(Z, Z)
-
-
 @pytest.mark.filterwarnings("ignore::daskkrr.utils.linalg.JitterWarning")  # the repeated centers
 @pytest.mark.parametrize("weighted", [False, True])
 @pytest.mark.parametrize("sketched", [False, True])
@@ -86,12 +78,8 @@ def test_float32_factors_of_a_centred_preconditioner_converge_too(sketched):
 
 
 def _converge_to_the_nystrom_solution(weighted: bool, sketched: bool, center: bool) -> None:
-    X, y, Z, Knm, Kmm = _discrete_problem()
-    n, lam = len(X), 1e-3
-    w = np.random.default_rng(1).uniform(0.5, 2.0, len(Z)) if weighted else None
-    D = np.ones(len(Z)) if w is None else np.sqrt(w)
-    Kd = Knm * D
-    exact = D * np.linalg.lstsq(Kd.T @ Kd + lam * n * (D[:, None] * Kmm * D), Kd.T @ y, rcond=None)[0]
+    X, y, Z, Knm, Kmm, w, exact = discrete_nystrom_solution(weighted, lam := 1e-3)
+    n = len(X)
     sketch = [Knm[:400], Knm[400:900]] if sketched else None
     P = FalkonPreconditioner.from_kernel_matrix(Kmm, penalty=lam, n=n, weights=w, sketch=sketch, center_sketch=center,
                                                 relative_jitter=FLOAT32_RELATIVE_JITTER, factor_precision="float32")

@@ -191,16 +191,23 @@ def _discrete_problem(n: int = 3000, m: int = 300, seed: int = 0):
     return X, y, Z, k(X, Z), k(Z, Z)
 
 
+def discrete_nystrom_solution(weighted: bool, lam: float):
+    """``_discrete_problem``, center weights (or None) and the Nystrom KRR solution by a dense solve."""
+    X, y, Z, Knm, Kmm = _discrete_problem()
+    w = np.random.default_rng(1).uniform(0.5, 2.0, len(Z)) if weighted else None
+    D = np.ones(len(Z)) if w is None else np.sqrt(w)
+    # in the scaled variable (K_MM is singular: lstsq)
+    Kd = Knm * D
+    exact = D * np.linalg.lstsq(Kd.T @ Kd + lam * len(X) * (D[:, None] * Kmm * D), Kd.T @ y, rcond=None)[0]
+    return X, y, Z, Knm, Kmm, w, exact
+
+
 @pytest.mark.filterwarnings("ignore::daskkrr.utils.linalg.JitterWarning")  # the repeated centers
 @pytest.mark.parametrize("weighted", [False, True])
 def test_a_larger_jitter_keeps_the_solution_by_keeping_its_part_of_the_penalty(weighted):
-    X, y, Z, Knm, Kmm = _discrete_problem()
-    n, lam = len(X), 1e-3
-    w = np.random.default_rng(1).uniform(0.5, 2.0, len(Z)) if weighted else None
+    X, y, Z, Knm, Kmm, w, exact = discrete_nystrom_solution(weighted, lam := 1e-3)
+    n = len(X)
     D = np.ones(len(Z)) if w is None else np.sqrt(w)
-    # The Nystrom KRR solution in the scaled variable, with a dense solve (K_MM is singular: lstsq)
-    Kd = Knm * D
-    exact = D * np.linalg.lstsq(Kd.T @ Kd + lam * n * (D[:, None] * Kmm * D), Kd.T @ y, rcond=None)[0]
     for relative in (None, 1e-4):
         P = FalkonPreconditioner.from_kernel_matrix(Kmm, penalty=lam, n=n, weights=w, relative_jitter=relative)
         assert P.exact_penalty == (relative is not None)
