@@ -25,8 +25,9 @@ def pytest_configure(config: pytest.Config) -> None:
     finished, so which engine a test sees would depend on timing.
     """
     from daskkrr.kernels import warmup
+    from daskkrr.utils.optional import numba_installed
 
-    if warmup.numba_installed():
+    if numba_installed():
         warmup.warm_up()
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"

@@ -56,6 +56,7 @@ from daskkrr.kernels import blas, reference, warmup
 from daskkrr.kernels.base import Kernel
 from daskkrr.kernels.spec import supports
 from daskkrr.kernels.thread_rule import current_engine_threads
+from daskkrr.utils.optional import numba_installed
 from daskkrr.utils.threads import blas_threads
 
 #: Largest kernel tile (rows x centers x itemsize) built at once when ``max_tile_bytes`` is None.
@@ -382,7 +383,7 @@ def _auto_choice(kernel: Kernel | None) -> str:
     limit = _worker_memory_limit()
     if limit is not None and limit < FUSED_MIN_WORKER_MEMORY:
         return "blas"
-    if not warmup.numba_installed():
+    if not numba_installed():
         return "blas"
     if warmup.fused_ready() or _fused_compiled_here() or not warmup.background_allowed():
         return "fused" if FusedEngine.available() else "blas"

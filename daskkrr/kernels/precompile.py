@@ -14,6 +14,7 @@ import os
 import sys
 
 from daskkrr.kernels import warmup
+from daskkrr.utils.optional import numba_installed
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -24,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--after-idle", type=int, default=None, metavar="PID",
                     help="first wait (up to 2 minutes) until process PID is idle")
     args = ap.parse_args(argv)
-    if not warmup.numba_installed():
+    if not numba_installed():
         print("numba is not installed: nothing to compile (the BLAS engine is used)")
         return 0
     if args.background:

@@ -26,7 +26,6 @@ import contextlib
 import functools
 import hashlib
 import importlib.metadata
-import importlib.util
 import os
 import subprocess
 import sys
@@ -47,12 +46,6 @@ _ready = False
 _last_check = -_RECHECK_SECONDS
 _started = False
 _start_lock = threading.Lock()  # engine_for runs in many Dask threads at once
-
-
-@functools.cache
-def numba_installed() -> bool:
-    """Whether numba can be imported (without importing it)."""
-    return importlib.util.find_spec("numba") is not None
 
 
 def background_allowed() -> bool:
@@ -168,9 +161,8 @@ def compile_engine() -> None:
     from daskkrr.utils.mixed_solve import solve_upper_mixed
 
     T = np.eye(4, dtype=np.float32)
-    for B in (np.ones(4), np.ones((4, 2))):
-        solve_upper_mixed(T, B)
-        solve_upper_mixed(T, B, trans=True)
+    solve_upper_mixed(T, np.ones(4))
+    solve_upper_mixed(T, np.ones(4), trans=True)
 
 
 @contextlib.contextmanager

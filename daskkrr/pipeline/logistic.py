@@ -32,7 +32,7 @@ from daskkrr.parallel.strategies import plan_strategy, prepare_passes
 from daskkrr.pipeline.context import FitContext
 from daskkrr.pipeline.stages import Stage, choose_centers, guarded_statistics, sampler_guard, weight_sum
 from daskkrr.solvers import softmax
-from daskkrr.solvers.falkon import FLOAT32_RELATIVE_JITTER
+from daskkrr.solvers.falkon import jitter_floor
 from daskkrr.solvers.logistic import (
     CenterFactor,
     NewtonState,
@@ -154,7 +154,7 @@ def newton(ctx: FitContext) -> None:
     Z64 = Z.astype(np.float64)
     factor = CenterFactor.from_kernel_matrix(
         ctx.kernel(Z64, Z64), None if ctx.dictionary.is_uniform else ctx.dictionary.weights,
-        relative_jitter=FLOAT32_RELATIVE_JITTER if ctx.X.dtype == np.float32 else None)
+        relative_jitter=jitter_floor(ctx.X.dtype))
     path = penalty_path(float(p.penalty), p.penalty_schedule, int(p.newton_iterations))
     saved = getattr(ctx.store, "saved_state", lambda prefix: None)(NewtonState.checkpoint_prefix)
     state = None if saved is None else NewtonState.from_arrays(saved)

@@ -38,7 +38,7 @@ from daskkrr.pipeline.fingerprint import fit_fingerprint
 from daskkrr.sampling import make_sampler
 from daskkrr.solvers import FalkonPreconditioner, falkon_solve
 from daskkrr.solvers.exact import exact_krr_solve
-from daskkrr.solvers.falkon import FLOAT32_RELATIVE_JITTER, factor_precision
+from daskkrr.solvers.falkon import factor_precision, jitter_floor
 from daskkrr.solvers.intercept import centered_gram_matvec
 from daskkrr.solvers.sketch import KernelRowSketch, sketch_indices, sketch_precision
 from daskkrr.solvers.variance import exact_posterior
@@ -180,7 +180,7 @@ def falkon_preconditioner(ctx: FitContext, *, sketch: bool = True) -> None:
         ctx.kernel(Z64, Z64), penalty=float(p.penalty), n=weight_sum(ctx),
         weights=None if ctx.dictionary.is_uniform else ctx.dictionary.weights, sketch=row_sketch,
         center_sketch=bool(getattr(p, "fit_intercept", False)), precision=precision, overwrite_kmm=True,
-        relative_jitter=FLOAT32_RELATIVE_JITTER if ctx.X.dtype == np.float32 else None,
+        relative_jitter=jitter_floor(ctx.X.dtype),
         factor_precision=factor_precision(ctx.X.dtype, Z.shape[0]),
     )
     ctx.sketch_rows = 0 if row_sketch is None else int(row_sketch.rows)
@@ -293,23 +293,16 @@ def _nystrom_model(ctx: FitContext, coef: np.ndarray) -> None:
     """The fitted Nystrom model: centers, coefficients, intercept and how the fit went."""
     if ctx.mu is not None:  # f(x) = k(x, Z) coef + b with b = mean_w(y - K_nM coef), unpenalised
         ctx.fitted["intercept_"] = ctx.y_mean - ctx.mu @ coef.reshape(coef.shape[0], -1)
-    d = ctx.dictionary
+    d, pre = ctx.dictionary, ctx.preconditioner
     ctx.fitted.update(
         centers_=ctx.centers, center_indices_=d.indices, center_weights_=d.weights,
-        sampler_info_=dict(d.info), jitter_=float(ctx.preconditioner.jitter),
+        sampler_info_=dict(d.info), jitter_=float(pre.jitter),
         coef_=coef[:, 0] if (ctx.one_d and coef.ndim == 2) else coef,
         strategy_=ctx.plan.strategy, preconditioner_rows_=ctx.sketch_rows,
-        preconditioner_dtype_=preconditioner_dtype(ctx.preconditioner, ctx.sketch_rows),
+        preconditioner_dtype_="float32" if "float32" in (pre.factor_precision, pre.precision) else "float64",
         preconditioner_costs_=[] if ctx.sketch_plan is None else [c.as_dict() for c in ctx.sketch_plan.costs],
         n_data_passes_=ctx.passes.n_passes + 1,  # + the statistics pass
     )
-
-
-def preconditioner_dtype(pre: FalkonPreconditioner, sketch_rows: int) -> str:
-    """``preconditioner_dtype_``: float32 when the factors or the sketch Gram were float32."""
-    if pre.factor_precision == "float32":
-        return "float32"
-    return str(pre.precision) if sketch_rows else "float64"
 
 
 def exact_solve(ctx: FitContext) -> None:

@@ -160,8 +160,8 @@ class FalkonPreconditioner:
             S, owned = np.asfortranarray(S.T if S.flags.c_contiguous else S, dtype=np.float32), True
         elif owned and S.flags.c_contiguous:
             S = S.T  # symmetric: the same matrix, Fortran-ordered, so potrf can work in place
-        start = None if relative_jitter is None else relative_jitter * M * float(np.mean(np.diag(S)))
-        T, jitter = cholesky_jitter(S, what="center kernel matrix K_MM", overwrite=owned, initial_jitter=start)
+        T, jitter = cholesky_jitter(S, what="center kernel matrix K_MM", overwrite=owned,
+                                    relative_jitter=relative_jitter)
         del S
         inner, used = sketch_gram(T, d, () if sketch is None else sketch, center_sketch, precision=precision,
                                   penalty=float(penalty))
@@ -216,13 +216,11 @@ class FalkonPreconditioner:
         return v - self.jitter * solve_upper(self.T, t, trans=True) if self.exact_penalty else v
 
     def _penalty_matrix(self) -> np.ndarray:
-        """``T^{-T} D K_MM D T^{-1}`` as a matrix (``I`` when the jitter is dropped)."""
+        """``T^{-T} D K_MM D T^{-1}`` as a matrix, with the jitter's part kept (``exact_penalty``)."""
         M = self.n_centers
         if self.kmm is not None:
             left = solve_upper(self.T, self.kmm, trans=True)  # T^{-T} S
             return solve_upper(self.T, left.T, trans=True).T  # (T^{-T} S) T^{-1}
-        if not self.exact_penalty:
-            return np.eye(M)
         T_inv = solve_upper(self.T, np.eye(M))
         return np.eye(M) - self.jitter * (T_inv.T @ T_inv)
 
@@ -293,6 +291,12 @@ class FalkonPreconditioner:
 #: (converged: 0.4369 and 2.7558). 1e-5 is FALKON's own float32 jitter (its ``pc_epsilon_32``),
 #: but FALKON drops the jitter's part of the penalty, so it solves a more regularised problem.
 FLOAT32_RELATIVE_JITTER = 1e-6
+
+
+def jitter_floor(dtype: Any) -> float | None:
+    """The ``relative_jitter`` of a fit's center factor in ``dtype``: :data:`FLOAT32_RELATIVE_JITTER`
+    for float32, None (round-off) otherwise."""
+    return FLOAT32_RELATIVE_JITTER if np.dtype(dtype) == np.float32 else None
 
 #: From this many centers on, a float32 fit factors its preconditioner in float32 (``potrf`` and
 #: ``lauum`` at two to three times the float64 rate; below it they take milliseconds either way).

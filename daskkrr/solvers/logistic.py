@@ -211,9 +211,8 @@ class CenterFactor:
         Kmm = np.asarray(Kmm, dtype=np.float64)
         M = Kmm.shape[0]
         d = np.ones(M) if weights is None else np.sqrt(np.asarray(weights, dtype=np.float64))
-        S = d[:, None] * Kmm * d[None, :]
-        start = None if relative_jitter is None else relative_jitter * M * float(np.mean(np.diag(S)))
-        T, jitter = cholesky_jitter(S, what="center kernel matrix K_MM", initial_jitter=start)
+        T, jitter = cholesky_jitter(d[:, None] * Kmm * d[None, :], what="center kernel matrix K_MM",
+                                    relative_jitter=relative_jitter)
         return cls(Kmm=Kmm, T=T, d=d, jitter=jitter)
 
 

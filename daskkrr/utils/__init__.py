@@ -1,6 +1,7 @@
 """Helpers every layer of daskkrr shares: jittered Cholesky, atomic files, JSON, BLAS threads.
 
-This package depends on numpy, scipy, threadpoolctl and the standard library only:
+This package depends on numpy, scipy, threadpoolctl and the standard library only
+(numba, where installed, compiles the mixed-precision solves of :mod:`~daskkrr.utils.mixed_solve`):
 it imports neither dask/distributed nor any other daskkrr subpackage, so the data,
 kernel, sampling, solver and model layers can all use it without import cycles.
 """

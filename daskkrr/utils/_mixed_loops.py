@@ -9,31 +9,10 @@ _FASTMATH = {"reassoc", "contract"}
 
 
 @njit(nogil=True, fastmath=_FASTMATH, cache=True)
-def solve_vec(T, x):  # pragma: no cover - compiled
-    """``x <- T^{-1} x``: backward, a column of ``T`` (contiguous in F order) per step."""
-    for j in range(T.shape[0] - 1, -1, -1):
-        xj = x[j] / T[j, j]
-        x[j] = xj
-        for i in range(j):
-            x[i] -= T[i, j] * xj
-    return x
-
-
-@njit(nogil=True, fastmath=_FASTMATH, cache=True)
-def solve_t_vec(T, x):  # pragma: no cover - compiled
-    """``x <- T^{-T} x``: forward, a dot product with a column of ``T`` per step."""
-    for j in range(T.shape[0]):
-        s = x[j]
-        for i in range(j):
-            s -= T[i, j] * x[i]
-        x[j] = s / T[j, j]
-    return x
-
-
-@njit(nogil=True, fastmath=_FASTMATH, cache=True)
-def solve_mat(T, Xt):  # pragma: no cover - compiled
-    """``X <- T^{-1} X`` for ``X`` given transposed, C-ordered ``Xt`` of shape (k, M): each of the
-    ``k`` rows is swept with the column of ``T`` while that column is in cache (``T`` is read once)."""
+def solve(T, Xt):  # pragma: no cover - compiled
+    """``X <- T^{-1} X`` for ``X`` given transposed, C-ordered ``Xt`` of shape (k, M): backward, a
+    column of ``T`` (contiguous in F order) per step, each of the ``k`` rows swept with it while it
+    is in cache (``T`` is read once). One right-hand side (k = 1) runs as fast as a loop for vectors."""
     for j in range(T.shape[0] - 1, -1, -1):
         d = T[j, j]
         for c in range(Xt.shape[0]):
@@ -45,8 +24,9 @@ def solve_mat(T, Xt):  # pragma: no cover - compiled
 
 
 @njit(nogil=True, fastmath=_FASTMATH, cache=True)
-def solve_t_mat(T, Xt):  # pragma: no cover - compiled
-    """``X <- T^{-T} X`` for ``X`` given transposed, as ``Xt`` of shape (k, M)."""
+def solve_t(T, Xt):  # pragma: no cover - compiled
+    """``X <- T^{-T} X`` for ``X`` given transposed, as ``Xt`` of shape (k, M): forward, a dot
+    product with a column of ``T`` per step and row."""
     for j in range(T.shape[0]):
         d = T[j, j]
         for c in range(Xt.shape[0]):

@@ -65,6 +65,7 @@ def cholesky_jitter(
     overwrite: bool = False,
     advice: str = SINGULAR_ADVICE,
     escalate: bool = True,
+    relative_jitter: float | None = None,
 ) -> tuple[np.ndarray, float]:
     """Upper Cholesky factor ``T`` with ``T^T T = S + jitter I``.
 
@@ -95,6 +96,10 @@ def cholesky_jitter(
     escalate : bool, default=True
         Raise the jitter on failure; with False the first failure raises
         ``numpy.linalg.LinAlgError`` (with ``S`` restored when factored in place).
+    relative_jitter : float or None, default=None
+        Start from ``relative_jitter * m * mean(diag S)`` instead of ``initial_jitter``
+        (a floor on the jitter, relative to the matrix: see
+        :data:`daskkrr.solvers.falkon.FLOAT32_RELATIVE_JITTER`).
 
     Returns
     -------
@@ -137,6 +142,8 @@ def cholesky_jitter(
             "or constant features): use another kernel or informative features"
         )
     default = m * float(np.finfo(dtype).eps) * scale
+    if relative_jitter is not None:
+        initial_jitter = relative_jitter * m * scale
     jitter = default if initial_jitter is None else float(initial_jitter)
     expected = max(default, jitter)  # escalating past this one warns
     limit = max_jitter_ratio * scale

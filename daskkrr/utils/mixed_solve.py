@@ -13,11 +13,12 @@ the 2-core AMD EPYC VM. Without numba the factor is upcast (slow, but the same r
 
 from __future__ import annotations
 
-import importlib.util
 from typing import Any
 
 import numpy as np
 import scipy.linalg as sla
+
+from daskkrr.utils.optional import numba_installed
 
 __all__ = ["solve_upper_mixed"]
 
@@ -30,15 +31,8 @@ def solve_upper_mixed(T: np.ndarray, B: np.ndarray, trans: bool = False) -> np.n
                                     check_finite=False)
     loops = _loops()
     T = np.asfortranarray(T, dtype=np.float32)
-    if B.ndim == 1:
-        return (loops.solve_t_vec if trans else loops.solve_vec)(T, B.copy())
     Xt = np.array(B.reshape(B.shape[0], -1).T, order="C")  # a copy: each column contiguous
-    return (loops.solve_t_mat if trans else loops.solve_mat)(T, Xt).T.reshape(B.shape)
-
-
-def numba_installed() -> bool:
-    """Whether numba can be imported (without importing it)."""
-    return importlib.util.find_spec("numba") is not None
+    return (loops.solve_t if trans else loops.solve)(T, Xt).T.reshape(B.shape)
 
 
 def _loops() -> Any:
