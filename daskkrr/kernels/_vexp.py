@@ -57,58 +57,66 @@ _P32 = (1.0, 1.0000000321650833, 0.4999999420904117, 0.16666431262527415, 0.0416
 
 
 @njit(nogil=True, fastmath=SAFE_FASTMATH, cache=True)
-def exp_neg32(row: np.ndarray) -> None:  # pragma: no cover - compiled
-    """``row[:] = exp(row)`` in place for a float32 row of non-positive values."""
-    n = row.shape[0]
+def exp_neg32_scalar(x):  # pragma: no cover - compiled
+    """``exp(x)`` for a float32 ``x <= 0`` (inlined into vectorised loops by LLVM)."""
     f32 = np.float32
     lo = f32(_LO32)
-    for j in range(n):
-        x = row[j]
-        keep = x >= lo
-        x = max(x, lo)
-        t = np.floor(x * f32(_LOG2E) + f32(0.5))
-        f = x - t * f32(_HEAD32)
-        f = f - t * f32(_TAIL32)
-        p = f32(_P32[6])
-        p = p * f + f32(_P32[5])
-        p = p * f + f32(_P32[4])
-        p = p * f + f32(_P32[3])
-        p = p * f + f32(_P32[2])
-        p = p * f + f32(_P32[1])
-        p = p * f + f32(_P32[0])
-        scale = np.int32((np.int32(t) + np.int32(127)) << np.int32(23)).view(np.float32)
-        row[j] = p * scale if keep else f32(0.0)
+    keep = x >= lo
+    x = max(x, lo)
+    t = np.floor(x * f32(_LOG2E) + f32(0.5))
+    f = x - t * f32(_HEAD32)
+    f = f - t * f32(_TAIL32)
+    p = f32(_P32[6])
+    p = p * f + f32(_P32[5])
+    p = p * f + f32(_P32[4])
+    p = p * f + f32(_P32[3])
+    p = p * f + f32(_P32[2])
+    p = p * f + f32(_P32[1])
+    p = p * f + f32(_P32[0])
+    scale = np.int32((np.int32(t) + np.int32(127)) << np.int32(23)).view(np.float32)
+    return p * scale if keep else f32(0.0)
+
+
+@njit(nogil=True, fastmath=SAFE_FASTMATH, cache=True)
+def exp_neg64_scalar(x):  # pragma: no cover - compiled
+    """``exp(x)`` for a float64 ``x <= 0``."""
+    lo = _LO64
+    c = _INV_FACT
+    keep = x >= lo
+    x = max(x, lo)
+    t = np.floor(x * _LOG2E + 0.5)
+    f = x - t * _HEAD64
+    f = f - t * _TAIL64
+    p = c[13]
+    p = p * f + c[12]
+    p = p * f + c[11]
+    p = p * f + c[10]
+    p = p * f + c[9]
+    p = p * f + c[8]
+    p = p * f + c[7]
+    p = p * f + c[6]
+    p = p * f + c[5]
+    p = p * f + c[4]
+    p = p * f + c[3]
+    p = p * f + c[2]
+    p = p * f + 1.0
+    p = p * f + 1.0
+    scale = np.int64((np.int64(t) + np.int64(1023)) << np.int64(52)).view(np.float64)
+    return p * scale if keep else 0.0
+
+
+@njit(nogil=True, fastmath=SAFE_FASTMATH, cache=True)
+def exp_neg32(row: np.ndarray) -> None:  # pragma: no cover - compiled
+    """``row[:] = exp(row)`` in place for a float32 row of non-positive values."""
+    for j in range(row.shape[0]):
+        row[j] = exp_neg32_scalar(row[j])
 
 
 @njit(nogil=True, fastmath=SAFE_FASTMATH, cache=True)
 def exp_neg64(row: np.ndarray) -> None:  # pragma: no cover - compiled
     """``row[:] = exp(row)`` in place for a float64 row of non-positive values."""
-    n = row.shape[0]
-    lo = _LO64
-    c = _INV_FACT
-    for j in range(n):
-        x = row[j]
-        keep = x >= lo
-        x = max(x, lo)
-        t = np.floor(x * _LOG2E + 0.5)
-        f = x - t * _HEAD64
-        f = f - t * _TAIL64
-        p = c[13]
-        p = p * f + c[12]
-        p = p * f + c[11]
-        p = p * f + c[10]
-        p = p * f + c[9]
-        p = p * f + c[8]
-        p = p * f + c[7]
-        p = p * f + c[6]
-        p = p * f + c[5]
-        p = p * f + c[4]
-        p = p * f + c[3]
-        p = p * f + c[2]
-        p = p * f + 1.0
-        p = p * f + 1.0
-        scale = np.int64((np.int64(t) + np.int64(1023)) << np.int64(52)).view(np.float64)
-        row[j] = p * scale if keep else 0.0
+    for j in range(row.shape[0]):
+        row[j] = exp_neg64_scalar(row[j])
 
 
 def exp_neg(row: np.ndarray) -> None:
@@ -125,3 +133,15 @@ def _exp_neg_overload(row):  # pragma: no cover - compile-time dispatch
     if row.dtype == numba.float32:
         return lambda row: exp_neg32(row)
     return lambda row: exp_neg64(row)
+
+
+def exp_neg_scalar(x: float) -> float:
+    """``exp(x)`` for ``x <= 0`` in the precision of ``x``; dispatches on the type (also inside numba)."""
+    return float(exp_neg64_scalar(float(x)))
+
+
+@overload(exp_neg_scalar, jit_options={"nogil": True, "cache": True})  # type: ignore[typeddict-unknown-key]
+def _exp_neg_scalar_overload(x):  # pragma: no cover - compile-time dispatch
+    if x == numba.float32:
+        return lambda x: exp_neg32_scalar(x)
+    return lambda x: exp_neg64_scalar(x)
