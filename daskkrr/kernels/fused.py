@@ -472,7 +472,11 @@ def cross_chunk(n_features: int, itemsize: int) -> int:
     return min(2048, max(256, CROSS_CHUNK_BYTES // (n_features * itemsize) // 64 * 64))
 
 
-def _prepare(kernel: Kernel, Xb: Any, Z: Any) -> tuple[np.ndarray, PreparedCenters, tuple]:
+#: The driver's layout arguments: center, ZT, zn, kind, p0, p1, degree, jc, bz.
+_Layout = tuple[np.ndarray, np.ndarray, np.ndarray, int, float, float, int, int, np.ndarray]
+
+
+def _prepare(kernel: Kernel, Xb: Any, Z: Any) -> tuple[np.ndarray, PreparedCenters, _Layout]:
     """:func:`~daskkrr.kernels.block_layout.prepare`, plus the driver's arguments.
 
     Kernels built on dot products with at most :data:`LOOP_CROSS_MAX_FEATURES`
