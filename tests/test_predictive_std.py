@@ -166,7 +166,8 @@ def test_dask_input_gives_lazy_std_equal_to_numpy_and_multi_output_shares_the_sh
     # an AMD EPYC VM: 4.5e-12 relative on a std 35 times below the largest).
     np.testing.assert_allclose(lazy_std.compute(), std, rtol=1e-10, atol=1e-11 * np.max(std))
     np.testing.assert_allclose(lazy_mean.compute(), mean, rtol=1e-12)
-    np.testing.assert_allclose(mean, model.predict(Xt), rtol=1e-12)
+    # predict's mean comes from the engine's matvec, return_std's from a kernel block: round-off apart
+    np.testing.assert_allclose(mean, model.predict(Xt), rtol=1e-12, atol=1e-13 * np.max(np.abs(mean)))
 
 
 def test_saved_model_keeps_its_posterior_and_refit_without_compute_std_drops_it(tmp_path):
