@@ -86,6 +86,9 @@ class _Tiles:
                 self.ZTa[:d] = P.ZT
                 self.ZTa[d] = 1.0
                 self.ZTa[d + 1] = -g * P.zn.astype(np.float64)
+                # the clip's 0 as a row: numpy's minimum with a scalar 0 ran at a third of
+                # the speed of one with an array broadcast over the rows (numpy 2.4, AMD EPYC)
+                self.zero_row = np.zeros(P.n_centers, dtype=self.dtype)
         else:
             Xb, Z = np.asarray(Xb), np.asarray(Z)
             check_blocks(Xb, Z)
@@ -110,7 +113,7 @@ class _Tiles:
         kind = P.spec.kind
         if kind == GAUSSIAN:  # the exponent by one GEMM, clipped at 0 (round-off), then exp
             np.matmul(self.Xa[s:e], self.ZTa, out=K)
-            np.minimum(K, 0, out=K)
+            np.minimum(K, self.zero_row, out=K)
             np.exp(K, out=K)
             return K
         np.matmul(self.X[s:e], P.ZT, out=K)  # dot-product kernels: not centred (centre is 0)
