@@ -4,10 +4,11 @@ It does what :mod:`daskkrr.kernels.fused` does, a tile of rows at a time (about
 1 MiB of kernel entries, so each tile stays in the L2 cache between its passes),
 but each step of a tile is one numpy or BLAS call instead of a compiled loop:
 
-1. for the Gaussian kernel, the exponent ``-gamma |x - z|^2`` by one GEMM of rows
-   ``[2 gamma x, -gamma |x|^2, 1]`` and columns ``[z, 1, -gamma |z|^2]`` (rows and
-   centers centred on the centers' mean first), clipped at 0, then numpy's
-   vectorised ``exp`` in place; for the dot-product kernels ``X_t Z^T`` by GEMM and
+1. for the Gaussian kernel, the exponent ``-gamma |x - z|^2`` in base 2 by one GEMM of
+   rows ``[2 c x, -c |x|^2, 1]`` and columns ``[z, 1, -c |z|^2]`` with
+   ``c = gamma log2(e)`` (rows and centers centred on the centers' mean first),
+   clipped at 0, then numpy's vectorised ``exp2`` in place (it ran 1.5x faster than
+   ``exp`` in float32 with numpy 2.4 on AMD EPYC); for the dot-product kernels ``X_t Z^T`` by GEMM and
    the polynomial; for the other kernels, the kernel object's own formula;
 2. the products by BLAS GEMV/GEMM.
 
@@ -53,6 +54,7 @@ from daskkrr.kernels.spec import GAUSSIAN, LINEAR, POLYNOMIAL, kernel_spec
 TILE_BYTES = 2**20
 #: Bytes of one kernel tile for ``K^T K`` (a GEMM; larger tiles keep BLAS efficient).
 GRAM_TILE_BYTES = 8 * 2**20
+_LOG2E = 1.0 / np.log(2.0)
 #: Kinds whose tiles this module computes itself (others use the kernel object).
 _OWN_KINDS = (GAUSSIAN, LINEAR, POLYNOMIAL)
 
@@ -74,18 +76,19 @@ class _Tiles:
             P: PreparedCenters = self.P
             self.dtype = self.X.dtype
             if P.spec.kind == GAUSSIAN:
-                # -g |x - z|^2 = [2g x, -g |x|^2, 1] . [z, 1, -g |z|^2]: one GEMM with d + 2 columns
-                g = P.spec.p0
+                # -c |x - z|^2 = [2c x, -c |x|^2, 1] . [z, 1, -c |z|^2]: one GEMM with d + 2
+                # columns, in base 2 (c = g log2 e), so that exp2 gives the kernel
+                c = P.spec.p0 * _LOG2E
                 n, d = self.X.shape
                 Xc = self.X - P.center
                 self.Xa = np.empty((n, d + 2), dtype=self.dtype)
-                np.multiply(Xc, 2.0 * g, out=self.Xa[:, :d], casting="same_kind")
-                self.Xa[:, d] = -g * np.einsum("ij,ij->i", Xc, Xc, dtype=np.float64)
+                np.multiply(Xc, 2.0 * c, out=self.Xa[:, :d], casting="same_kind")
+                self.Xa[:, d] = -c * np.einsum("ij,ij->i", Xc, Xc, dtype=np.float64)
                 self.Xa[:, d + 1] = 1.0
                 self.ZTa = np.empty((d + 2, P.n_centers), dtype=self.dtype)
                 self.ZTa[:d] = P.ZT
                 self.ZTa[d] = 1.0
-                self.ZTa[d + 1] = -g * P.zn.astype(np.float64)
+                self.ZTa[d + 1] = -c * P.zn.astype(np.float64)
                 # the clip's 0 as a row: numpy's minimum with a scalar 0 ran at a third of
                 # the speed of one with an array broadcast over the rows (numpy 2.4, AMD EPYC)
                 self.zero_row = np.zeros(P.n_centers, dtype=self.dtype)
@@ -111,10 +114,10 @@ class _Tiles:
             return K
         P = self.P
         kind = P.spec.kind
-        if kind == GAUSSIAN:  # the exponent by one GEMM, clipped at 0 (round-off), then exp
+        if kind == GAUSSIAN:  # the base-2 exponent by one GEMM, clipped at 0 (round-off), then exp2
             np.matmul(self.Xa[s:e], self.ZTa, out=K)
             np.minimum(K, self.zero_row, out=K)
-            np.exp(K, out=K)
+            np.exp2(K, out=K)
             return K
         np.matmul(self.X[s:e], P.ZT, out=K)  # dot-product kernels: not centred (centre is 0)
         if kind == POLYNOMIAL:
