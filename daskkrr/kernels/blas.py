@@ -15,10 +15,11 @@ but each step of a tile is one numpy or BLAS call instead of a compiled loop:
 It needs no compiler, so it is ready the moment daskkrr is imported: under
 ``engine="auto"`` it computes the products while the fused engine is compiled in
 the background after an install (:mod:`daskkrr.kernels.warmup`), and it serves
-Dask workers too small to keep numba resident. On the development machine it
-ran the Gaussian ``K^T K u`` at about 0.9x the fused engine's speed (d = 20, M = 1000,
-one thread, both dtypes) and 2-3x the numpy reference's; the kernels without a fast
-path here (Laplacian, Matern) are slower.
+Dask workers too small to keep numba resident. On the AMD EPYC VM it ran the Gaussian
+``K^T K u`` at 0.5-0.6x the fused engine's speed (d = 20, M = 1000, float32: the fused
+engine forms cross products with 512-bit vectors, OpenBLAS with 256-bit ones) and 5x
+the numpy reference's; the kernels without a fast path here (Laplacian, Matern) are
+slower.
 
 Accuracy: tile products are formed in the block dtype (float32 GEMV for float32
 blocks, as the reference does) and summed across tiles in float64; the
