@@ -1,8 +1,9 @@
 """Compiling the fused engine ahead of the first fit, in the background.
 
-numba compiles :mod:`daskkrr.kernels.fused` on its first call (about 3-5 s per
-dtype on the development machine) and caches the machine code on disk. Right
-after an install there is no cache, and the first fit would wait for the compiler.
+numba compiles :mod:`daskkrr.kernels.fused` on its first call (about 9 s per
+dtype on the AMD EPYC VM, most of it LLVM on the four-row cross-product loops) and
+caches the machine code on disk. Right after an install there is no cache, and the
+first fit would wait for the compiler.
 Instead, ``engine="auto"`` asks :func:`fused_ready`:
 
 - when a warm-up has completed for this source, numba and Python version (a
