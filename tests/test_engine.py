@@ -322,10 +322,24 @@ def test_cross_product_loops_cover_padding_chunks_and_row_remainders(monkeypatch
         expected = reference.knm_gram_matvec(kernel, X, Z, U)
         exact = kernel(X.astype(np.float64), Z.astype(np.float64))
         for loops in (True, False):
-            monkeypatch.setattr(fused, "LOOP_CROSS_MAX_FEATURES", 1024 if loops else 0)
+            monkeypatch.setattr(fused, "loop_cross_max_features", lambda dtype, n=1024 if loops else 0: n)
             for rows in range(1, 8):
                 tile = rows * 150 * dtype(0).itemsize
                 _close(engine.gram_matvec(kernel, X, Z, U, max_tile_bytes=tile), expected, TOL[dtype])
                 _close(engine.matvec(kernel, X, Z, U, max_tile_bytes=tile), reference.knm_matvec(kernel, X, Z, U),
                        TOL[dtype])
             _close(engine.kernel_block(kernel, X, Z), exact, TOL[dtype] / 10)
+
+
+def test_the_loops_give_way_to_a_512_bit_blas_sooner(monkeypatch):
+    """With a BLAS on 256-bit kernels the loops form cross products up to 1024 features;
+    with 512-bit ones (MKL, OpenBLAS SkylakeX) only up to 64 (float32) and 16 (float64)."""
+    from daskkrr.kernels import fused
+
+    for wide, f32, f64 in ((False, 1024, 1024), (True, 64, 16)):
+        monkeypatch.setattr(fused, "blas_has_512bit_kernels", lambda wide=wide: wide)
+        assert fused.loop_cross_max_features(np.dtype(np.float32)) == f32
+        assert fused.loop_cross_max_features(np.dtype(np.float64)) == f64
+        X, Z = _data(np.float64, n=9, M=7, d=20)[:2]
+        jc = fused._prepare(GaussianKernel(sigma=3.0), X, Z)[2][7]
+        assert (jc > 0) == (not wide)  # float64, d = 20: BLAS when it is 512-bit

@@ -69,18 +69,25 @@ from daskkrr.kernels.spec import (  # noqa: F401  (re-exported)
     kernel_spec,
     supports,
 )
+from daskkrr.utils.threads import blas_has_512bit_kernels
 
 #: Bytes of one kernel tile processed by the fused loops: 16 rows at M = 2000 in float32,
 #: where OpenBLAS's small GEMM ran fastest on the development machine (1 MiB L2 per core).
 CACHE_TILE_BYTES = 128 * 2**10
 #: Bytes of one kernel tile for ``K^T K`` (a GEMM; larger tiles keep BLAS efficient).
 GRAM_TILE_BYTES = 8 * 2**20
-#: The tile loops form the cross products themselves up to this many features; above it,
-#: one BLAS GEMM per tile. OpenBLAS's GEMM on a 16-row tile spends much of its time
-#: packing ``Z`` and storing the tile, and (on AMD Zen 5) runs 256-bit kernels: on one
-#: EPYC core the loops below were 3.3x (float32) and 2.5x (float64) faster at d = 20,
-#: 1.5x and 1.3x at d = 100, 1.2x and 1.4x at d = 784 (``engine_throughput.py``).
+#: The tile loops form the cross products themselves up to this many features when the
+#: BLAS runs 256-bit GEMM kernels; above it, one BLAS GEMM per tile. OpenBLAS's GEMM on a
+#: 16-row tile spends much of its time packing ``Z`` and storing the tile: with its
+#: 256-bit (Haswell) kernels on one AMD EPYC Zen 5 core the loops below (512-bit vectors)
+#: were 3.3x (float32) and 2.5x (float64) faster at d = 20, 1.5x and 1.3x at d = 100,
+#: 1.2x and 1.4x at d = 784 (``engine_throughput.py``).
 LOOP_CROSS_MAX_FEATURES = 1024
+#: The same limit when the BLAS runs 512-bit kernels (MKL, OpenBLAS SkylakeX): measured on
+#: the same core with ``OPENBLAS_CORETYPE=SkylakeX``, the loops were 1.2-1.5x faster up
+#: to 64 features in float32 and level with BLAS at 8-20 in float64, where BLAS was
+#: 1.1-1.2x faster at 32-48 features.
+LOOP_CROSS_MAX_FEATURES_512BIT_BLAS = {"float32": 64, "float64": 16}
 #: Features per pass of those loops: centers and rows are padded with zero features to a
 #: multiple (zeros add nothing to a dot product).
 CROSS_GROUP = 4
@@ -453,17 +460,27 @@ def tile_rows(n_centers: int, itemsize: int, max_tile_bytes: int | None = None,
     """Rows per tile: about ``target_bytes`` (default :data:`CACHE_TILE_BYTES`) of kernel
     entries, at least 8 and at most 512 rows, never more than ``max_tile_bytes``.
 
-    Above :data:`LOOP_CROSS_MAX_FEATURES` features the tile's BLAS GEMM dominates and
+    When the tile's cross products are one BLAS GEMM (more than
+    :func:`loop_cross_max_features` features), it dominates and
     runs faster on taller tiles: the default target grows by ``n_features // 25`` (at
     most 4 times).
     """
     if target_bytes is None:
-        grow = n_features // 25 if n_features > LOOP_CROSS_MAX_FEATURES else 1
+        dtype = np.dtype(np.float32 if itemsize == 4 else np.float64)
+        grow = n_features // 25 if n_features > loop_cross_max_features(dtype) else 1
         target_bytes = CACHE_TILE_BYTES * max(1, min(4, grow))
     return rows_for_bytes(n_centers, itemsize, target_bytes, 8, 512, max_tile_bytes)
 
 
 _NONE2 = np.empty((0, 0))  # placeholder for the driver's unused float64 arguments
+
+
+def loop_cross_max_features(dtype: np.dtype) -> int:
+    """Most features for which the tile loops form the cross products themselves: see
+    :data:`LOOP_CROSS_MAX_FEATURES` and :data:`LOOP_CROSS_MAX_FEATURES_512BIT_BLAS`."""
+    if blas_has_512bit_kernels():
+        return LOOP_CROSS_MAX_FEATURES_512BIT_BLAS[np.dtype(dtype).name]
+    return LOOP_CROSS_MAX_FEATURES
 
 
 def cross_chunk(n_features: int, itemsize: int) -> int:
@@ -490,7 +507,7 @@ def _prepare(kernel: Kernel, Xb: Any, Z: Any) -> tuple[np.ndarray, PreparedCente
     d, M = ZT.shape
     jc = 0
     bz = zn[:0]
-    if kind != LAPLACIAN and d <= LOOP_CROSS_MAX_FEATURES:
+    if kind != LAPLACIAN and d <= loop_cross_max_features(ZT.dtype):
         pad = -d % CROSS_GROUP
         if pad:
             ZT = np.concatenate([ZT, np.zeros((pad, M), dtype=ZT.dtype)])
