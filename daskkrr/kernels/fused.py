@@ -10,7 +10,7 @@ processed a small tile of rows at a time (``tile_rows x M`` entries, about
 1. the cross products ``X_t Z^T`` of the tile (dot-product kernels and squared
    Euclidean distances ``|x|^2 + |z|^2 - 2 x.z``), by loops that take four rows
    and four features per pass over a column chunk of the centers (faster than a
-   BLAS GEMM on such thin tiles; BLAS above :data:`LOOP_CROSS_MAX_FEATURES`
+   BLAS GEMM on such thin tiles; BLAS above :func:`loop_cross_max_features`
    features). For the Gaussian kernel the last pass also applies
    ``exp`` (the vectorised one of :mod:`daskkrr.kernels._vexp`) while the sums are
    in registers. The Laplacian's L1 distances have their own vectorised loop;
@@ -71,8 +71,8 @@ from daskkrr.kernels.spec import (  # noqa: F401  (re-exported)
 )
 from daskkrr.utils.threads import blas_has_512bit_kernels
 
-#: Bytes of one kernel tile processed by the fused loops: 16 rows at M = 2000 in float32,
-#: where OpenBLAS's small GEMM ran fastest on the development machine (1 MiB L2 per core).
+#: Bytes of one kernel tile processed by the fused loops: 16 rows at M = 2000 in float32
+#: (32 to 128 KiB ran equally fast with the cross-product loops on the AMD EPYC VM).
 CACHE_TILE_BYTES = 128 * 2**10
 #: Bytes of one kernel tile for ``K^T K`` (a GEMM; larger tiles keep BLAS efficient).
 GRAM_TILE_BYTES = 8 * 2**20
@@ -331,7 +331,7 @@ def _cross_tile(xbuf, ZT, K, jc, bxs, bz, two_g, spare):  # pragma: no cover - c
     r4 = r - r % 4
     for j0 in range(0, M, jc):
         j1 = min(M, j0 + jc)
-        bzc = bz[j0:j1] if bz.shape[0] > 0 else bz
+        bzc = bz[j0:j1]  # empty stays empty: not the Gaussian kernel
         for i in range(0, r4, 4):
             _cross_rows4(xbuf, i, ZT, j0, j1, K, bxs[i : i + 4], bzc, two_g)
     if r4 < r:
@@ -344,7 +344,7 @@ def _cross_tile(xbuf, ZT, K, jc, bxs, bz, two_g, spare):  # pragma: no cover - c
             bs[q] = bxs[row]
         for j0 in range(0, M, jc):
             j1 = min(M, j0 + jc)
-            bzc = bz[j0:j1] if bz.shape[0] > 0 else bz
+            bzc = bz[j0:j1]
             _cross_rows4(xs, 0, ZT, j0, j1, Ks, bs, bzc, two_g)
         K[r4:r] = Ks[: r - r4]
 
@@ -496,7 +496,7 @@ _Layout = tuple[np.ndarray, np.ndarray, np.ndarray, int, float, float, int, int,
 def _prepare(kernel: Kernel, Xb: Any, Z: Any) -> tuple[np.ndarray, PreparedCenters, _Layout]:
     """:func:`~daskkrr.kernels.block_layout.prepare`, plus the driver's arguments.
 
-    Kernels built on dot products with at most :data:`LOOP_CROSS_MAX_FEATURES`
+    Kernels built on dot products with at most :func:`loop_cross_max_features`
     features get the centers zero-padded to a multiple of :data:`CROSS_GROUP`
     features and a column chunk for the cross-product loops; the Gaussian kernel also
     gets ``-g |z|^2``. Other kernels get ``jc = 0`` (a BLAS GEMM per tile, or the
