@@ -1,24 +1,28 @@
-"""Compiling the fused engine ahead of the first fit, in the background.
+"""Having the fused engine compiled before the first fit.
 
 numba compiles :mod:`daskkrr.kernels.fused` on its first call (about 9 s per
 dtype on the AMD EPYC VM, most of it LLVM on the four-row cross-product loops) and
-caches the machine code on disk. Right after an install there is no cache, and the
-first fit would wait for the compiler.
-Instead, ``engine="auto"`` asks :func:`fused_ready`:
+caches the machine code on disk, keyed on the sources' contents, the numba and
+Python versions and the CPU. Three ways the cache gets filled:
 
-- when a warm-up has completed for this source, numba and Python version (a
-  marker file beside numba's cache says so), the fused engine runs, loading its
-  code from the cache;
-- otherwise the products run on the BLAS engine (:mod:`daskkrr.kernels.blas`,
-  no compiler needed) and :func:`start_background` starts, once per process,
-  ``python -m daskkrr.kernels.precompile --background``: a low-priority process that
-  compiles every signature the engine uses (both dtypes), then writes the
-  marker. A file lock makes concurrent processes (Dask workers) compile once.
-  Later products in every process pick up the fused engine.
+- **at install**: the package build (``setup.py``) compiles the engine into the
+  built package's ``__pycache__`` and writes the marker below, so that after
+  ``pip install`` (or ``pip install -e``) on the machine that built it, the first
+  fit loads compiled code;
+- ``python -m daskkrr.kernels.precompile`` (for an image build or CI);
+- **in the background**: ``engine="auto"`` asks :func:`fused_ready`, and without a
+  valid marker (a wheel built on another CPU, ``$NUMBA_CACHE_DIR`` pointing
+  elsewhere, a read-only site-packages) the products run on the BLAS engine
+  (:mod:`daskkrr.kernels.blas`, no compiler needed) while :func:`start_background`
+  starts, once per process, ``python -m daskkrr.kernels.precompile --background``:
+  a low-priority process that compiles every signature the engine uses (both
+  dtypes), then writes the marker. A file lock makes concurrent processes (Dask
+  workers) compile once. Later products in every process pick up the fused engine.
 
-``python -m daskkrr.kernels.precompile`` does the same in the foreground (for an
-image build or CI); ``$DASKKRR_BACKGROUND_COMPILE=0`` turns the background
-compile off (``engine="auto"`` then compiles inline on first use, as numba does).
+The marker (a file beside numba's cache, named by :func:`cache_key`) records the CPU
+the code was compiled for; one written for another CPU does not count.
+``$DASKKRR_BACKGROUND_COMPILE=0`` turns the background compile off
+(``engine="auto"`` then compiles inline on first use, as numba does).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import contextlib
 import functools
 import hashlib
 import importlib.metadata
+import json
 import os
 import subprocess
 import sys
@@ -86,6 +91,28 @@ def marker_path() -> Path:
     return _cache_dir() / f"daskkrr-engine-{cache_key()}.ready"
 
 
+def host_target() -> list[str]:
+    """What numba compiles for here: target triple, CPU name and features (its cache key's
+    ``magic_tuple``, which honours ``$NUMBA_CPU_NAME`` and ``$NUMBA_CPU_FEATURES``)."""
+    from numba.core.registry import cpu_target
+
+    return [str(part) for part in cpu_target.target_context.codegen().magic_tuple()]
+
+
+def _marker_valid(marker: Path) -> bool:
+    """Whether ``marker`` exists and was written for this machine's CPU.
+
+    A marker built into a wheel on another machine names another CPU: numba's cache
+    beside it holds no code for this one, so the engine would compile inline.
+    Only an existing marker imports numba.
+    """
+    try:
+        recorded = json.loads(marker.read_text())
+    except (OSError, ValueError):
+        return False  # absent, or from an older daskkrr (plain text): compile once more
+    return isinstance(recorded, dict) and recorded.get("target") == host_target()
+
+
 def fused_ready() -> bool:
     """Whether the fused engine can run without compiling (looks at most once a second)."""
     global _ready, _last_check
@@ -94,7 +121,7 @@ def fused_ready() -> bool:
     now = time.monotonic()
     if now - _last_check >= _RECHECK_SECONDS:
         _last_check = now
-        _ready = marker_path().exists()
+        _ready = _marker_valid(marker_path())
     return _ready
 
 
@@ -190,12 +217,13 @@ def warm_up(wait: bool = True) -> bool:
     With ``wait=False``, returns False at once if another process is compiling.
     """
     marker = marker_path()
-    if marker.exists():
+    if _marker_valid(marker):
         return True
     with _exclusive(marker.with_suffix(".lock"), wait) as held:
         if not held:
             return False
-        if not marker.exists():
+        if not _marker_valid(marker):
             compile_engine()
-            atomic_write_bytes(marker, f"numba {importlib.metadata.version('numba')}\n".encode(), durable=False)
+            record = {"numba": importlib.metadata.version("numba"), "target": host_target()}
+            atomic_write_bytes(marker, json.dumps(record).encode(), durable=False)
     return True
