@@ -14,7 +14,8 @@ but each step of a tile is one numpy or BLAS call instead of a compiled loop:
 
 It needs no compiler, so it is ready the moment daskkrr is imported: under
 ``engine="auto"`` it computes the products while the fused engine is compiled in
-the background after an install (:mod:`daskkrr.kernels.warmup`), and it serves
+the background, where the install brought no usable compiled code
+(:mod:`daskkrr.kernels.warmup`), and it serves
 Dask workers too small to keep numba resident. On the AMD EPYC VM it ran the Gaussian
 ``K^T K u`` at 0.5-0.6x the fused engine's speed (d = 20, M = 1000, float32: the fused
 engine forms cross products with 512-bit vectors, OpenBLAS with 256-bit ones) and 5x

@@ -23,9 +23,9 @@ exceptions: ``$DASKKRR_ENGINE`` (``fused``, ``blas`` or ``numpy``) overrides it;
 Dask worker with less than :data:`FUSED_MIN_WORKER_MEMORY` of memory runs the BLAS
 engine (numba's compiled code and LLVM runtime stay resident, about 100 MB per
 process, which such a worker cannot spare); and until the fused engine has been
-compiled into numba's cache on this machine, or without numba, the BLAS engine
-runs while a background process compiles (:mod:`daskkrr.kernels.warmup`), so
-that the first fit after an install does not wait for the compiler.
+compiled into numba's cache on this machine (the package build does that: see
+:mod:`daskkrr.kernels.warmup`), or without numba, the BLAS engine runs while a
+background process compiles, so that no fit waits for the compiler.
 
 Every product accumulates in float64, whatever the block dtype, so float32 data
 do not lose accuracy across many tiles. ``n_threads=None`` follows the rule of
