@@ -103,10 +103,16 @@ def _dead(pid: int) -> bool:
 # ---------------------------------------------------------------- signals during writes
 
 
+def _default_sigint() -> None:
+    # A suite started in the background (`pytest &` from a script) ignores SIGINT, and a child
+    # inherits that; Python then leaves Ctrl-C ignored. The command should see SIGINT as a user would.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _daskkrr(*args: str) -> subprocess.Popen:
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
     return subprocess.Popen([sys.executable, "-m", "daskkrr.cli", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env)
+                            stderr=subprocess.PIPE, text=True, env=env, preexec_fn=_default_sigint)
 
 
 def _wait_for(predicate, proc: subprocess.Popen, timeout: float = 120.0) -> None:
