@@ -29,6 +29,9 @@ from pathlib import Path
 from setuptools import setup
 from setuptools.command.build_py import build_py
 
+#: Seconds the build waits for the compile (about 18 s on a 2-core VM) before it goes on without.
+COMPILE_TIMEOUT = 900
+
 # Run in a fresh interpreter: the engine's modules from the built tree, without
 # daskkrr/__init__.py (which imports dask, absent from the build environment).
 _COMPILE = """
@@ -52,16 +55,21 @@ def compile_engine(package_dir: Path, clean: bool = True) -> bool:
             stale.unlink()
     env = {k: v for k, v in os.environ.items() if k not in ("NUMBA_CACHE_DIR", "DASKKRR_ENGINE")}
     env["DASKKRR_BACKGROUND_COMPILE"] = "0"
-    out = subprocess.run([sys.executable, "-c", _COMPILE, str(package_dir)], env=env, cwd=package_dir.parent,
-                         capture_output=True, text=True)
-    for lock in package_dir.rglob("__pycache__/daskkrr-engine-*.lock"):
-        lock.unlink()
-    if out.returncode == 0:
-        print(f"daskkrr: fused engine compiled ({out.stdout.strip()})")
+    try:
+        out = subprocess.run([sys.executable, "-c", _COMPILE, str(package_dir)], env=env, cwd=package_dir.parent,
+                             capture_output=True, text=True, timeout=COMPILE_TIMEOUT)
+        ok, detail = out.returncode == 0, (out.stdout if out.returncode == 0 else out.stderr)[-2000:].strip()
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        ok, detail = False, str(exc)
+    if clean:  # a built package carries no lock file (a source tree's may be held by a compile)
+        for lock in package_dir.rglob("__pycache__/daskkrr-engine-*.lock"):
+            lock.unlink()
+    if ok:
+        print(f"daskkrr: fused engine compiled ({detail})")
     else:
         print("daskkrr: WARNING: could not compile the fused engine at build time; the first fit after the "
-              f"install will compile it in the background instead:\n{out.stderr[-2000:]}", file=sys.stderr)
-    return out.returncode == 0
+              f"install will compile it in the background instead:\n{detail}", file=sys.stderr)
+    return ok
 
 
 class BuildPyWithEngine(build_py):

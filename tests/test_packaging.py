@@ -69,16 +69,28 @@ print("ok")
 """
 
 
+def _setup_py():
+    spec = importlib.util.spec_from_file_location("daskkrr_setup", ROOT / "setup.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # defines compile_engine; setup() runs only as __main__
+    return module
+
+
+def test_a_failed_build_compile_warns_and_lets_the_build_go_on(tmp_path, capsys):
+    broken = tmp_path / "daskkrr"
+    (broken / "kernels").mkdir(parents=True)  # no engine to import
+    assert _setup_py().compile_engine(broken) is False
+    err = capsys.readouterr().err
+    assert "could not compile the fused engine at build time" in err and "ImportError" in err
+
+
 @pytest.mark.slow
 def test_the_build_compiles_the_engine_into_the_package_it_installs(tmp_path):
     """setup.py's build step leaves the engine's compiled code in the built package: once that
     package is copied elsewhere (installed: new paths, new times), a fresh process runs the fused
     engine from the first call without compiling. For another CPU the marker does not match."""
-    spec = importlib.util.spec_from_file_location("daskkrr_setup", ROOT / "setup.py")
-    assert spec is not None and spec.loader is not None
-    setup_py = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(setup_py)  # defines compile_engine; setup() runs only as __main__
-
+    setup_py = _setup_py()
     built = tmp_path / "build" / "daskkrr"
     shutil.copytree(ROOT / "daskkrr", built, ignore=shutil.ignore_patterns("__pycache__"))
     assert setup_py.compile_engine(built)
