@@ -142,6 +142,46 @@ def test_kmeans_warns_when_max_iter_stops_it():
 
 
 # --------------------------------------------------------------------------- cluster
+@pytest.fixture(scope="module")
+def many_blobs():
+    """15 blobs: one random initialisation often merges two and splits another."""
+    rng = np.random.default_rng(0)
+    return np.vstack([rng.normal(c, 0.6, size=(60, 2)) for c in rng.uniform(-10, 10, size=(15, 2))])
+
+
+def test_kmeans_n_init_keeps_the_run_of_least_inertia(many_blobs):
+    from daskkrr.pipeline.unsupervised import kmeans_runs, run_seed
+
+    kw = dict(n_clusters=15, n_centers=150, init="random", random_state=3)
+    one = NystromKernelKMeans(n_init=1, **kw).fit(many_blobs)
+    four = NystromKernelKMeans(n_init=4, **kw).fit(many_blobs)
+    auto = NystromKernelKMeans(**kw).fit(many_blobs)  # "auto": 10 runs for random centroids
+    # run 0 is n_init=1's: more runs can only lower the inertia, and here they do
+    assert four.inertia_ < 0.5 * one.inertia_, (one.inertia_, four.inertia_)
+    assert auto.inertia_ <= four.inertia_ + 1e-9
+    for model in (one, four, auto):  # the model is one consistent run: labels, centroids, inertia
+        np.testing.assert_array_equal(model.predict(many_blobs), model.labels_)
+        assert np.isclose(-model.score(many_blobs), model.inertia_, rtol=1e-8)
+    assert kmeans_runs("random", "auto") == 10 and kmeans_runs("k-means||", "auto") == 1
+    assert kmeans_runs("k-means||", 3) == 3 and run_seed(7, 0) == 7
+    assert len({run_seed(7, r) for r in range(10)}) == 10
+
+
+def test_kmeans_n_init_auto_and_given_centroids_make_one_run(many_blobs):
+    kw = dict(n_clusters=15, n_centers=150, random_state=0)
+    auto = NystromKernelKMeans(**kw).fit(many_blobs)
+    one = NystromKernelKMeans(n_init=1, **kw).fit(many_blobs)
+    np.testing.assert_array_equal(auto.cluster_centers_, one.cluster_centers_)  # k-means||: one run
+    start = many_blobs[:: len(many_blobs) // 15][:15]
+    given = NystromKernelKMeans(init=start, **kw).fit(many_blobs)
+    with pytest.warns(RuntimeWarning, match="one run is made, not n_init=3"):
+        again = NystromKernelKMeans(init=start, n_init=3, **kw).fit(many_blobs)
+    np.testing.assert_array_equal(given.cluster_centers_, again.cluster_centers_)
+    for bad in (0, -1, "many", 1.5):
+        with pytest.raises(ValueError, match="n_init"):
+            NystromKernelKMeans(n_init=bad, **kw).fit(many_blobs)
+
+
 def test_two_process_cluster_from_zarr_equals_numpy(tmp_path, cluster2):
     rng = np.random.default_rng(5)
     X = np.concatenate([rng.normal(size=(200, 4)) + 3 * c for c in range(3)])

@@ -50,6 +50,12 @@ UNSUPERVISED_DOCS = {
     then weighted k-means++ on the candidates, on the client), "random"
     (``n_clusters`` distinct rows), or points in the input feature space
     (their embeddings start Lloyd's iterations).""",
+    "n_init": """n_init : "auto" or int, default="auto"
+    Number of initialisations, each followed by Lloyd's iterations; the run
+    of least inertia is kept. "auto" makes 10 runs with ``init="random"`` and
+    1 otherwise (scikit-learn's rule). Given centroids (``init`` an array)
+    make one run. Each run costs its own seeding and Lloyd passes (less with
+    ``strategy="cache"``); the first run is the one ``n_init=1`` makes.""",
     "kmeans_max_iter": """max_iter : int, default=100
     Maximum Lloyd iterations, each one pass over the data (or over the kernel
     rows kept in memory). A fit that stops at ``max_iter`` warns
@@ -277,7 +283,7 @@ class NystromKernelKMeans(ClusterMixin, NystromUnsupervisedBase):
     Lloyd's iterations run on daskkrr's execution layer, not on dask-ml's
     ``KMeans`` (see the user guide, "Unsupervised learning", for the measurement).
 
-    {_doc("n_clusters", "kernel", "sigma", "n_centers", "sampler", "unsup_penalty", "init", "kmeans_max_iter",
+    {_doc("n_clusters", "kernel", "sigma", "n_centers", "sampler", "unsup_penalty", "init", "n_init", "kmeans_max_iter",
           "kmeans_tol", "init_rounds", "oversampling_factor", "kmeans_strategy", "kernel_params", "standardize",
           "chunks", "random_state", "verbose")}
     Attributes
@@ -313,6 +319,7 @@ class NystromKernelKMeans(ClusterMixin, NystromUnsupervisedBase):
         "n_clusters": [positive(Integral)],
         **_COMMON_CONSTRAINTS,
         "init": [StrOptions({"k-means||", "random"}), "array-like"],
+        "n_init": [StrOptions({"auto"}), positive(Integral)],
         "max_iter": [positive(Integral)],
         "tol": [Interval(Real, 0, None, closed="left")],
         "init_rounds": [positive(Integral)],
@@ -324,7 +331,8 @@ class NystromKernelKMeans(ClusterMixin, NystromUnsupervisedBase):
 
     def __init__(self, n_clusters: int = 8, kernel: Any = "gaussian", sigma: float | None = None,
                  n_centers: int = 1000, sampler: Any = "uniform", penalty: float = 1e-6, init: Any = "k-means||",
-                 max_iter: int = 100, tol: float = 1e-4, init_rounds: int = 5, oversampling_factor: float = 2.0,
+                 n_init: int | str = "auto", max_iter: int = 100, tol: float = 1e-4, init_rounds: int = 5,
+                 oversampling_factor: float = 2.0,
                  strategy: str = "auto", kernel_params: dict | None = None, standardize: bool = True,
                  chunks: int | None = None, random_state: Any = None, verbose: bool = False):
         self.n_clusters = n_clusters
@@ -334,6 +342,7 @@ class NystromKernelKMeans(ClusterMixin, NystromUnsupervisedBase):
         self.sampler = sampler
         self.penalty = penalty
         self.init = init
+        self.n_init = n_init
         self.max_iter = max_iter
         self.tol = tol
         self.init_rounds = init_rounds

@@ -76,8 +76,9 @@ class EmbeddingState:
     K_MM: np.ndarray | None = None
     P: np.ndarray | None = None
     passes: BlockPasses | None = None
-    #: Initial centroids (k, r) in the embedding, and ``sum ||phi(x_i)||^2`` if known.
-    init: np.ndarray | None = None
+    #: Initial centroids (k, r) in the embedding, one array per run (``n_init``), and
+    #: ``sum ||phi(x_i)||^2`` if known.
+    inits: list[np.ndarray] = dataclasses.field(default_factory=list)
     total_sq_norm: float | None = None
 
 
@@ -204,8 +205,28 @@ def _random_rows(ctx: FitContext, passes: BlockPasses, P: np.ndarray, seed: int,
     return _embed_rows(ctx, P, passes.gather_rows(idx))
 
 
+def kmeans_runs(init: Any, n_init: Any) -> int:
+    """How many seedings and Lloyd runs: ``n_init``, where "auto" means 10 for "random"
+    and 1 otherwise (scikit-learn's rule for its k-means++), and 1 for given points."""
+    if not isinstance(init, str):
+        if n_init not in ("auto", 1):
+            warnings.warn(f"init is an array of centroids, so one run is made, not n_init={n_init}",
+                          RuntimeWarning, stacklevel=3)
+        return 1
+    if n_init == "auto":
+        return 10 if init == "random" else 1
+    return int(n_init)
+
+
+def run_seed(seed: int, run: int) -> int:
+    """The seed of run ``run``: the fit's own for the first (``n_init=1`` gives the same model
+    whatever ``n_init`` was), then one drawn from the keyed stream."""
+    return seed if run == 0 else int(keyed_rng(seed, STREAM_KMEANS_INIT, 3, run).integers(2**62))
+
+
 def kmeans_seed(ctx: FitContext, state: EmbeddingState) -> None:
-    """Initial centroids: k-means|| (a few passes), ``k`` random rows, or the given points."""
+    """Initial centroids of every run: k-means|| (a few passes each), ``k`` random rows, or
+    the given points."""
     p = ctx.params
     P = state.P
     if P is None:
@@ -214,6 +235,7 @@ def kmeans_seed(ctx: FitContext, state: EmbeddingState) -> None:
     seed = resolve_seed(seed_of(p.random_state))
     state.passes = passes = embedding_passes(ctx, repeated=True)
     init = p.init
+    runs = kmeans_runs(init, getattr(p, "n_init", 1))
     if not isinstance(init, str):
         points = np.asarray(init, dtype=np.float64)
         if points.shape != (k, ctx.n_features):
@@ -221,13 +243,21 @@ def kmeans_seed(ctx: FitContext, state: EmbeddingState) -> None:
                              f"({k}, {ctx.n_features})")
         if ctx.scaler is not None:
             points = np.asarray(ctx.scaler.transform(points), dtype=np.float64)
-        state.init = _embed_rows(ctx, P, points)
+        state.inits = [_embed_rows(ctx, P, points)]
         return
     if init == "random":
-        state.init = _random_rows(ctx, passes, P, seed, k, np.empty(0, dtype=np.int64))
+        state.inits = [_random_rows(ctx, passes, P, run_seed(seed, r), k, np.empty(0, dtype=np.int64))
+                       for r in range(runs)]
         return
-    # k-means|| (Bahmani et al. 2012): C = one uniform row; each round samples every row
-    # independently with probability min(1, l d^2(x, C) / psi(C)), l = oversampling_factor * k.
+    state.inits = [_kmeans_parallel(ctx, state, passes, P, k, run_seed(seed, r)) for r in range(runs)]
+
+
+def _kmeans_parallel(ctx: FitContext, state: EmbeddingState, passes: BlockPasses, P: np.ndarray, k: int,
+                     seed: int) -> np.ndarray:
+    """k-means|| (Bahmani et al. 2012): C = one uniform row; each round samples every row
+    independently with probability min(1, l d^2(x, C) / psi(C)), l = oversampling_factor * k;
+    then weighted k-means++ on the candidates, on the client."""
+    p = ctx.params
     t0 = time.perf_counter()
     first = int(keyed_rng(seed, STREAM_KMEANS_INIT, 0).integers(ctx.n))
     C = _embed_rows(ctx, P, passes.gather_rows(np.array([first])))
@@ -261,9 +291,9 @@ def kmeans_seed(ctx: FitContext, state: EmbeddingState) -> None:
     if C.shape[0] < k:  # fewer distinct candidates than clusters: top up with random rows
         C = np.vstack([C, _random_rows(ctx, passes, P, seed, k - C.shape[0], all_rows)])
         weights = np.concatenate([weights, np.ones(k - len(weights))])
-    state.init = reduce_candidates(C, np.maximum(weights, 1e-12), k, keyed_rng(seed, STREAM_KMEANS_INIT, 2))
     logger.info("k-means|| chose %d candidates in %d rounds (%.2fs)", C.shape[0], int(p.init_rounds),
                 time.perf_counter() - t0)
+    return reduce_candidates(C, np.maximum(weights, 1e-12), k, keyed_rng(seed, STREAM_KMEANS_INIT, 2))
 
 
 # --------------------------------------------------------------------------- Lloyd
@@ -271,36 +301,48 @@ def _kernel_rows_task(Xb: np.ndarray, kernel: Any, Z: np.ndarray) -> np.ndarray:
     return np.vstack(list(kernel_tiles(Xb, kernel, Z))) if Xb.shape[0] else np.empty((0, Z.shape[0]))
 
 
+@dataclasses.dataclass
+class LloydRun:
+    """Where Lloyd's iterations from one initialisation ended."""
+
+    centers: np.ndarray
+    inertia: float
+    n_iter: int
+    converged: bool
+
+
 def lloyd_solve(ctx: FitContext, state: EmbeddingState) -> None:
-    """Lloyd's iterations, one pass each (or a sweep of the kept kernel rows); then the final labels."""
+    """Lloyd's iterations from each initialisation, one pass each (or a sweep of the kept
+    kernel rows); the run of least inertia is the model; then its labels."""
     p = ctx.params
-    P, C, passes = state.P, state.init, state.passes
-    if P is None or C is None or passes is None:
+    P, passes = state.P, state.passes
+    if P is None or not state.inits or passes is None:
         raise RuntimeError("no initial centroids; run kmeans_seed first")
-    k, M = C.shape[0], P.shape[0]
+    M = P.shape[0]
     res = ctx.executor.resources()
     budget = Budget(cores=res.cores, memory_bytes=res.memory_bytes, n_workers=res.n_workers)
-    keep = p.strategy == "cache" or (p.strategy == "auto" and embedding_fits(ctx.n, M, budget, int(p.max_iter)))
+    iterations = int(p.max_iter) * len(state.inits)
+    keep = p.strategy == "cache" or (p.strategy == "auto" and embedding_fits(ctx.n, M, budget, iterations))
     Zb, Pb = ctx.executor.broadcast(ctx.centers), ctx.executor.broadcast(P)
     kept = passes.keep(_kernel_rows_task, ctx.kernel, Zb, name="kernelrows") if keep else None
-    total = state.total_sq_norm
 
-    def lloyd_pass(C: np.ndarray) -> np.ndarray:
+    def lloyd_pass(C: np.ndarray, total: float | None) -> np.ndarray:
         A, c_sq = centroid_products(P, C)
         if kept is not None:  # (the local sweep takes arrays, not broadcast handles)
             return passes.reduce_kept(kept, lloyd_kept_block, A, c_sq, P if total is None else None, name="lloyd")
         return passes.map_reduce(lloyd_block, ctx.kernel, Zb, A, c_sq, Pb if total is None else None, name="lloyd")
 
-    try:
+    def lloyd(C: np.ndarray) -> LloydRun:
+        k = C.shape[0]
         tol_abs = None
         converged = strict = False
         inertia = math.inf
         n_iter = 0
         for n_iter in range(1, int(p.max_iter) + 1):
-            stats = lloyd_pass(C)
-            if total is None:
-                total = float(stats[k, 1])
-            step = LloydStep(stats, C, P, total)
+            stats = lloyd_pass(C, state.total_sq_norm)
+            if state.total_sq_norm is None:
+                state.total_sq_norm = float(stats[k, 1])
+            step = LloydStep(stats, C, P, state.total_sq_norm)
             if tol_abs is None:
                 tol_abs = float(p.tol) * step.mean_variance
             ctx.events.emit(ev.SolverStep(n_iter, step.shift))
@@ -312,26 +354,37 @@ def lloyd_solve(ctx: FitContext, state: EmbeddingState) -> None:
                 converged = True
                 break
         if not strict:  # labels and inertia of the final centroids (as scikit-learn's last E-step)
-            stats = lloyd_pass(C)
-            inertia = max(0.0, float(total + stats[k, 0]))
+            stats = lloyd_pass(C, state.total_sq_norm)
+            inertia = max(0.0, float(state.total_sq_norm + stats[k, 0]))
+        return LloydRun(C, float(inertia), n_iter, converged)
+
+    try:
+        best = lloyd(state.inits[0])
+        for run, C0 in enumerate(state.inits[1:], start=2):
+            result = lloyd(C0)
+            logger.info("k-means run %d of %d: inertia %.6g after %d iterations (best so far %.6g)", run,
+                        len(state.inits), result.inertia, result.n_iter, best.inertia)
+            if result.inertia < best.inertia:  # ties: the earlier run
+                best = result
     finally:
         if kept is not None:
             passes.release(kept)
-    ctx.n_iter, ctx.converged = n_iter, converged
-    if not converged:
+    ctx.n_iter, ctx.converged = best.n_iter, best.converged
+    if not best.converged:
         warnings.warn(
             f"Lloyd's iterations stopped at max_iter={p.max_iter} before the centroids' move fell below "
             f"tol={p.tol:g} (times the data's mean variance in the embedding); raise max_iter or tol",
             ConvergenceWarning, stacklevel=2,
         )
-    A, c_sq = centroid_products(P, C)
+    A, c_sq = centroid_products(P, best.centers)
     if ctx.in_memory:
         labels: Any = np.concatenate(passes.map(labels_block, ctx.kernel, Zb, A, c_sq, name="labels"))
     else:
         labels = lazy_labels(ctx.X, ctx.kernel, chosen_centers(ctx), A, c_sq)
     ctx.fitted.update(
-        cluster_centers_=C, inertia_=float(inertia), n_iter_=n_iter, converged_=converged, labels_=labels,
-        strategy_="cache" if kept is not None else "recompute", n_data_passes_=passes.n_passes + 1,
+        cluster_centers_=best.centers, inertia_=best.inertia, n_iter_=best.n_iter, converged_=best.converged,
+        labels_=labels, strategy_="cache" if kept is not None else "recompute",
+        n_data_passes_=passes.n_passes + 1,
     )
 
 
