@@ -7,8 +7,8 @@ but each step of a tile is one numpy or BLAS call instead of a compiled loop:
 1. for the Gaussian kernel, the exponent ``-gamma |x - z|^2`` in base 2 by one GEMM of
    rows ``[2 c x, -c |x|^2, 1]`` and columns ``[z, 1, -c |z|^2]`` with
    ``c = gamma log2(e)`` (rows and centers centred on the centers' mean first),
-   clipped at 0, then numpy's vectorised ``exp2`` in place (1.8x faster than ``exp``
-   in float32 with numpy 2.4 on AMD EPYC); for the dot-product kernels ``X_t Z^T`` by
+   then numpy's vectorised ``exp2`` in place (1.8x faster than ``exp`` in float32
+   with numpy 2.4 on AMD EPYC; no clip at 0, see :meth:`_Tiles.fill`); for the dot-product kernels ``X_t Z^T`` by
    GEMM and the polynomial; for the other kernels, the kernel object's own formula;
 2. the products by BLAS GEMV/GEMM.
 
