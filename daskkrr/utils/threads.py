@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import threading
 from collections.abc import Iterator
@@ -49,20 +50,12 @@ def blas_threads(n: int) -> Iterator[None]:
 
 #: OpenBLAS core types whose GEMM kernels use 512-bit vectors (AVX-512).
 _OPENBLAS_512BIT = ("skylakex", "cooperlake", "sapphirerapids")
-_WIDE: bool | None = None
 
 
+@functools.cache
 def blas_has_512bit_kernels() -> bool:
     """Whether the BLAS that numpy and scipy load runs 512-bit GEMM kernels: MKL, or
     OpenBLAS on its SkylakeX family (``OPENBLAS_CORETYPE`` may pin another; the CI VM's
     environment pins Haswell, 256-bit, on an AVX-512 CPU). Cached per process."""
-    global _WIDE
-    if _WIDE is None:
-        wide = False
-        for lib in _controller().lib_controllers:
-            if lib.user_api != "blas":
-                continue
-            arch = str(getattr(lib, "architecture", "") or "").lower()
-            wide = wide or lib.internal_api == "mkl" or arch in _OPENBLAS_512BIT
-        _WIDE = wide
-    return _WIDE
+    return any(lib.internal_api == "mkl" or str(getattr(lib, "architecture", "") or "").lower() in _OPENBLAS_512BIT
+               for lib in _controller().lib_controllers if lib.user_api == "blas")
