@@ -195,31 +195,50 @@ def test_local_refinement_finds_the_peak_of_a_quadratic():
     def score(u):
         return -((u[0] - 0.45) ** 2) - 0.1 * (u[1] - 0.6) ** 2
 
-    def peak(local, arms):
-        return local.peak(arms, np.array([score(u) for u in arms]))
+    def step(local, arms, reach=4.0):
+        return local.step(arms, np.array([score(u) for u in arms]), reach)
 
     local = LocalRefinement(ranges, np.array([0.5, 0.5, 0.3]), np.zeros(3), np.ones(3))
     pattern = local.pattern()
-    step = np.array([[-1, 0, 0], [1, 0, 0], [0, -1, 0], [0, 1, 0]]) * REFINE_STEP
-    np.testing.assert_allclose(pattern, local.center + step)  # a compass; n_centers stays
+    unit = np.array([[-1, 0, 0], [1, 0, 0], [0, -1, 0], [0, 1, 0]]) * REFINE_STEP
+    np.testing.assert_allclose(pattern, local.center + unit)  # a compass; n_centers stays
     seen = np.vstack([local.center, pattern])
-    np.testing.assert_allclose(peak(local, seen), [0.45, 0.6, 0.3])  # exact on a quadratic
-    # Candidates with another n_centers, or beyond the reach, are not in the model.
-    far = np.array([[0.45, 0.6, 0.9], [0.9, 0.9, 0.3]])
-    np.testing.assert_allclose(local.peak(np.vstack([seen, far]), np.r_[[score(u) for u in seen], 5.0, 5.0]),
+    np.testing.assert_allclose(step(local, seen), [0.45, 0.6, 0.3])  # exact on a quadratic
+    # Candidates with another n_centers, or past the weight's cut-off (8.4 steps), are not in the model.
+    far = np.array([[0.45, 0.6, 0.9], [0.0, 0.0, 0.3]])
+    np.testing.assert_allclose(local.step(np.vstack([seen, far]), np.r_[[score(u) for u in seen], 5.0, 5.0]),
                                [0.45, 0.6, 0.3])
-    # At a face the down move is cut short; the model uses the shortened offset.
-    local = LocalRefinement(ranges, np.array([0.52, 0.03, 0.3]), np.zeros(3), np.ones(3))
+    # The peak is sought within the reach; at a face the down move is cut short and the
+    # model uses the shortened offset.
+    local = LocalRefinement(ranges, np.array([0.5, 0.03, 0.3]), np.zeros(3), np.ones(3))
     pattern = local.pattern()
     assert pattern[2, 1] == 0.0
-    best = peak(local, np.vstack([local.center, pattern]))
+    best = step(local, np.vstack([local.center, pattern]))
     assert best[0] == pytest.approx(0.45)
-    assert best[1] == pytest.approx(0.03 + 2 * REFINE_STEP)  # the peak is far above: at most 2 steps
+    assert best[1] == pytest.approx(0.03 + 4 * REFINE_STEP)  # the peak is far above: at most 4 steps
+    assert step(local, np.vstack([local.center, pattern]), reach=1.0)[1] == pytest.approx(0.03 + REFINE_STEP)
     # A direction without candidates on both sides stays at the centre.
-    best = peak(local, np.vstack([local.center, pattern[1:]]))
-    assert best[0] == pytest.approx(0.52) and best[1] == pytest.approx(0.03 + 2 * REFINE_STEP)
-    # Too few candidates for a model: the centre.
-    np.testing.assert_allclose(peak(local, local.center[None, :]), local.center)
+    best = step(local, np.vstack([local.center, pattern[1:]]))
+    assert best[0] == pytest.approx(0.5) and best[1] == pytest.approx(0.03 + 4 * REFINE_STEP)
+    # Too few candidates for a model: none.
+    assert step(local, local.center[None, :]) is None
+
+
+def test_a_refinement_step_is_a_new_candidate():
+    from daskkrr.tune.space import REFINE_GAP, LocalRefinement, parse_space
+
+    ranges = parse_space({"sigma": (1.0, 16.0), "penalty": (1e-8, 1e-2)}, 3, ard=False)
+    local = LocalRefinement(ranges, np.array([0.5, 0.5]), np.zeros(2), np.ones(2))
+    seen = np.vstack([local.center, local.pattern()])
+    scores = -np.sum((seen - 0.5) ** 2, axis=1)  # the peak is the centre, already evaluated
+    for reach in (1.0, 4.0):
+        arm = local.step(seen, scores, reach)
+        x, taken = local.offsets(arm)[0], local.offsets(seen)
+        assert np.min(np.linalg.norm(taken - x, axis=1)) >= REFINE_GAP - 1e-9
+        assert np.max(np.abs(x)) <= reach + 1e-9
+        assert np.linalg.norm(x) == pytest.approx(REFINE_GAP)  # as near the peak as allowed
+    # Every arm of a tiny region is near an evaluated one: no step.
+    assert local.step(seen, scores, reach=0.25) is None
 
 
 def test_local_refinement_follows_a_diagonal_ridge():
@@ -233,10 +252,10 @@ def test_local_refinement_follows_a_diagonal_ridge():
         return -10 * (a + b) ** 2 - 0.5 * (a - b) ** 2
 
     local = LocalRefinement(ranges, np.array([0.5, 0.5]), np.zeros(2), np.ones(2))
-    seen = np.vstack([local.center, local.pattern(), local.center + [h, -h]])  # one candidate off the axes
-    best = local.peak(seen, np.array([score(u) for u in seen]))
+    seen = np.vstack([local.center, local.pattern(), local.center + [-h, h]])  # one candidate off the axes
+    best = local.step(seen, np.array([score(u) for u in seen]))
     np.testing.assert_allclose(best, [0.6, 0.4], atol=1e-9)  # the cross term is fitted
-    compass_only = local.peak(seen[:5], np.array([score(u) for u in seen[:5]]))
+    compass_only = local.step(seen[:5], np.array([score(u) for u in seen[:5]]))
     assert score(compass_only) < score(best) - 0.01  # one parabola per direction misses the ridge
 
 
@@ -274,18 +293,32 @@ def test_refinement_rounds_close_in_on_a_narrow_peak():
     space = {"sigma": (0.1, 10.0), "penalty": (1e-8, 1e-2)}
     gains = []
     for seed in range(8):
-        kw = dict(budget_fits=15, batch_size=4, random_state=seed)
+        kw = dict(budget_fits=15, batch_size=4, random_state=seed)  # 8 bandit fits, the compass, 3 steps
         refined = BKBSearchCV(_NarrowPeak(), space, **kw).fit(X, y)
         plain = BKBSearchCV(_NarrowPeak(), space, refine=False, **kw).fit(X, y)
         assert refined.refined_ and not plain.refined_
         assert refined.n_fits_ <= 15 and plain.n_fits_ <= 15
-        rounds = refined.history_["round"]
-        last = rounds.max()
-        assert (rounds == last).sum() == 1 and (rounds == last - 1).sum() == 4  # the model's peak after the compass
+        sizes = refined.history_.groupby("round").size().tolist()
+        assert sizes == [4, 4, 4, 1, 1, 1], sizes  # the bandit's rounds, the compass, the trust-region steps
         assert len(refined.candidates_) > refined.bandit_.n_arms  # refinement candidates are not arms
-        assert refined.best_score_ >= refined.history_.query("round < @last - 1")["mean_test_score"].max()
+        assert refined.best_score_ >= refined.history_.query("round <= 2")["mean_test_score"].max()
         gains.append(refined.best_score_ - plain.best_score_)
     assert np.mean(gains) > 0.05 and np.mean(np.array(gains) >= 0) >= 0.75, gains
+
+
+@pytest.mark.parametrize(("budget", "cv", "bandit", "steps"), [(10, 0.25, 5, 1), (19, 0.25, 10, 5), (40, 0.25, 31, 5),
+                                                             (38, 2, 20, 5), (20, 2, 12, 1)])
+def test_the_refinement_keeps_half_of_the_budget_for_the_bandit(budget, cv, bandit, steps):
+    X, y = _data(40, 0)
+    s = BKBSearchCV(_NarrowPeak(), {"sigma": (0.1, 10.0), "penalty": (1e-8, 1e-2)}, budget_fits=budget, cv=cv,
+                    batch_size=3, random_state=0).fit(X, y)
+    rows = s.history_
+    compass_round = rows["round"].max() - steps
+    assert s.refined_ and s.n_fits_ <= budget
+    rounds = rows["round"]
+    assert (rounds < compass_round).sum() * s.n_splits_ <= bandit
+    assert (rounds == compass_round).sum() == 4
+    assert rows[rounds > compass_round].groupby("round").size().tolist() == [1] * steps
 
 
 def test_no_refinement_when_the_budget_is_small():

@@ -25,6 +25,10 @@ from sklearn.utils.validation import check_is_fitted
 from daskkrr.bandits import BatchBKB
 from daskkrr.parallel.tasks import TaskRunner, task_slots
 from daskkrr.tune.space import (
+    REFINE_STEPS,
+    TRUST_MAX,
+    TRUST_MIN,
+    TRUST_START,
     BoxGrowth,
     CandidateSet,
     LocalRefinement,
@@ -104,16 +108,22 @@ class BKBSearchCV(MetaEstimatorMixin, BaseEstimator):
         large data, for instance). ``n_centers`` never grows. False: the search
         stays in ``param_space``.
     refine : bool, default=True
-        Spend the last two rounds of ``budget_fits`` on a local search: the best
-        candidate moved by a twelfth of each range's log-width
-        (:data:`~daskkrr.tune.space.REFINE_STEP`), down and up, one range at a time
-        (``n_centers`` stays; a per-feature sigma moves as a whole), then one
-        candidate at the peak of a quadratic model fitted to the scores within two
-        steps (the compass and any candidates of the bandit there): 5
-        candidates for ``sigma`` and ``penalty``. The bandit's smooth model finds the
+        Spend the last rounds of ``budget_fits`` on a local search around the best
+        candidate: first a compass, the best candidate moved by a twelfth of each
+        range's log-width (:data:`~daskkrr.tune.space.REFINE_STEP`), down and up, one
+        range at a time (``n_centers`` stays; a per-feature sigma moves as a whole): 4
+        candidates for ``sigma`` and ``penalty``; then up to 5 trust-region steps
+        (:data:`~daskkrr.tune.space.REFINE_STEPS`), each one candidate at the peak of a
+        quadratic model of the scores around the best candidate so far, within 4 steps
+        of it, the region doubling (to 8) after a step that found a better candidate
+        and halving (to 1) after one that did not. The bandit's smooth model finds the
         region of the best score; this finds its peak, which can be narrow in
-        ``sigma``. Only when the budget is at least twice these fits, and not after
-        ``budget_seconds`` ran out.
+        ``sigma`` and lie on a diagonal ridge of (``sigma``, ``penalty``). The bandit
+        keeps at least half of the budget: with ``budget_fits = 19`` (one split) it is
+        10 bandit fits, the compass's 4 and 5 steps; with 10, 5 bandit fits, the
+        compass and 1 step; under 10, no refinement. Not after ``budget_seconds`` ran
+        out; the steps stop early when no model can be fitted or no new candidate is
+        left in the region.
     refit : bool, default=True
         Refit the best candidate on all the data (``best_estimator_``).
     bandit_params : dict or None, default=None
@@ -148,7 +158,7 @@ class BKBSearchCV(MetaEstimatorMixin, BaseEstimator):
     candidates_ : list of dict
         Every candidate of the arm set (with those added when the box grew).
     refined_ : bool
-        Whether the last two rounds were the local refinement (see ``refine``); their
+        Whether the last rounds were the local refinement (see ``refine``); their
         candidates are in ``candidates_`` but are not the bandit's arms.
     space_growth_ : list of tuple
         ``(round, parameter, "low" or "high", new bound)`` for each growth of the box.
@@ -273,11 +283,7 @@ class BKBSearchCV(MetaEstimatorMixin, BaseEstimator):
                           **{**DEFAULT_BANDIT, **(self.bandit_params or {})})
         self.bandit_ = bandit
         search = _Progress(splits, floor=REWARD_FLOOR if self.scoring is None else -math.inf)
-        # The refinement rounds' fits are kept out of the bandit's budget, when the
-        # budget is at least twice them (a smaller budget is all bandit).
-        mid = np.full(cands.arms.shape[1], 0.5)
-        n_refine = (len(LocalRefinement(growth.ranges, mid, mid - 1, mid + 1).pattern()) + 1) * self.n_splits_
-        reserve = n_refine if self.refine and self.budget_fits is not None and self.budget_fits >= 2 * n_refine else 0
+        reserve, n_steps = self._refinement_fits(growth)
         bandit_budget = None if self.budget_fits is None else self.budget_fits - reserve
         grown: list[tuple[int, str, str, float]] = []
         stop = "candidates"
@@ -311,7 +317,7 @@ class BKBSearchCV(MetaEstimatorMixin, BaseEstimator):
                     grown += [(search.rounds, *face) for face in new_faces]
             self.refined_ = bool(reserve) and stop != "budget_seconds" and bool(search.scores)
             if self.refined_:
-                self._refine(search, runner, cands, growth)
+                self._refine(search, runner, cands, growth, n_steps)
         finally:
             runner.close()
         self.n_fits_ = search.n_fits
@@ -325,24 +331,48 @@ class BKBSearchCV(MetaEstimatorMixin, BaseEstimator):
             self.best_estimator_ = clone(self.estimator).set_params(**self.best_params_).fit(X, y)
         return self
 
-    def _refine(self, search: _Progress, runner: TaskRunner, cands: CandidateSet, growth: BoxGrowth) -> None:
-        """The last two rounds: the compass around the best candidate, then the peak of a
-        quadratic model of the scores near it (:class:`~daskkrr.tune.space.LocalRefinement`).
+    def _refinement_fits(self, growth: BoxGrowth) -> tuple[int, int]:
+        """The fits kept out of the bandit's budget for the refinement, and its trust-region
+        steps: the compass and ``min(REFINE_STEPS, units // 2 - compass)`` steps, where
+        ``units`` is ``budget_fits`` in candidates, so that the bandit keeps at least half
+        of the budget; none without at least one step (a small budget is all bandit)."""
+        if not self.refine or self.budget_fits is None:
+            return 0, 0
+        mid = np.full(len(growth.names), 0.5)
+        compass = len(LocalRefinement(growth.ranges, mid, mid - 1, mid + 1).pattern())
+        n_steps = min(REFINE_STEPS, self.budget_fits // self.n_splits_ // 2 - compass)
+        return ((compass + n_steps) * self.n_splits_, n_steps) if n_steps >= 1 else (0, 0)
+
+    def _refine(self, search: _Progress, runner: TaskRunner, cands: CandidateSet, growth: BoxGrowth,
+                n_steps: int) -> None:
+        """The last rounds: the compass around the best candidate, then ``n_steps``
+        trust-region steps of one candidate each, at the peak of a quadratic model of the
+        scores around the best candidate so far (:class:`~daskkrr.tune.space.LocalRefinement`).
+        The region doubles after a step that found a better candidate and halves after
+        one that did not.
 
         Their candidates join ``candidates_`` but not the bandit's arms: no bandit round follows.
         """
         low, high = (growth.low, growth.high) if self.grow_space else (np.zeros_like(growth.low),
                                                                        np.ones_like(growth.high))
-        center = search.best
-        local = LocalRefinement(growth.ranges, cands.arms[center], low, high)
+        local = LocalRefinement(growth.ranges, cands.arms[search.best], low, high)
         compass = self._add_candidates(cands, growth, local.pattern())
         search.run_round(runner, self.estimator, cands, [i for i in dict.fromkeys(compass)
                                                         if i is not None and i not in search.scores])
-        done = list(search.scores)
-        peak = self._add_candidates(cands, growth, local.peak(cands.arms[done],
-                                                              np.array([search.scores[i] for i in done]))[None, :])[0]
-        if peak is not None and peak not in search.scores:
-            search.run_round(runner, self.estimator, cands, [peak])
+        reach = TRUST_START
+        for _ in range(n_steps):
+            if self.budget_seconds is not None and search.elapsed >= self.budget_seconds:
+                break
+            best = search.best
+            done = list(search.scores)
+            local = LocalRefinement(growth.ranges, cands.arms[best], low, high)
+            arm = local.step(cands.arms[done], np.array([search.scores[i] for i in done]), reach)
+            index = None if arm is None else self._add_candidates(cands, growth, arm[None, :])[0]
+            if index is None or index in search.scores:  # no model, or no new candidate in the region
+                break
+            search.run_round(runner, self.estimator, cands, [index])
+            better = index in search.scores and search.scores[index] > search.scores[best]
+            reach = min(TRUST_MAX, 2 * reach) if better else max(TRUST_MIN, reach / 2)
 
     def _add_candidates(self, cands: CandidateSet, growth: BoxGrowth, unit: np.ndarray) -> list[int | None]:
         """The candidate index of each arm in ``unit`` (appended when new; None when invalid)."""
