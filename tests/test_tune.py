@@ -217,11 +217,27 @@ def test_local_refinement_finds_the_peak_of_a_quadratic():
     assert best[0] == pytest.approx(0.45)
     assert best[1] == pytest.approx(0.03 + 4 * REFINE_STEP)  # the peak is far above: at most 4 steps
     assert step(local, np.vstack([local.center, pattern]), reach=1.0)[1] == pytest.approx(0.03 + REFINE_STEP)
-    # A direction without candidates on both sides stays at the centre.
+    # A direction with candidates at fewer than three offsets along it stays at the centre.
     best = step(local, np.vstack([local.center, pattern[1:]]))
     assert best[0] == pytest.approx(0.5) and best[1] == pytest.approx(0.03 + 4 * REFINE_STEP)
+    # With three offsets on one side the model extrapolates, within the reach.
+    one_sided = np.vstack([local.center, local.center + [REFINE_STEP, 0, 0], local.center + [2 * REFINE_STEP, 0, 0],
+                           pattern[2:]])
+    assert step(local, one_sided)[0] == pytest.approx(0.45)
     # Too few candidates for a model: none.
     assert step(local, local.center[None, :]) is None
+
+
+def test_refinement_moves_reach_as_far_as_the_box_may_grow():
+    from daskkrr.tune.space import GROW_MAX, GROW_STEP, BoxGrowth, LocalRefinement, parse_space
+
+    ranges = parse_space({"sigma": (1.0, 16.0), "penalty": (1e-8, 1e-2), "n_centers": (10, 50)}, 3, ard=False)
+    growth = BoxGrowth(ranges)
+    low, high = growth.outer_bounds()
+    np.testing.assert_allclose(low, [-GROW_STEP * GROW_MAX, -GROW_STEP * GROW_MAX, 0.0])  # n_centers never grows
+    np.testing.assert_allclose(high, [1 + GROW_STEP * GROW_MAX, 1 + GROW_STEP * GROW_MAX, 1.0])
+    local = LocalRefinement(ranges, np.array([0.5, 0.0, 0.3]), low, high)
+    assert local.pattern()[2, 1] < growth.low[1]  # the compass steps past the present face
 
 
 def test_a_refinement_step_is_a_new_candidate():

@@ -203,6 +203,12 @@ class BoxGrowth:
         """The box's high faces in unit coordinates (1 before any growth)."""
         return 1.0 + GROW_STEP * self.steps[:, 1]
 
+    def outer_bounds(self) -> tuple[np.ndarray, np.ndarray]:
+        """The low and high faces the box may grow to (``GROW_MAX`` growths past each
+        face that may grow; 0 and 1 for those that may not)."""
+        reach = np.where(self.frozen, 0.0, GROW_STEP * GROW_MAX)
+        return -reach, 1.0 + reach
+
     def faces_near(self, arm: np.ndarray) -> list[tuple[int, int]]:
         """``(coordinate, side)`` of each face within the margin of ``arm`` that may still grow (0: low, 1: high)."""
         near = []
@@ -326,8 +332,10 @@ class LocalRefinement:
         weight = np.exp(-0.5 * (np.linalg.norm(x_all, axis=1) / REFINE_RADIUS) ** 2)
         near = np.isfinite(scores) & same & (weight > 0.02)
         x, f, w = x_all[near], scores[near], np.sqrt(weight[near])
-        # A direction moves only where candidates lie on both sides of the centre.
-        free = [k for k in range(x.shape[1]) if (x[:, k] < -1e-9).any() and (x[:, k] > 1e-9).any()]
+        # A direction moves where the candidates lie at three offsets along it or more (a
+        # parabola's worth), on one side of the centre too: at the edge of the evaluated
+        # region the model extrapolates, within the reach.
+        free = [k for k in range(x.shape[1]) if np.unique(np.round(x[:, k], 9)).size >= 3]
         for cross in (True, False):
             design = _quadratic_features(x, free, cross=cross)
             if len(f) >= design.shape[1] and np.linalg.matrix_rank(design) == design.shape[1]:
