@@ -338,8 +338,9 @@ def _parser() -> argparse.ArgumentParser:
                        help="never extend a range past a face the best candidate is on (default: extend, "
                             "by a quarter of its log-width, twice per face at most)")
     space.add_argument("--no-refine", action="store_true",
-                       help="spend every fit on the bandit (default: the last round moves the best candidate "
-                            "by a twelfth of each range, down and up)")
+                       help="spend every fit on the bandit (default: the last rounds move the best candidate "
+                            "by a twelfth of each range, down and up, then take up to 5 trust-region steps "
+                            "on a quadratic model of the scores)")
     space.add_argument("--candidates", type=_positive_int, default=256, help="candidates drawn in the space")
     space.add_argument("--budget-fits", type=_positive_int, default=40, help="model fits at most")
     space.add_argument("--budget-seconds", type=float, default=None,
