@@ -251,9 +251,10 @@ REFINE_STEP = 1 / 12
 
 #: Trust-region steps after the compass, at most (fewer on a small budget, see
 #: ``BKBSearchCV``). On the eight PMLB sets of ``workflows/benchmarks/tune_pmlb.py``
-#: (10 bandit fits, 10 seeds), five steps put every set within two standard errors of
-#: the grid search's test R^2 or above it; one step (a model's peak) left 1203_BNG_pwLinear
-#: behind (``results/tune_pmlb_refine_trust_region.log``).
+#: (10 bandit fits, 10 seeds, ``results/tune_pmlb_10seeds_trust5b.*``), five steps put
+#: seven sets level with the grid search's test R^2 or ahead of it (within two standard
+#: errors), 1203_BNG_pwLinear among them, which one step (a model's peak) left behind
+#: on every seed.
 REFINE_STEPS = 5
 
 #: The model weighs an evaluated candidate at ``r`` steps from the centre by
