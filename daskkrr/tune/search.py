@@ -35,6 +35,7 @@ from daskkrr.tune.space import (
     candidates_at,
     default_space,
     draw_candidates,
+    moving_ranges,
     parse_space,
 )
 
@@ -339,8 +340,7 @@ class BKBSearchCV(MetaEstimatorMixin, BaseEstimator):
         of the budget; none without at least one step (a small budget is all bandit)."""
         if not self.refine or self.budget_fits is None:
             return 0, 0
-        mid = np.full(len(growth.names), 0.5)
-        compass = len(LocalRefinement(growth.ranges, mid, mid - 1, mid + 1).pattern())
+        compass = 2 * len(moving_ranges(growth.ranges))  # a move down and up along each
         n_steps = min(REFINE_STEPS, self.budget_fits // self.n_splits_ // 2 - compass)
         return ((compass + n_steps) * self.n_splits_, n_steps) if n_steps >= 1 else (0, 0)
 

@@ -272,6 +272,17 @@ TRUST_START, TRUST_MIN, TRUST_MAX = 4.0, 1.0, 8.0
 REFINE_GAP = 0.5
 
 
+def moving_ranges(ranges: list[Range]) -> list[slice]:
+    """The unit-cube columns of each range the refinement moves: not ``n_centers``
+    (whose upper bound caps the cost), nor a fixed one."""
+    slices, at = [], 0
+    for r in ranges:
+        if not (r.integer or bool(np.all(r.low == r.high))):
+            slices.append(slice(at, at + r.width))
+        at += r.width
+    return slices
+
+
 class LocalRefinement:
     """A compass pattern around a centre arm, and trust-region steps on a local quadratic model.
 
@@ -292,22 +303,19 @@ class LocalRefinement:
                  step: float = REFINE_STEP) -> None:
         self.center = np.asarray(center, dtype=np.float64)
         self.low, self.high, self.step_size = low, high, step
-        self.directions: list[slice] = []
-        at = 0
-        for r in ranges:
-            if not (r.integer or bool(np.all(r.low == r.high))):
-                self.directions.append(slice(at, at + r.width))
-            at += r.width
+        self.directions = moving_ranges(ranges)
         self._fixed = np.ones(self.center.size, dtype=bool)
         for cols in self.directions:
             self._fixed[cols] = False
 
     def _moved(self, offsets: np.ndarray) -> np.ndarray:
-        """The centre moved by ``offsets`` steps along each direction, clipped to the box."""
-        point = self.center.copy()
-        for cols, by in zip(self.directions, offsets, strict=True):
-            point[cols] = np.clip(point[cols] + by * self.step_size, self.low[cols], self.high[cols])
-        return point
+        """The centre moved by each row of ``offsets`` (n, directions) steps along each
+        direction, clipped to the box (n, unit coordinates)."""
+        points = np.repeat(self.center[None, :], len(offsets), axis=0)
+        for k, cols in enumerate(self.directions):
+            points[:, cols] = np.clip(points[:, cols] + offsets[:, k : k + 1] * self.step_size,
+                                      self.low[cols], self.high[cols])
+        return points
 
     def offsets(self, arms: np.ndarray) -> np.ndarray:
         """Each arm's offset from the centre along each direction, in steps (n, directions)."""
@@ -318,8 +326,7 @@ class LocalRefinement:
     def pattern(self) -> np.ndarray:
         """The compass: row ``2 k`` is direction ``k`` moved down by a step, row ``2 k + 1`` up."""
         D = len(self.directions)
-        rows = [self._moved(sign * np.eye(D)[k]) for k in range(D) for sign in (-1.0, 1.0)]
-        return np.array(rows) if rows else np.zeros((0, self.center.size))
+        return self._moved(np.array([sign * np.eye(D)[k] for k in range(D) for sign in (-1.0, 1.0)]).reshape(-1, D))
 
     def step(self, arms: np.ndarray, scores: np.ndarray, reach: float = TRUST_START) -> np.ndarray | None:
         """The arm of the quadratic model's highest score within ``reach`` steps of the
@@ -350,7 +357,7 @@ class LocalRefinement:
         trial = np.zeros((axis.size ** len(free), x.shape[1]))
         if free:
             trial[:, free] = np.stack(np.meshgrid(*[axis] * len(free), indexing="ij"), axis=-1).reshape(-1, len(free))
-        moved = np.array([self._moved(t) for t in trial])
+        moved = self._moved(trial)
         at = self.offsets(moved)
         model = _quadratic_features(at, free, cross=cross) @ coef
         seen = x_all[same]
