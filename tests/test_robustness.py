@@ -10,9 +10,11 @@ import warnings
 import numpy as np
 import pandas as pd
 import pytest
+from sklearn.exceptions import ConvergenceWarning
 
 from daskkrr import ExactKernelRidge, FalkonClassifier, FalkonRegressor, NystromRegressor
 from daskkrr.solvers import JitterWarning, cholesky_jitter
+from daskkrr.solvers.falkon import FLOAT32_RELATIVE_JITTER, FLOAT64_JITTER_TIMES_PENALTY, jitter_floor
 
 from .conftest import shared_file
 
@@ -124,6 +126,32 @@ def test_raw_features_far_from_the_origin_keep_their_distances():
     standardized = FalkonRegressor(**{**params, "standardize": True}).fit(Z + 1e8, y)
     assert standardized.score(Z + 1e8, y) == pytest.approx(
         FalkonRegressor(**{**params, "standardize": True}).fit(Z, y).score(Z, y), abs=1e-4)
+
+
+def test_a_wide_kernel_with_a_tiny_penalty_still_converges_in_float64():
+    """float64 products amplified by T^{-1} A^{-1} (both grow as the penalty falls) made CG stop
+    after 4 iterations at relative residual 0.87 here, a model far from the Nystrom solution
+    (1201_BNG_breastTumor's features, sigma = 2-8 sqrt(d), penalty <= 1e-9, showed it first).
+    The float64 jitter floor grows as the penalty falls (jitter_floor) and bounds that growth."""
+    rng = np.random.default_rng(0)
+    n = 10000  # one continuous feature and eight with 2-18 values, like the PMLB set
+    X = np.column_stack([rng.normal(50, 10, n)] + [rng.integers(0, k, n) for k in (3, 18, 2, 3, 2, 5, 2, 2)])
+    y = 0.3 * X[:, 2] + 2 * X[:, 4] - 0.05 * X[:, 0] + np.sin(X[:, 0] / 5) + 3 * rng.standard_normal(n)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)  # 50 iterations do not reach tol=1e-4
+        model = FalkonRegressor(n_centers=1000, sigma=16.0, penalty=1e-11, random_state=0).fit(X, y)
+    assert model.n_iter_ >= 20 and model.residuals_[-1].max() < 0.02, (model.n_iter_, model.residuals_[-1])
+    assert model.jitter_ >= jitter_floor(np.float64, 1e-11) * 1000 * 0.99  # K_MM's diagonal is 1
+
+
+def test_the_float64_jitter_floor_grows_as_the_penalty_falls():
+    eps = np.finfo(np.float64).eps
+    assert jitter_floor(np.float64, 1e-2) == eps  # round-off where the penalty is large
+    assert jitter_floor(np.float64, 1e-9) == pytest.approx(FLOAT64_JITTER_TIMES_PENALTY / 1e-9)
+    assert jitter_floor(np.float64, 1e-11) == pytest.approx(100 * jitter_floor(np.float64, 1e-9))
+    assert jitter_floor(np.float32, 1e-11) == FLOAT32_RELATIVE_JITTER
+    with pytest.raises(ValueError, match="penalty must be > 0"):
+        jitter_floor(np.float64, 0.0)
 
 
 def test_degenerate_kernel_is_a_clear_error():

@@ -154,7 +154,7 @@ def newton(ctx: FitContext) -> None:
     Z64 = Z.astype(np.float64)
     factor = CenterFactor.from_kernel_matrix(
         ctx.kernel(Z64, Z64), None if ctx.dictionary.is_uniform else ctx.dictionary.weights,
-        relative_jitter=jitter_floor(ctx.X.dtype))
+        relative_jitter=jitter_floor(ctx.X.dtype, float(p.penalty)))
     path = penalty_path(float(p.penalty), p.penalty_schedule, int(p.newton_iterations))
     saved = getattr(ctx.store, "saved_state", lambda prefix: None)(NewtonState.checkpoint_prefix)
     state = None if saved is None else NewtonState.from_arrays(saved)

@@ -140,9 +140,11 @@ def choose_centers(ctx: FitContext) -> None:
 
 
 # --------------------------------------------------------------------------- preconditioner
-def falkon_preconditioner(ctx: FitContext, *, sketch: bool = True) -> None:
+def falkon_preconditioner(ctx: FitContext, *, sketch: bool = True, iterative: bool = True) -> None:
     """FALKON's factors ``T`` and ``A`` from ``K_MM`` (weighted by the centers' weights),
     optionally with ``A`` from a sketch of sampled rows (:mod:`daskkrr.solvers.sketch`).
+    ``iterative=False`` (a direct solve) keeps a float64 fit's round-off jitter
+    (:func:`~daskkrr.solvers.falkon.jitter_floor`).
 
     The sketch's size is the estimator's ``preconditioner_rows``, or with "auto"
     the one of least expected time to ``tol`` (:func:`~daskkrr.parallel.strategies.plan_sketch`);
@@ -180,7 +182,7 @@ def falkon_preconditioner(ctx: FitContext, *, sketch: bool = True) -> None:
         ctx.kernel(Z64, Z64), penalty=float(p.penalty), n=weight_sum(ctx),
         weights=None if ctx.dictionary.is_uniform else ctx.dictionary.weights, sketch=row_sketch,
         center_sketch=bool(getattr(p, "fit_intercept", False)), precision=precision, overwrite_kmm=True,
-        relative_jitter=jitter_floor(ctx.X.dtype),
+        relative_jitter=jitter_floor(ctx.X.dtype, float(p.penalty), iterative=iterative),
         factor_precision=factor_precision(ctx.X.dtype, Z.shape[0]),
     )
     ctx.sketch_rows = 0 if row_sketch is None else int(row_sketch.rows)
@@ -436,7 +438,7 @@ def nystrom_stages(solver: str) -> tuple[Stage, ...]:
         return (
             Stage("statistics", guarded_statistics(sampler_guard)),
             Stage("centers", choose_centers),
-            Stage("preconditioner", lambda ctx: falkon_preconditioner(ctx, sketch=False)),
+            Stage("preconditioner", lambda ctx: falkon_preconditioner(ctx, sketch=False, iterative=False)),
             Stage("operator", lambda ctx: kernel_operator(ctx, strategy="gram", preconditioned=False)),
             Stage("solve", direct_solve),
         )

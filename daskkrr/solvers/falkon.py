@@ -21,9 +21,11 @@ that is the caller's ``gram_matvec``, one distributed pass per iteration.
 
 The penalty term ``lambda v`` takes ``T^{-T} D K_MM D T^{-1} = I``, true up to the
 jitter: exactly it is ``I - jitter T^{-T} T^{-1}``. FALKON drops the second part. For
-a round-off jitter so may we; a float32 fit needs a larger one (see
-:data:`FLOAT32_RELATIVE_JITTER`), and there the operator keeps the term, so that
-CG still converges to the Nystrom KRR solution.
+a round-off jitter so may we; but a float32 fit needs a larger one (see
+:data:`FLOAT32_RELATIVE_JITTER`), and so does a float64 fit with a tiny penalty
+(:data:`FLOAT64_JITTER_TIMES_PENALTY`). The fits therefore ask for a floor
+(:func:`jitter_floor`), and the operator then keeps the term, so that CG still
+converges to the Nystrom KRR solution.
 
 A float32 fit with many centers may also factor in float32 (``factor_precision``,
 twice to three times the rate of float64 ``potrf`` and ``lauum``). ``T^T T`` then differs
@@ -293,10 +295,38 @@ class FalkonPreconditioner:
 FLOAT32_RELATIVE_JITTER = 1e-6
 
 
-def jitter_floor(dtype: Any) -> float | None:
-    """The ``relative_jitter`` of a fit's center factor in ``dtype``: :data:`FLOAT32_RELATIVE_JITTER`
-    for float32, None (round-off) otherwise."""
-    return FLOAT32_RELATIVE_JITTER if np.dtype(dtype) == np.float32 else None
+#: A float64 fit's jitter floor, relative as :data:`FLOAT32_RELATIVE_JITTER`, is this over the
+#: penalty (and at least float64's eps). The same growth as in float32 breaks float64 fits with
+#: a wide kernel and a tiny penalty: ``A^{-1}`` adds a factor ``1 / sqrt(penalty)`` to ``T^{-1}``'s,
+#: so the products' round-off grows as the penalty falls. On 1201_BNG_breastTumor (raw features,
+#: 65 610 rows, M = 1000, sigma = 2 sqrt(d)), CG stopped after 3-4 iterations at relative residual
+#: 0.65 (penalty 1e-9) and 1.0 (1e-11, validation R^2 -0.0003, the model all but zero), and at
+#: sigma = 4 and 8 sqrt(d) at 1e-11 and 1e-10 too. With this floor every one of them ran to a
+#: residual of 0.005-0.014 in 50 iterations (validation R^2 0.1225-0.1285, against 0.1293 at the
+#: best penalty, 1e-8). Where the round-off jitter was enough it costs nothing measurable: the
+#: iterations to tol 1e-4 were unchanged on 537_houses (penalty 1e-6 and 1e-7), 1203_BNG_pwLinear
+#: (1e-6, 1e-8) and the synthetic benchmark (n = 1e5, M = 2000; 1e-6, 1e-9). Ten times larger
+#: (1e-18) slowed 537_houses at 1e-7 from 42 iterations to more than 50.
+FLOAT64_JITTER_TIMES_PENALTY = 1e-19
+
+
+def jitter_floor(dtype: Any, penalty: float, *, iterative: bool = True) -> float | None:
+    """The ``relative_jitter`` of a fit's center factor in ``dtype`` with ``penalty``:
+    :data:`FLOAT32_RELATIVE_JITTER` for float32, otherwise
+    :data:`FLOAT64_JITTER_TIMES_PENALTY` ``/ penalty`` and at least float64's eps. The
+    operator keeps the jitter's part of the penalty (``exact_penalty``), so the floor changes
+    the preconditioner only, not the solution.
+
+    A float64 fit solved directly (``iterative=False``: no CG products to protect) keeps the
+    round-off jitter (None): there the jitter's part of the penalty would only add the
+    round-off of ``T^{-1}`` to the solution."""
+    if np.dtype(dtype) == np.float32:
+        return FLOAT32_RELATIVE_JITTER
+    if not iterative:
+        return None
+    if not penalty > 0:
+        raise ValueError(f"penalty must be > 0; got {penalty!r}")
+    return max(float(np.finfo(np.float64).eps), FLOAT64_JITTER_TIMES_PENALTY / float(penalty))
 
 #: From this many centers on, a float32 fit factors its preconditioner in float32 (``potrf`` and
 #: ``lauum`` at two to three times the float64 rate; below it they take milliseconds either way).
