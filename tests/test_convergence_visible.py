@@ -13,6 +13,7 @@ from daskkrr import FalkonRegressor, NystromRegressor
 from daskkrr import events as ev
 from daskkrr.cli import convergence_note, main
 from daskkrr.dashboard.render import render_fragment
+from daskkrr.pipeline.stages import FAR_RESIDUAL
 from daskkrr.progress import FitProgress, ProgressBar
 from daskkrr.progress.tracker import FitTracker
 
@@ -33,6 +34,15 @@ def test_a_cg_stopped_above_tol_warns_with_residual_tol_max_iter_and_advice(data
     residual = float(np.max(model.residuals_[-1]))
     assert f"relative residual {residual:.3g} > tol=1e-07" in message
     assert "max_iter=2" in message and "raise max_iter" in message
+    assert residual > FAR_RESIDUAL and "may be far from the Nystrom solution" in message
+
+
+def test_a_cg_stopped_close_to_tol_calls_its_model_usable(data):
+    X, y = data
+    with pytest.warns(ConvergenceWarning) as record:
+        model = FalkonRegressor(n_centers=100, max_iter=20, tol=1e-12, random_state=0).fit(X, y)
+    assert not model.converged_ and np.max(model.residuals_[-1]) <= FAR_RESIDUAL
+    assert "is usable but not the exact Nystrom solution" in str(record[0].message)
 
 
 def test_converged_fits_do_not_warn(data):

@@ -385,6 +385,10 @@ def exact_stages() -> tuple[Stage, ...]:
 
 
 # --------------------------------------------------------------------------- helpers
+#: A CG that stops above this relative residual says its model may be far from the solution.
+FAR_RESIDUAL = 0.1
+
+
 def warn_not_converged(result: Any, *, tol: float, max_iter: int, dtype: str) -> None:
     """A ConvergenceWarning for a CG that stopped above ``tol``, saying why and what to do."""
     residual = float(np.max(result.residuals[-1]))
@@ -395,9 +399,12 @@ def warn_not_converged(result: Any, *, tol: float, max_iter: int, dtype: str) ->
     else:
         why = f"max_iter={max_iter} iterations were not enough"
         advice = "raise max_iter, or raise tol"
+    # Past FAR_RESIDUAL the iterate may be far from the solution (a residual of 1 is the zero model).
+    state = ("is usable but not the exact Nystrom solution" if residual <= FAR_RESIDUAL else
+             "may be far from the Nystrom solution: check its score before using it")
     warnings.warn(
-        f"CG stopped at relative residual {residual:.3g} > tol={tol:g}: {why}. The model is usable but"
-        f" not the exact Nystrom solution; {advice} (or raise penalty, which makes the system easier)",
+        f"CG stopped at relative residual {residual:.3g} > tol={tol:g}: {why}. The model {state};"
+        f" {advice} (or raise penalty, which makes the system easier)",
         ConvergenceWarning, stacklevel=2,
     )
 
