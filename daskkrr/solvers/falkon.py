@@ -298,7 +298,7 @@ FLOAT32_RELATIVE_JITTER = 1e-6
 #: A float64 fit's jitter floor, relative as :data:`FLOAT32_RELATIVE_JITTER`, is this over the
 #: penalty (and at least float64's eps). The same growth as in float32 breaks float64 fits with
 #: a wide kernel and a tiny penalty: ``A^{-1}`` adds a factor ``1 / sqrt(penalty)`` to ``T^{-1}``'s,
-#: so the products' round-off grows as the penalty falls. On 1201_BNG_breastTumor (raw features,
+#: so the products' round-off grows as the penalty falls. On 1201_BNG_breastTumor (standardised,
 #: 65 610 rows, M = 1000, sigma = 2 sqrt(d)), CG stopped after 3-4 iterations at relative residual
 #: 0.65 (penalty 1e-9) and 1.0 (1e-11, validation R^2 -0.0003, the model all but zero), and at
 #: sigma = 4 and 8 sqrt(d) at 1e-11 and 1e-10 too. With this floor every one of them ran to a
