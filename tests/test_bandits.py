@@ -245,6 +245,22 @@ def test_batch_needs_its_rewards_before_the_next_batch():
     assert bandit.n_rounds_ == 1 and batch[1] not in bandit.ask(3)
 
 
+def test_a_first_batch_that_fails_entirely_leaves_the_prior():
+    """Every arm of the first batch excluded before any reward: the round ends with an empty
+    dictionary (the prior), and the next batch is asked among the other arms."""
+    bandit = BatchBKB(np.linspace(0, 1, 6)[:, None], sigma=0.5, batch_size=2, random_state=0)
+    first = bandit.ask()
+    for i in first:
+        bandit.exclude(i)
+    assert bandit.n_rounds_ == 1 and bandit.t_ == 0
+    assert bandit.dictionary_.size == 0 and bandit.dictionary_size_[-1] == 0
+    np.testing.assert_allclose(bandit.mean_, 0.0)
+    second = bandit.ask()
+    assert not set(first) & set(second)
+    bandit.tell_many(second, [1.0, 0.5])
+    assert bandit.t_ == 2 and bandit.dictionary_.size >= 1
+
+
 def test_asking_with_every_arm_excluded_is_refused():
     bandit = BKB(np.eye(2), sigma=0.5, random_state=0)
     bandit.exclude(0)

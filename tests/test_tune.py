@@ -153,6 +153,13 @@ def test_failed_candidates_are_excluded_and_reported():
     assert all(s.bandit_._excluded[i] for i in failed["arm"])
 
 
+def test_a_search_whose_every_fit_fails_says_why():
+    X, y = _data(60, 0)
+    with pytest.raises(ValueError, match="every evaluated candidate failed: ValueError: sigma too wide"):
+        BKBSearchCV(_Picky(), {"sigma": (4.0, 20.0), "penalty": (1e-4, 1e-1)}, budget_fits=6, batch_size=2,
+                    random_state=0).fit(X, y)
+
+
 def test_the_box_grows_past_the_face_the_best_candidate_is_on():
     from daskkrr.tune.space import GROW_MAX, GROW_POINTS, GROW_STEP, BoxGrowth, parse_space
 

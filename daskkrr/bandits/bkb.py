@@ -338,11 +338,13 @@ class BKB:
             self._update_beta(ratio)
 
     def _resample_dictionary(self, variance: np.ndarray) -> None:
+        """Keep each pulled arm with probability ``1 - (1 - min(qbar var, 1))^count``; with no
+        arm pulled yet (a first batch whose evaluations all failed) the dictionary stays empty."""
         pulled = np.flatnonzero(self.counts_)
         p = np.minimum(self.qbar * variance[pulled], 1.0)
         keep_prob = 1.0 - (1.0 - p) ** self.counts_[pulled]
         kept = pulled[self.rng.random(pulled.size) < keep_prob]
-        if kept.size == 0:
+        if kept.size == 0 and pulled.size:
             # An empty dictionary would forget every reward: keep the most uncertain pulled arm.
             kept = pulled[[int(np.argmax(variance[pulled]))]]
         self.dictionary_ = kept
