@@ -58,7 +58,9 @@ FORMAT_NAME = "daskkrr-checkpoint"
 #: CG state lives in that preconditioner's variable, so a version-1 state must not be resumed.
 #: 3: a float32 fit with at least 2048 centers factors its preconditioner in float32 (another
 #: variable for the CG state again).
-FORMAT_VERSION = 3
+#: 4: a float64 fit's preconditioner carries a jitter floor that grows as the penalty falls
+#: (``FLOAT64_JITTER_TIMES_PENALTY``): the same reason as 2, for float64 fits.
+FORMAT_VERSION = 4
 CHECKPOINT_FILE = "checkpoint.npz"
 #: How daskkrr.utils.atomic names the temporary of ``checkpoint.npz`` (cleaned up on start).
 _TMP_PREFIX = f".{CHECKPOINT_FILE}.tmp-"
