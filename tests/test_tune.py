@@ -11,7 +11,7 @@ from sklearn.base import BaseEstimator, RegressorMixin
 from sklearn.kernel_ridge import KernelRidge
 from sklearn.model_selection import GridSearchCV, ShuffleSplit
 
-from daskkrr import ExactKernelRidge
+from daskkrr import ExactKernelRidge, FalkonRegressor
 from daskkrr.cli import main
 from daskkrr.tune import BKBSearchCV
 
@@ -151,6 +151,13 @@ def test_failed_candidates_are_excluded_and_reported():
     assert s.best_params_["sigma"] <= 2.0
     assert not set(failed["arm"]) & set(s.bandit_.pending)
     assert all(s.bandit_._excluded[i] for i in failed["arm"])
+
+
+def test_a_space_with_nothing_to_refine_still_searches():
+    """Only n_centers tuned: the refinement has no range to move (its compass is empty)."""
+    X, y = _data(120, 0)
+    s = BKBSearchCV(FalkonRegressor(), {"n_centers": (10, 60)}, budget_fits=10, random_state=0).fit(X, y)
+    assert 10 <= s.best_params_["n_centers"] <= 60 and s.n_fits_ <= 10
 
 
 def test_a_search_whose_every_fit_fails_says_why():

@@ -325,8 +325,7 @@ class LocalRefinement:
 
     def pattern(self) -> np.ndarray:
         """The compass: row ``2 k`` is direction ``k`` moved down by a step, row ``2 k + 1`` up."""
-        D = len(self.directions)
-        return self._moved(np.array([sign * np.eye(D)[k] for k in range(D) for sign in (-1.0, 1.0)]).reshape(-1, D))
+        return self._moved(np.kron(np.eye(len(self.directions)), [[-1.0], [1.0]]))  # rows -e_k, +e_k
 
     def step(self, arms: np.ndarray, scores: np.ndarray, reach: float = TRUST_START) -> np.ndarray | None:
         """The arm of the quadratic model's highest score within ``reach`` steps of the
