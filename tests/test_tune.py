@@ -158,6 +158,7 @@ def test_a_space_with_nothing_to_refine_still_searches():
     X, y = _data(120, 0)
     s = BKBSearchCV(FalkonRegressor(), {"n_centers": (10, 60)}, budget_fits=10, random_state=0).fit(X, y)
     assert 10 <= s.best_params_["n_centers"] <= 60 and s.n_fits_ <= 10
+    assert not s.refined_  # no fits held back for a refinement that cannot move
 
 
 def test_a_search_whose_every_fit_fails_says_why():

@@ -337,10 +337,13 @@ class BKBSearchCV(MetaEstimatorMixin, BaseEstimator):
         """The fits kept out of the bandit's budget for the refinement, and its trust-region
         steps: the compass and ``min(REFINE_STEPS, units // 2 - compass)`` steps, where
         ``units`` is ``budget_fits`` in candidates, so that the bandit keeps at least half
-        of the budget; none without at least one step (a small budget is all bandit)."""
+        of the budget; none without at least one step (a small budget is all bandit) or
+        without a range to move."""
         if not self.refine or self.budget_fits is None:
             return 0, 0
         compass = 2 * len(moving_ranges(growth.ranges))  # a move down and up along each
+        if not compass:  # nothing to move (only n_centers tuned): every fit goes to the bandit
+            return 0, 0
         n_steps = min(REFINE_STEPS, self.budget_fits // self.n_splits_ // 2 - compass)
         return ((compass + n_steps) * self.n_splits_, n_steps) if n_steps >= 1 else (0, 0)
 
