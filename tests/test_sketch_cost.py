@@ -3,6 +3,8 @@ expected time to the tolerance, and what the fitted model records (issue 17, ite
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from sklearn.exceptions import ConvergenceWarning
@@ -132,6 +134,48 @@ def test_a_sketch_when_tol_stops_cg_early_and_n_is_large():
     float32 = sketch_cost(20000, issue, BUDGET, max_iter=20, tol=1e-4, sketch_itemsize=4).preconditioner_s
     float64 = sketch_cost(20000, issue, BUDGET, max_iter=20, tol=1e-4, sketch_itemsize=8).preconditioner_s
     assert float32 < 0.7 * float64
+
+
+def test_the_preconditioner_is_priced_on_the_clients_cores_and_the_passes_on_the_workers():
+    """On a 64-core cluster driven from a 2-core client the sketch Gram runs at the client's rate:
+    the model takes a smaller sketch than it would if the workers built it."""
+    problem = Problem(n=10**6, d=20, n_centers=2000, n_targets=1, itemsize=4)
+    cluster = Budget(cores=64, memory_bytes=64 * 2**34, n_workers=64)
+    small_client = dataclasses.replace(cluster, client_cores=2)
+    assert cluster.preconditioner_cores == 64 and small_client.preconditioner_cores == 2
+    fixed = dict(max_iter=100, tol=1e-4, sketch_itemsize=4)
+    for rows in (0, 8000, 32000):
+        on_client = sketch_cost(rows, problem, small_client, **fixed)
+        everywhere = sketch_cost(rows, problem, cluster, **fixed)
+        assert on_client.solve_s == everywhere.solve_s  # CG's passes still run on the 64 cores
+        # the client's work as on a 2-core cluster (which also reads the data on 2 cores)
+        two = sketch_cost(rows, dataclasses.replace(problem, in_memory=True), BUDGET, **fixed)
+        assert sketch_cost(rows, dataclasses.replace(problem, in_memory=True), small_client,
+                           **fixed).preconditioner_s == pytest.approx(two.preconditioner_s)
+        assert on_client.preconditioner_s > (8 if rows else 1) * everywhere.preconditioner_s
+    rows_cluster = choose_sketch_rows(problem, cluster, **fixed)[0]
+    rows_client = choose_sketch_rows(problem, small_client, **fixed)[0]
+    assert rows_client < rows_cluster == 16 * 2000
+
+
+def test_a_fit_plans_its_sketch_with_the_cores_of_the_process_that_builds_it(monkeypatch):
+    """``plan_sketch`` takes the workers' cores from the resources and the client's from this process."""
+    import dask.array as da
+
+    from daskkrr.parallel import strategies
+    from daskkrr.parallel.resources import Resources
+
+    X = da.zeros((10**6, 20), chunks=(125_000, 20), dtype=np.float32)
+    many = Resources(slots=64, cores=64, memory_bytes=64 * 2**34, n_workers=64, thread_budget=1)
+    plans = {}
+    for client_cores in (64, 2):
+        monkeypatch.setattr(strategies, "available_cores", lambda c=client_cores: c)
+        plans[client_cores] = strategies.plan_sketch("auto", X, n_centers=2000, n_targets=1, max_iter=100,
+                                                     tol=1e-4, sketch_itemsize=4, resources=many)
+    assert plans[2].rows < plans[64].rows
+    slow = {c.rows: c.preconditioner_s for c in plans[2].costs}
+    fast = {c.rows: c.preconditioner_s for c in plans[64].costs}
+    assert all(slow[r] > fast[r] for r in fast)
 
 
 # --------------------------------------------------------------------------- fits

@@ -136,6 +136,14 @@ class Budget:
     cores: int
     memory_bytes: int
     n_workers: int = 0
+    #: Cores of the client process, which builds the preconditioner (None: ``cores``, as when the
+    #: threaded scheduler runs everything in this process). On a cluster they are the client
+    #: host's, not the workers' together.
+    client_cores: int | None = None
+
+    @property
+    def preconditioner_cores(self) -> int:
+        return max(1, self.cores if self.client_cores is None else self.client_cores)
 
     @property
     def worker_memory_bytes(self) -> int:

@@ -33,7 +33,12 @@ Ties go to the fewest rows.
 Rates: the per-core GEMM rates of :data:`~daskkrr.parallel.cost.DEFAULT_RATES`
 (60 and 30 GFlop/s in float32 and float64, measured by
 ``workflows/benchmarks/engine_throughput.py`` on the 2-core development
-machine), times the cores. Measured again there (two cores, shared with another
+machine), times the cores of the process that builds the preconditioner, the
+client (``Budget.client_cores``); the gathering pass and CG's passes run on the
+workers' cores together (``Budget.cores``). On a cluster the two differ: a
+sketch Gram priced at the workers' rate would look 30x cheaper than it is on a
+64-core cluster driven from a 2-core client, and the model would take sketches
+whose serial Gram outweighs the iterations they save. Measured again there (two cores, shared with another
 job): ``strsm`` / ``ssyrk`` with 1024 right-hand sides at M = 5000 ran at 120 / 139
 GFlop/s, ``dtrsm`` / ``dsyrk`` at 55 / 74, ``sgemm`` / ``dgemm`` at 147 / 72; a
 single-threaded ``dpotrf`` at 0.54-0.68 of a single-threaded ``dgemm`` (at M = 2000 and
@@ -103,11 +108,15 @@ def convergence_factor(rows: int, n_centers: int) -> float:
     return float(TYPICAL_CONVERGENCE_FACTOR ** (ratio ** CONVERGENCE_EXPONENT))
 
 
-def preconditioner_seconds(rows: int, problem: Problem, cores: int, sketch_itemsize: int,
+def preconditioner_seconds(rows: int, problem: Problem, budget: Budget, sketch_itemsize: int,
                            rates: Rates = DEFAULT_RATES) -> float:
-    """Expected seconds to build the preconditioner from ``rows`` sketch rows (see the module docstring)."""
+    """Expected seconds to build the preconditioner from ``rows`` sketch rows (see the module docstring).
+
+    Everything but the gathering pass runs on the client, on ``budget.preconditioner_cores``; the
+    pass reads the data on the workers' ``budget.cores``.
+    """
     M = float(problem.n_centers)
-    cores = max(1, int(cores))
+    cores = budget.preconditioner_cores
     single = factor_precision(np.float32 if problem.itemsize == 4 else np.float64, problem.n_centers) == "float32"
     gemm_factor = rates.gemm_flops[0 if single else 1] * cores
     gemm_sketch = rates.gemm_flops[0 if sketch_itemsize == 4 else 1] * cores
@@ -115,7 +124,8 @@ def preconditioner_seconds(rows: int, problem: Problem, cores: int, sketch_items
     fixed += M * M * rates.entry_s(problem.d, 8) / cores  # K_MM, float64
     if rows <= 0:
         return fixed
-    gather = 0.0 if problem.in_memory else problem.n * problem.d * problem.itemsize / (rates.read_bytes_per_s * cores)
+    gather = 0.0 if problem.in_memory else problem.n * problem.d * problem.itemsize / (rates.read_bytes_per_s
+                                                                                         * max(1, budget.cores))
     entries = rows * M * rates.entry_s(problem.d, problem.itemsize) / cores
     return fixed + gather + entries + 2.0 * rows * M * M / gemm_sketch
 
@@ -164,8 +174,8 @@ def sketch_cost(rows: int, problem: Problem, budget: Budget, *, max_iter: int, t
     else:
         name, costs = strategy, estimate(sized, budget, rates)
     solve = costs[name].seconds + its * client_iteration_seconds(sized, name, rates)
-    return SketchCost(int(rows), its, name, preconditioner_seconds(rows, problem, budget.cores, sketch_itemsize,
-                                                                   rates), solve)
+    return SketchCost(int(rows), its, name, preconditioner_seconds(rows, problem, budget, sketch_itemsize, rates),
+                      solve)
 
 
 def choose_sketch_rows(problem: Problem, budget: Budget, *, max_iter: int, tol: float | None,

@@ -39,6 +39,7 @@ from daskkrr.parallel.cost import (
 from daskkrr.parallel.executor import BlockPasses, Executor
 from daskkrr.parallel.preconditioner_cost import SketchCost, choose_sketch_rows, convergence_factor, sketch_cost
 from daskkrr.parallel.resources import Resources
+from daskkrr.utils.threads import available_cores
 
 logger = logging.getLogger("daskkrr")
 
@@ -111,7 +112,9 @@ def _problem_and_budget(X: da.Array, n_centers: int, n_targets: int, iterations:
     n, d = (int(s) for s in X.shape)
     problem = Problem(n=n, d=d, n_centers=int(n_centers), n_targets=int(n_targets),
                       itemsize=X.dtype.itemsize, iterations=int(iterations), in_memory=in_memory)
-    return problem, Budget(cores=res.cores, memory_bytes=res.memory_bytes, n_workers=res.n_workers)
+    # The preconditioner is built in this process: on a cluster, on the client host's cores.
+    return problem, Budget(cores=res.cores, memory_bytes=res.memory_bytes, n_workers=res.n_workers,
+                           client_cores=available_cores())
 
 
 @dataclasses.dataclass
