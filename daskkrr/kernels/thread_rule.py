@@ -34,7 +34,8 @@ from daskkrr.utils.threads import available_cores
 _THREADS: contextvars.ContextVar[int | None] = contextvars.ContextVar("daskkrr_engine_threads", default=None)
 
 
-def _cap() -> int | None:
+def engine_thread_cap() -> int | None:
+    """``$DASKKRR_ENGINE_THREADS`` in this process (None: no cap)."""
     raw = os.environ.get("DASKKRR_ENGINE_THREADS", "").strip()
     return max(1, int(raw)) if raw.isdigit() else None
 
@@ -51,7 +52,7 @@ def current_engine_threads() -> int:
         n = available_cores()
     else:
         n = 1
-    cap = _cap()
+    cap = engine_thread_cap()
     return n if cap is None else min(n, cap)
 
 

@@ -15,6 +15,7 @@ import dataclasses
 import logging
 from typing import Any
 
+from daskkrr.kernels.thread_rule import engine_thread_cap
 from daskkrr.utils.threads import available_cores
 
 logger = logging.getLogger(__name__)
@@ -29,7 +30,8 @@ class Resources:
     slots : int
         Block tasks that run at once (Dask threads in all).
     cores : int
-        Cores on all hosts.
+        Cores the block tasks can keep busy on all hosts: each host's cores, or fewer where
+        its Dask threads times a ``$DASKKRR_ENGINE_THREADS`` cap set on its workers are fewer.
     memory_bytes : int
         Memory the tasks may use in all: the sum of the workers' memory limits,
         or the memory available to this process for the threaded scheduler.
@@ -61,6 +63,19 @@ def cluster_workers(client: Any) -> dict[str, dict[str, Any]]:
     return dict(info["workers"])
 
 
+def engine_cores() -> tuple[int, int | None]:
+    """This process's cores and its engine thread cap (run on each worker by :func:`cluster_resources`)."""
+    return available_cores(), engine_thread_cap()
+
+
+def _host_share(host_cores: int, host_threads: int, cap: int | None) -> tuple[int, int]:
+    """Engine threads per task on a host (the thread rule, then the cap) and the cores they keep busy."""
+    threads = max(1, host_cores // max(1, host_threads))
+    if cap is not None:
+        threads = min(threads, cap)
+    return threads, max(1, min(host_cores, host_threads * threads))
+
+
 def cluster_resources(client: Any | None) -> Resources:
     """Slots, cores, memory and per-task thread budget of ``client`` (None: the threaded scheduler)."""
     if client is None:
@@ -68,25 +83,28 @@ def cluster_resources(client: Any | None) -> Resources:
 
         cores = available_cores()
         slots = int(dask.config.get("num_workers", None) or cores)
-        return Resources(slots=slots, cores=cores, memory_bytes=_available_memory(), n_workers=0,
-                         thread_budget=max(1, cores // slots))
+        per_task, busy = _host_share(cores, slots, engine_thread_cap())
+        return Resources(slots=slots, cores=busy, memory_bytes=_available_memory(), n_workers=0,
+                         thread_budget=per_task)
     workers = cluster_workers(client)
     try:
-        worker_cores = client.run(available_cores)
+        found = client.run(engine_cores)
     except Exception:  # pragma: no cover - a worker that cannot run functions
-        worker_cores = {}
+        found = {}
     hosts: dict[str, list[str]] = {}
     for addr, info in workers.items():
         hosts.setdefault(info.get("host", addr), []).append(addr)
     cores = slots = 0
-    budget = None
+    budget: int | None = None
     memory = 0
     for addrs in hosts.values():
         host_threads = sum(int(workers[a].get("nthreads", 1)) for a in addrs)
-        host_cores = max(int(worker_cores.get(a, 1)) for a in addrs)
-        cores += host_cores
+        host_cores = max(int(found.get(a, (1, None))[0]) for a in addrs)
+        caps = [found.get(a, (1, None))[1] for a in addrs]
+        cap = None if any(c is None for c in caps) else max(int(c) for c in caps)
+        b, busy = _host_share(host_cores, host_threads, cap)
+        cores += busy
         slots += host_threads
-        b = max(1, host_cores // max(1, host_threads))
         budget = b if budget is None else min(budget, b)
         for a in addrs:
             limit = int(workers[a].get("memory_limit") or 0)
