@@ -11,7 +11,9 @@ so that every iteration is a full pass of kernel computations):
   :mod:`daskkrr.parallel.resources`);
 - ``2 workers``: two single-threaded worker processes (daskkrr's default local
   cluster on 2 cores), each task on one engine thread;
-- ``4 workers``: four single-threaded worker processes on the 2 cores.
+- ``4 workers``: four single-threaded worker processes on the 2 cores;
+- ``1 worker, 1 core, FALKON's own``: the baseline again with ``preconditioner_rows=None``
+  (no row sketch), the profile of the plan's other preconditioner.
 
 Measured besides, each in fresh processes:
 
@@ -25,8 +27,13 @@ Measured besides, each in fresh processes:
 The model (:mod:`daskkrr.parallel.scaling_model`) takes the per-row cost of each
 pass and the serial part from the one-core run and predicts every configuration;
 the table shows prediction and measurement side by side, then the model's plan for
-16 and 64 single-threaded workers (one core each, hosts like this one), at this n
-and at n = 1e8. Reported: fit time, speed-up over the one-core baseline, the sum
+16 and 64 single-threaded workers (one core each, hosts like this one, driven from a
+client with this host's cores), at this n and at n = 1e8. The plan predicts both
+preconditioners, the row sketch the baseline's cost model chose and FALKON's own, each
+from its own one-core profile, and marks the one the cost model would choose for that
+cluster (:func:`daskkrr.parallel.preconditioner_cost.choose_sketch_rows`, which prices the
+sketch at the client's cores and CG's passes at the workers'): on many workers the serial
+sketch Gram stops paying for the iterations it saves. Reported: fit time, speed-up over the one-core baseline, the sum
 of the processes' peak RSS. ``--fits-per-cluster K`` fits K times on each cluster and also
 reports the median of the later fits ("warm": the workers have imported daskkrr and loaded
 the engine, as on a cluster that stays up between fits) and their speed-up. Run
@@ -56,7 +63,10 @@ CONFIGS = {
     "1 worker, 2 engine threads": dict(n_workers=1, engine_threads=2, cap=""),
     "2 workers": dict(n_workers=2, engine_threads=1, cap=""),
     "4 workers": dict(n_workers=4, engine_threads=1, cap="1"),
+    "1 worker, 1 core, FALKON's own": dict(n_workers=1, engine_threads=1, cap="1", rows="none"),
 }
+#: The configuration whose profile the plan's FALKON's-own prediction comes from (not a speed-up).
+OWN = "1 worker, 1 core, FALKON's own"
 PLAN_WORKERS = (16, 64)
 
 
@@ -70,7 +80,8 @@ def child(args) -> dict:
     with LocalCluster(n_workers=args.workers, threads_per_worker=1, processes=True, host="127.0.0.1",
                       dashboard_address=None, env=env) as cluster, Client(cluster) as client:
         model = FalkonRegressor(n_centers=args.centers, penalty=1e-6, dtype="float32", max_iter=args.max_iter,
-                                random_state=0, strategy="recompute")  # on the default client
+                                random_state=0, strategy="recompute",  # on the default client
+                                preconditioner_rows=None if args.rows == "none" else "auto")
         clock = PhaseClock()
         t = time.perf_counter()
         with subscribe(clock):
@@ -84,6 +95,7 @@ def child(args) -> dict:
             warm.append(time.perf_counter() - t)
         budget = client.run(lambda: os.environ.get("DASKKRR_ENGINE_THREADS", ""))
     out = dict(fit_s=fit_s, passes=model.n_data_passes_, n_iter=model.n_iter_, worker_cap=sorted(budget.values()),
+               sketch_rows=int(model.preconditioner_rows_),
                pass_s=clock.passes, pass_count=clock.pass_count, blocks=clock.blocks)
     if warm:
         out.update(warm_fit_s=float(statistics.median(warm)), warm_fits_s=warm)
@@ -164,29 +176,52 @@ def _block_sum(Xb):
     return np.zeros(1)
 
 
-def model_rows(rows: list[dict], over: dict, eff: dict, n: int) -> list[dict]:
-    """The model's prediction for every configuration measured, and its plan for 16 and 64 workers."""
+def model_rows(rows: list[dict], over: dict, eff: dict, n: int, centers: int, max_iter: int) -> list[dict]:
+    """The model's prediction for every configuration measured, and its plan for 16 and 64 workers.
+
+    Each plan row is the preconditioner the cost model would choose on that cluster
+    (``sketch_rows``: the baseline's sketch, or 0 for FALKON's own), predicted from the
+    one-core profile measured with it; ``other_preconditioner_s`` is the other one's
+    prediction.
+    """
+    from daskkrr.parallel.cost import Budget, Problem
+    from daskkrr.parallel.preconditioner_cost import choose_sketch_rows
     from daskkrr.parallel.scaling_model import Overheads, predict, profile_from_run
 
-    base = rows[0]
     overheads = Overheads(task_s=over["task_s"], pass_s=over["pass_s"], efficiency={1: 1.0, 2: eff["efficiency_2"]})
-    profile = profile_from_run(n, base["fit_s"], base["pass_s"], base["pass_count"], base["blocks"], overheads)
+
+    def profile(r: dict):
+        return profile_from_run(n, r["fit_s"], r["pass_s"], r["pass_count"], r["blocks"], overheads)
+
+    base = rows[0]
+    profiles = {int(base.get("sketch_rows", -1)): profile(base)}
+    own = next((r for r in rows if r["config"] == OWN and "fit_s" in r), None)
+    if own is not None:
+        profiles[0] = profile(own)
     cores = os.cpu_count() or 1
     for r in rows:
         if "fit_s" not in r:
             continue
         cfg = CONFIGS[r["config"]]
-        pred = predict(profile, overheads, cfg["n_workers"], engine_threads=cfg["engine_threads"], cores=cores)
+        source = profiles[0] if r["config"] == OWN else profiles[int(base.get("sketch_rows", -1))]
+        pred = predict(source, overheads, cfg["n_workers"], engine_threads=cfg["engine_threads"], cores=cores)
         r["predicted_s"] = pred["fit_s"]
         r["predicted_vs_measured"] = pred["fit_s"] / r["fit_s"]
     plan = []
     for rows_n in (n, 100_000_000):
+        one = predict(profiles[int(base.get("sketch_rows", -1))], overheads, 1, cores=1, n=rows_n)["fit_s"]
         for w in PLAN_WORKERS:
-            pred = predict(profile, overheads, w, cores=w, n=rows_n)
-            one = predict(profile, overheads, 1, cores=1, n=rows_n)["fit_s"]
-            plan.append({"config": f"MODEL: {w} workers, 1 core each", "n": rows_n, "predicted_s": pred["fit_s"],
-                         "predicted_speedup": one / pred["fit_s"], "blocks": pred["blocks"],
-                         "serial_share": pred["serial_s"] / pred["fit_s"]})
+            problem = Problem(n=rows_n, d=D, n_centers=centers, n_targets=1, itemsize=4)
+            budget = Budget(cores=w, memory_bytes=w * 8 * 2**30, n_workers=w, client_cores=cores)
+            chosen, _ = choose_sketch_rows(problem, budget, max_iter=max_iter, tol=1e-4, strategy="recompute",
+                                           sketch_itemsize=4, candidates=tuple(sorted(profiles)))
+            preds = {rows_k: predict(p, overheads, w, cores=w, n=rows_n) for rows_k, p in profiles.items()}
+            pred = preds[chosen]
+            other = [v["fit_s"] for k, v in preds.items() if k != chosen]
+            plan.append({"config": f"MODEL: {w} workers, 1 core each", "n": rows_n, "sketch_rows": chosen,
+                         "predicted_s": pred["fit_s"], "predicted_speedup": one / pred["fit_s"],
+                         "blocks": pred["blocks"], "serial_share": pred["serial_s"] / pred["fit_s"],
+                         "other_preconditioner_s": other[0] if other else None})
     return plan
 
 
@@ -207,6 +242,7 @@ def main(argv=None) -> list[dict]:
     ap.add_argument("--store", help=argparse.SUPPRESS)
     ap.add_argument("--workers", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--cap", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--rows", default="auto", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.probe is not None:
         print(json.dumps(probe_child(args.probe)))
@@ -233,17 +269,18 @@ def main(argv=None) -> list[dict]:
     rows = []
     for name, cfg in CONFIGS.items():
         res = run_child([__file__, "--child", "--store", str(store), "--workers", str(cfg["n_workers"]),
-                         "--cap", cfg["cap"], "--centers", str(centers), "--max-iter", str(args.max_iter),
+                         "--cap", cfg["cap"], "--rows", cfg.get("rows", "auto"), "--centers", str(centers),
+                         "--max-iter", str(args.max_iter),
                          "--fits-per-cluster", str(args.fits_per_cluster)], timeout=args.timeout)
         rows.append({"config": name, "n": n, "M": centers, **res})
         print({k: v for k, v in rows[-1].items() if k != "peak_per_process_mb"}, flush=True)
     base, warm_base = rows[0].get("fit_s"), rows[0].get("warm_fit_s")
     for r in rows:
-        if base and "fit_s" in r:
+        if base and "fit_s" in r and r["config"] != OWN:
             r["speedup_vs_1_core"] = base / r["fit_s"]
-        if warm_base and "warm_fit_s" in r:
+        if warm_base and "warm_fit_s" in r and r["config"] != OWN:
             r["warm_speedup"] = warm_base / r["warm_fit_s"]
-    plan = model_rows(rows, over, eff, n) if base and "task_s" in over else []
+    plan = model_rows(rows, over, eff, n, centers, args.max_iter) if base and "task_s" in over else []
     info = machine()
     title = (f"1, 2 and 4 Dask workers, n = {n}, d = {D}, M = {centers}, recompute, max_iter = {args.max_iter}; "
              f"{info['cores']} cores ({info['cpu']}), {info['memory_gib']} GiB; hardware e(2) = "
@@ -251,9 +288,9 @@ def main(argv=None) -> list[dict]:
              f"scheduler {over.get('task_s', float('nan')) * 1e3:.2f} ms/task, "
              f"{over.get('pass_s', float('nan')) * 1e3:.1f} ms/pass")
     warm_cols = ["warm_fit_s", "warm_speedup"] if warm_base else []
-    print_table(rows + plan, ["config", "n", "fit_s", "speedup_vs_1_core", *warm_cols, "predicted_s",
-                              "predicted_vs_measured", "predicted_speedup", "blocks", "serial_share", "passes",
-                              "peak_mb", "n_processes"], title)
+    print_table(rows + plan, ["config", "n", "sketch_rows", "fit_s", "speedup_vs_1_core", *warm_cols,
+                              "predicted_s", "predicted_vs_measured", "predicted_speedup", "blocks", "serial_share",
+                              "other_preconditioner_s", "passes", "peak_mb", "n_processes"], title)
     write_results(rows + plan, args.out, "workers_scaling",
                   {"machine": info, "args": vars(args), "hardware": eff, "scheduler": over})
     return rows
