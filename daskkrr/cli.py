@@ -341,6 +341,10 @@ def _parser() -> argparse.ArgumentParser:
                        help="spend every fit on the bandit (default: the last rounds move the best candidate "
                             "by a twelfth of each range, down and up, then take up to 5 trust-region steps "
                             "on a quadratic model of the scores)")
+    space.add_argument("--no-penalty-path", action="store_true",
+                       help="search the penalty as one more coordinate of the candidates (default: for "
+                            "FalkonRegressor and NystromRegressor with uniform centers, score each candidate's "
+                            "whole penalty path from one Gram pass and keep its best)")
     space.add_argument("--candidates", type=_positive_int, default=256, help="candidates drawn in the space")
     space.add_argument("--budget-fits", type=_positive_int, default=40, help="model fits at most")
     space.add_argument("--budget-seconds", type=float, default=None,
@@ -432,7 +436,8 @@ def _cmd_tune(args: argparse.Namespace) -> None:
     search = BKBSearchCV(model, space or None, n_candidates=args.candidates, budget_fits=args.budget_fits,
                          budget_seconds=args.budget_seconds, batch_size=args.round_size, cv=args.cv,
                          scoring=args.scoring, ard=args.ard, grow_space=not args.fixed_space,
-                         refine=not args.no_refine, random_state=args.search_seed)
+                         refine=not args.no_refine, random_state=args.search_seed,
+                         profile_penalty=False if args.no_penalty_path else "auto")
     if search.param_space is not None and search.ard and "sigma" not in space:
         raise UsageError("--ard tunes sigma per feature: give --sigma-range")
     with cluster_client(args.scheduler, n_workers=args.workers):  # the fits' cluster

@@ -6,6 +6,11 @@ candidate of the batch on every split in parallel (one Dask task per fit on the
 current cluster), and tells it the mean validation score. The search stops when
 the budget of fits or of seconds is spent; a last round searches locally around
 the best candidate (``refine``); then the best candidate is refitted on all the data.
+
+For a squared-loss Nystrom regressor with uniform centers the penalty is profiled
+out (``profile_penalty``): a candidate is the other parameters, and its evaluation
+scores the whole path of penalties from one Gram pass
+(:func:`daskkrr.pipeline.penalty_path.fit_penalty_path`), keeping the best.
 """
 
 from __future__ import annotations
@@ -17,14 +22,17 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from sklearn.base import BaseEstimator, MetaEstimatorMixin, clone
+from sklearn.base import BaseEstimator, MetaEstimatorMixin, RegressorMixin, clone
 from sklearn.metrics import check_scoring
 from sklearn.model_selection import KFold, ShuffleSplit, check_cv
 from sklearn.utils.validation import check_is_fitted
 
 from daskkrr.bandits import BatchBKB
 from daskkrr.parallel.tasks import TaskRunner, task_slots
+from daskkrr.pipeline.penalty_path import fit_penalty_path, path_unsupported
 from daskkrr.tune.space import (
+    GROW_MAX,
+    GROW_STEP,
     REFINE_STEPS,
     TRUST_MAX,
     TRUST_MIN,
@@ -32,6 +40,7 @@ from daskkrr.tune.space import (
     BoxGrowth,
     CandidateSet,
     LocalRefinement,
+    Range,
     candidates_at,
     default_space,
     draw_candidates,
@@ -61,6 +70,10 @@ GROW_AFTER_ROUNDS = 2
 #: otherwise flatten the bandit's picture of every other candidate).
 REWARD_FLOOR = -1.0
 
+#: Penalties per decade of a profiled penalty path (``profile_penalty``): steps of 1.78x,
+#: finer than the refinement's compass step over the default 7 decades (0.58 of a decade).
+PATH_PER_DECADE = 4
+
 
 def _evaluate(shared: tuple[Any, Any, Any], job: tuple[Any, dict[str, Any], np.ndarray, np.ndarray]) -> float:
     """Fit one candidate on one split and score it (runs as a Dask task)."""
@@ -69,6 +82,29 @@ def _evaluate(shared: tuple[Any, Any, Any], job: tuple[Any, dict[str, Any], np.n
     model = clone(estimator).set_params(**params)
     model.fit(X[train], y[train])
     return float(scorer(model, X[test], y[test]))
+
+
+def _evaluate_path(shared: tuple[Any, Any, Any, np.ndarray],
+                   job: tuple[Any, dict[str, Any], np.ndarray, np.ndarray]) -> np.ndarray:
+    """Fit one candidate on one split at every penalty of the path; the score of each (a Dask task)."""
+    X, y, scorer, penalties = shared
+    estimator, params, train, test = job
+    model = fit_penalty_path(clone(estimator).set_params(**params), X[train], y[train], penalties)
+    predictions = np.asarray(model.predict(X[test])).reshape(len(test), len(penalties))
+    return np.array([float(scorer(_Predicted(predictions[:, j]), X[test], y[test])) for j in range(len(penalties))])
+
+
+class _Predicted(RegressorMixin, BaseEstimator):
+    """A regressor whose ``predict`` returns fixed predictions: one column of a path, scored by any scorer."""
+
+    def __init__(self, predictions: np.ndarray) -> None:
+        self.predictions = predictions
+
+    def fit(self, X: Any, y: Any = None) -> _Predicted:  # pragma: no cover - never fitted
+        return self
+
+    def predict(self, X: Any) -> np.ndarray:
+        return self.predictions
 
 
 class BKBSearchCV(MetaEstimatorMixin, BaseEstimator):
@@ -121,11 +157,28 @@ class BKBSearchCV(MetaEstimatorMixin, BaseEstimator):
         region of the best score; this finds its peak, which can be narrow in
         ``sigma`` and lie on a diagonal ridge of (``sigma``, ``penalty``). The bandit
         keeps at least half of the budget: with ``budget_fits = 19`` (one split) it is
-        10 bandit fits, the compass's 4 and 5 steps; with 10, 5 bandit fits, the
-        compass and 1 step; under 10, no refinement. With ``grow_space`` the moves
+        10 bandit fits, the compass's 4 and 5 steps for ``sigma`` and ``penalty``
+        (12, 2 and 5 with the penalty profiled out, ``sigma`` alone moving); with 10,
+        5 bandit fits, the compass and 1 step; under 10, no refinement. With ``grow_space`` the moves
         may pass the box's present faces, as far as it may grow. Not after
         ``budget_seconds`` ran out; the steps stop early when no model can be fitted
         or no new candidate is left in the region.
+    profile_penalty : bool or "auto", default="auto"
+        Profile the penalty out of the search: the bandit, the box's growth and the
+        refinement move the other parameters, and each candidate's evaluation fits
+        the whole penalty path, :data:`PATH_PER_DECADE` penalties a decade over the
+        ``penalty`` range (extended as far as ``grow_space`` may grow it), from one
+        Gram pass and one ``M x M`` eigendecomposition
+        (:func:`~daskkrr.pipeline.penalty_path.fit_penalty_path`); the candidate's
+        score is the best mean validation score along the path, and its ``penalty``
+        the one that gave it. Such an evaluation costs about one fit and counts as
+        one. The path is the exact Nystrom solution at each penalty, which a
+        ``FalkonRegressor`` refit approaches to its ``tol``. "auto": whenever the
+        space has a ``penalty`` range and the estimator is a ``FalkonRegressor`` or
+        ``NystromRegressor`` with uniform centers (a leverage-score sampler's centers
+        depend on the penalty) and without ``compute_std``; True: the same, with an
+        error where it cannot; False: the penalty is one more coordinate of the
+        candidates.
     refit : bool, default=True
         Refit the best candidate on all the data (``best_estimator_``).
     bandit_params : dict or None, default=None
@@ -156,7 +209,8 @@ class BKBSearchCV(MetaEstimatorMixin, BaseEstimator):
         "budget_fits", "budget_seconds", "candidates" (all evaluated) or "converged"
         (a round asked only candidates already evaluated).
     n_splits_ : int
-    bandit_ : BatchBKB
+    bandit_ : BatchBKB or None
+        None when the penalty, profiled out, was the only parameter tuned (one path).
     candidates_ : list of dict
         Every candidate of the arm set (with those added when the box grew).
     refined_ : bool
@@ -164,6 +218,9 @@ class BKBSearchCV(MetaEstimatorMixin, BaseEstimator):
         candidates are in ``candidates_`` but are not the bandit's arms.
     space_growth_ : list of tuple
         ``(round, parameter, "low" or "high", new bound)`` for each growth of the box.
+    penalty_path_ : ndarray or None
+        The penalties each evaluation scored when the penalty was profiled out (see
+        ``profile_penalty``); None otherwise.
 
     Notes
     -----
@@ -190,6 +247,7 @@ class BKBSearchCV(MetaEstimatorMixin, BaseEstimator):
         ard: bool = False,
         grow_space: bool = True,
         refine: bool = True,
+        profile_penalty: bool | str = "auto",
         refit: bool = True,
         bandit_params: dict[str, Any] | None = None,
         random_state: Any = None,
@@ -205,6 +263,7 @@ class BKBSearchCV(MetaEstimatorMixin, BaseEstimator):
         self.ard = ard
         self.grow_space = grow_space
         self.refine = refine
+        self.profile_penalty = profile_penalty
         self.refit = refit
         self.bandit_params = bandit_params
         self.random_state = random_state
@@ -240,18 +299,47 @@ class BKBSearchCV(MetaEstimatorMixin, BaseEstimator):
             return KFold(n_splits=int(cv), shuffle=True, random_state=self.random_state)
         return check_cv(cv)
 
-    def _candidates(self, n_features: int, n_train: int) -> tuple[CandidateSet, BoxGrowth]:
+    def _candidates(self, n_features: int, n_train: int,
+                    y: np.ndarray) -> tuple[CandidateSet, BoxGrowth, np.ndarray | None]:
+        """The candidate set, the box's growth and the penalty path (None: not profiled)."""
         space = default_space(n_features) if self.param_space is None else dict(self.param_space)
         ranges = parse_space(space, n_features, ard=bool(self.ard))
         if self.ard and not any(r.name == "sigma" for r in ranges):
             raise ValueError("ard=True tunes sigma per feature: give the space a 'sigma' range")
+        ranges, penalties = self._penalty_path(ranges, y)
         found = draw_candidates(ranges, self.n_candidates, self.random_state, max_centers=n_train)
         accepted, first_error = self._accepted(found)
         if not accepted.params:
             raise ValueError(f"the tuning space has no valid point for {type(self.estimator).__name__}: "
                              f"{first_error}")
         growth = BoxGrowth(ranges, max_centers=n_train)
-        return accepted, growth
+        return accepted, growth, penalties
+
+    def _penalty_path(self, ranges: list[Range], y: np.ndarray) -> tuple[list[Range], np.ndarray | None]:
+        """The ranges the candidates move, and the penalties of the path when the penalty is
+        profiled out (see ``profile_penalty``)."""
+        choice = self.profile_penalty
+        if not (isinstance(choice, bool) or choice == "auto"):
+            raise ValueError(f"profile_penalty must be True, False or 'auto'; got {choice!r}")
+        if choice is False:
+            return ranges, None
+        penalty = next((r for r in ranges if r.name == "penalty"), None)
+        why = path_unsupported(self.estimator)
+        if why is None and penalty is None:
+            why = "the space has no 'penalty' range"
+        if why is None and np.ndim(y) != 1:
+            why = f"a penalty path fits one target; y has shape {np.shape(y)}"
+        if why is not None or penalty is None:
+            if choice is True:
+                raise ValueError(f"profile_penalty=True cannot profile the penalty: {why}; use "
+                                 "profile_penalty=False or 'auto'")
+            return ranges, None
+        lo, hi = float(np.log10(penalty.low[0])), float(np.log10(penalty.high[0]))
+        if self.grow_space:  # as far as the box may grow past each face
+            reach = GROW_STEP * GROW_MAX * (hi - lo)
+            lo, hi = lo - reach, hi + reach
+        count = max(1, int(math.ceil((hi - lo) * PATH_PER_DECADE)) + 1)
+        return [r for r in ranges if r.name != "penalty"], np.logspace(lo, hi, count)
 
     def _accepted(self, found: CandidateSet) -> tuple[CandidateSet, Exception | None]:
         """The candidates the estimator accepts (e.g. not a vector sigma it cannot take), and the first refusal."""
@@ -276,47 +364,28 @@ class BKBSearchCV(MetaEstimatorMixin, BaseEstimator):
         splits = list(splitter.split(X, y))
         self.n_splits_ = len(splits)
         n_train = min(len(train) for train, _ in splits)
-        cands, growth = self._candidates(X.shape[1], n_train)
+        cands, growth, penalties = self._candidates(X.shape[1], n_train, y)
         self.candidates_ = cands.params
+        self.penalty_path_ = penalties
         scorer = check_scoring(self.estimator, scoring=self.scoring)
-        runner = TaskRunner(_evaluate, (X, y, scorer))
+        runner = (TaskRunner(_evaluate, (X, y, scorer)) if penalties is None
+                  else TaskRunner(_evaluate_path, (X, y, scorer, penalties)))
         batch = self.batch_size or (max(2, task_slots() // self.n_splits_) if runner.is_distributed else 4)
-        bandit = BatchBKB(cands.arms, batch_size=batch, random_state=self.random_state,
-                          **{**DEFAULT_BANDIT, **(self.bandit_params or {})})
+        # With the penalty profiled out and nothing else tuned, one path is the whole search.
+        bandit = None if cands.arms.shape[1] == 0 else BatchBKB(
+            cands.arms, batch_size=batch, random_state=self.random_state,
+            **{**DEFAULT_BANDIT, **(self.bandit_params or {})})
         self.bandit_ = bandit
-        search = _Progress(splits, floor=REWARD_FLOOR if self.scoring is None else -math.inf)
+        search = _Progress(splits, floor=REWARD_FLOOR if self.scoring is None else -math.inf, penalties=penalties)
         reserve, n_steps = self._refinement_fits(growth)
         bandit_budget = None if self.budget_fits is None else self.budget_fits - reserve
         grown: list[tuple[int, str, str, float]] = []
         stop = "candidates"
         try:
-            while True:
-                if bandit_budget is not None and search.n_fits + self.n_splits_ > bandit_budget:
-                    stop = "budget_fits"
-                    break
-                if self.budget_seconds is not None and search.rounds and search.elapsed >= self.budget_seconds:
-                    stop = "budget_seconds"
-                    break
-                if bandit.n_arms_left == 0 or len(search.scores) >= len(cands.params):
-                    break
-                size = batch
-                if bandit_budget is not None:
-                    size = max(1, min(size, (bandit_budget - search.n_fits) // self.n_splits_))
-                asked = bandit.ask(size)
-                new = list(dict.fromkeys(i for i in asked if i not in search.scores))
-                if not new:  # only candidates already evaluated: the bandit has settled
-                    bandit.tell_many(asked, [search.reward(i) for i in asked])
-                    stop = "converged"
-                    break
-                search.run_round(runner, self.estimator, cands, new)
-                told = [i for i in asked if i in search.scores]
-                if told:
-                    bandit.tell_many(told, [search.reward(i) for i in told])
-                for i in set(asked) - set(search.scores):
-                    bandit.exclude(i)  # its fit failed: never asked again
-                if self.grow_space and search.scores and search.rounds >= GROW_AFTER_ROUNDS:
-                    new_faces = self._grow(growth, cands, bandit, search.best)
-                    grown += [(search.rounds, *face) for face in new_faces]
+            if bandit is None:
+                search.run_round(runner, self.estimator, cands, [0])
+            else:
+                stop = self._bandit_rounds(search, runner, cands, growth, bandit, batch, bandit_budget, grown)
             self.refined_ = bool(reserve) and stop != "budget_seconds" and bool(search.scores)
             if self.refined_:
                 self._refine(search, runner, cands, growth, n_steps)
@@ -332,6 +401,35 @@ class BKBSearchCV(MetaEstimatorMixin, BaseEstimator):
         if self.refit:
             self.best_estimator_ = clone(self.estimator).set_params(**self.best_params_).fit(X, y)
         return self
+
+    def _bandit_rounds(self, search: _Progress, runner: TaskRunner, cands: CandidateSet, growth: BoxGrowth,
+                       bandit: BatchBKB, batch: int, bandit_budget: int | None,
+                       grown: list[tuple[int, str, str, float]]) -> str:
+        """The bandit's rounds until a budget, the candidates or the bandit run out; the reason it stopped."""
+        while True:
+            if bandit_budget is not None and search.n_fits + self.n_splits_ > bandit_budget:
+                return "budget_fits"
+            if self.budget_seconds is not None and search.rounds and search.elapsed >= self.budget_seconds:
+                return "budget_seconds"
+            if bandit.n_arms_left == 0 or len(search.scores) >= len(cands.params):
+                return "candidates"
+            size = batch
+            if bandit_budget is not None:
+                size = max(1, min(size, (bandit_budget - search.n_fits) // self.n_splits_))
+            asked = bandit.ask(size)
+            new = list(dict.fromkeys(i for i in asked if i not in search.scores))
+            if not new:  # only candidates already evaluated: the bandit has settled
+                bandit.tell_many(asked, [search.reward(i) for i in asked])
+                return "converged"
+            search.run_round(runner, self.estimator, cands, new)
+            told = [i for i in asked if i in search.scores]
+            if told:
+                bandit.tell_many(told, [search.reward(i) for i in told])
+            for i in set(asked) - set(search.scores):
+                bandit.exclude(i)  # its fit failed: never asked again
+            if self.grow_space and search.scores and search.rounds >= GROW_AFTER_ROUNDS:
+                new_faces = self._grow(growth, cands, bandit, search.best)
+                grown += [(search.rounds, *face) for face in new_faces]
 
     def _refinement_fits(self, growth: BoxGrowth) -> tuple[int, int]:
         """The fits kept out of the bandit's budget for the refinement, and its trust-region
@@ -461,9 +559,11 @@ class BKBSearchCV(MetaEstimatorMixin, BaseEstimator):
 class _Progress:
     """The search's record: the rows of ``cv_results_``, each candidate's mean score, the fits and rounds."""
 
-    def __init__(self, splits: list[tuple[np.ndarray, np.ndarray]], floor: float) -> None:
+    def __init__(self, splits: list[tuple[np.ndarray, np.ndarray]], floor: float,
+                 penalties: np.ndarray | None = None) -> None:
         self.splits = splits
         self.floor = floor
+        self.penalties = penalties
         self.rows: list[dict[str, Any]] = []
         self.scores: dict[int, float] = {}
         self.n_fits = 0
@@ -496,8 +596,15 @@ class _Progress:
         for k, i in enumerate(indices):
             mine = outcomes[k * n_splits : (k + 1) * n_splits]
             error = next((o.error for o in mine if not o.ok), None)
-            split_scores = [o.value if o.ok else np.nan for o in mine]
-            self.rows.append({"round": self.rounds, "arm": i, "params": cands.params[i], "elapsed": elapsed,
+            params = cands.params[i]
+            if self.penalties is not None and error is None:  # a path: its best penalty over the splits
+                path = np.mean([o.value for o in mine], axis=0)
+                j = int(np.nanargmax(path)) if np.isfinite(path).any() else 0
+                params = {**params, "penalty": float(self.penalties[j])}
+                split_scores = [float(o.value[j]) for o in mine]
+            else:
+                split_scores = [o.value if o.ok else np.nan for o in mine]
+            self.rows.append({"round": self.rounds, "arm": i, "params": params, "elapsed": elapsed,
                               "error": None if error is None else f"{type(error).__name__}: {error}",
                               "fit_times": [o.seconds for o in mine], "split_scores": split_scores})
             if error is None:
