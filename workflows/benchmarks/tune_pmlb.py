@@ -13,7 +13,9 @@ Methods, each (set, seed, method) in a fresh process, the methods interleaved se
   with a budget of N fits, one 25% holdout split, over sigma in
   [sqrt(d)/10, 10 sqrt(d)] and penalty in [1e-8, 1e-1] (log-uniform, 256
   candidates), per-feature sigma (ARD) with ``--ard`` when the estimator takes
-  it; the best candidate refitted on the whole training part;
+  it; the best candidate refitted on the whole training part. The penalty is
+  profiled out (``BKBSearchCV(profile_penalty="auto")``): a candidate is a sigma,
+  scored at every penalty of its path from one Gram pass;
 - ``tuneg-N``: the same search starting from the grid's box instead (sigma in
   [sqrt(d)/4, 4 sqrt(d)], penalty in [1e-8, 1e-2]): the two strategies on the same
   space. Both grow the box past a face the best candidate is near (``grow_space``,
@@ -89,7 +91,8 @@ def child(args) -> dict:
                                 grow_space=not kind.endswith("f"), random_state=args.seed).fit(Xtr, ytr)
             extra = {"fits": model.n_fits_, "best_sigma": _first(model.best_params_["sigma"]),
                      "best_penalty": model.best_params_["penalty"], "ard": bool(model.ard),
-                     "grown": [f"{name} {side} {bound:.3g}" for _, name, side, bound in model.space_growth_]}
+                     "grown": [f"{name} {side} {bound:.3g}" for _, name, side, bound in model.space_growth_],
+                     "penalty_path": 0 if getattr(model, "penalty_path_", None) is None else len(model.penalty_path_)}
         elif args.method.startswith("grid"):
             from sklearn.model_selection import GridSearchCV, ShuffleSplit
 
