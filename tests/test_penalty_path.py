@@ -68,9 +68,25 @@ def test_a_path_fit_predicts_as_a_fit_at_each_penalty(estimator):
     assert P.shape == (100, len(PENALTIES)) and path.coef_.shape == (60, len(PENALTIES))
     np.testing.assert_array_equal(path.penalties_, PENALTIES)
     common = {k: v for k, v in estimator.get_params().items() if k in NystromRegressor().get_params()}
+    common["dtype"] = "float64"  # a path is computed in float64 whatever the estimator's dtype
     for j, lam in enumerate(PENALTIES):
         ref = NystromRegressor(**common).set_params(penalty=lam).fit(X, y).predict(Xt)
         assert np.abs(P[:, j] - ref).max() <= 1e-8 * np.abs(ref).max(), lam
+
+
+def test_a_float32_estimators_path_is_the_float64_nystrom_solution():
+    """At M >= 2048 a float32 fit factors in float32 with a jitter floor that keeps part of the
+    penalty; a float32 Gram pass then amplified by T^{-1} made a path off by 100x at penalty
+    1e-6. The path runs in float64 and equals the float64 direct solve."""
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((6000, 5)).astype(np.float32).astype(np.float64)
+    y = np.sin(X[:, :3].sum(axis=1)) + 0.1 * rng.standard_normal(6000)
+    Xt = rng.standard_normal((200, 5))
+    lams = [1e-6, 1e-3]
+    path = fit_penalty_path(NystromRegressor(n_centers=2048, sigma=20.0, random_state=0, dtype="float32"), X, y, lams)
+    for j, lam in enumerate(lams):
+        ref = NystromRegressor(n_centers=2048, sigma=20.0, random_state=0, penalty=lam).fit(X, y).predict(Xt)
+        assert np.abs(path.predict(Xt)[:, j] - ref).max() <= 1e-6 * np.abs(ref).max(), lam
 
 
 def test_a_path_is_refused_where_the_centers_or_the_model_depend_on_the_penalty():

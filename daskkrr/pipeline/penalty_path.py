@@ -27,13 +27,13 @@ from daskkrr.pipeline.stages import (
     Stage,
     _nystrom_model,
     choose_centers,
-    falkon_preconditioner,
     guarded_statistics,
     kernel_operator,
     sampler_guard,
     split_column_sums,
     weight_sum,
 )
+from daskkrr.solvers import FalkonPreconditioner
 
 
 def path_unsupported(estimator: Any) -> str | None:
@@ -54,7 +54,8 @@ def fit_penalty_path(estimator: Any, X: Any, y: Any, penalties: Sequence[float] 
     """A clone of ``estimator`` fitted at every one of ``penalties`` at once.
 
     Its ``coef_`` is ``(M, P)`` and its ``intercept_`` ``(P,)``, so ``predict`` returns one
-    column per penalty. ``y`` must be one target. Raises ValueError where
+    column per penalty. ``y`` must be one target. The path is computed in float64 (the clone's
+    ``dtype``), whatever ``estimator``'s. Raises ValueError where
     :func:`path_unsupported` says why not.
     """
     why = path_unsupported(estimator)
@@ -63,7 +64,10 @@ def fit_penalty_path(estimator: Any, X: Any, y: Any, penalties: Sequence[float] 
     lams = np.asarray(penalties, dtype=np.float64).reshape(-1)
     if lams.size == 0 or not np.all(np.isfinite(lams)) or not np.all(lams > 0):
         raise ValueError(f"penalties must be a non-empty sequence of positive numbers; got {penalties!r}")
-    model = clone(estimator).set_params(penalty=float(lams[0]))
+    # In float64 whatever the estimator's dtype: a float32 Gram pass loses eps_32 ||K||^2, which
+    # T^{-1} amplifies by 1 / lambda_min(K_MM) (the path's float64 factor carries no float32 jitter
+    # floor); the tuner's data is float64 anyway.
+    model = clone(estimator).set_params(penalty=float(lams[0]), dtype="float64")
     model._validate_params()
     X, y = model._check_fit_input(X, y)
     if np.ndim(y) != 1:
@@ -71,7 +75,7 @@ def fit_penalty_path(estimator: Any, X: Any, y: Any, penalties: Sequence[float] 
     stages = (
         Stage("statistics", guarded_statistics(sampler_guard)),
         Stage("centers", choose_centers),
-        Stage("preconditioner", lambda ctx: falkon_preconditioner(ctx, sketch=False, iterative=False)),
+        Stage("preconditioner", _path_factor),
         Stage("operator", lambda ctx: kernel_operator(ctx, strategy="gram", preconditioned=False)),
         Stage("solve", lambda ctx: _path_solve(ctx, lams)),
     )
@@ -80,6 +84,19 @@ def fit_penalty_path(estimator: Any, X: Any, y: Any, penalties: Sequence[float] 
         setattr(model, name, value)
     model.penalties_ = lams
     return model
+
+
+def _path_factor(ctx: Any) -> None:
+    """``K_MM``'s factor in float64 with the round-off jitter, whatever the fit's dtype: the path's
+    inner matrix is then ``C + lambda I`` for every penalty (float32 factors and the float32 jitter
+    floor keep part of the penalty in a near-singular term, see
+    :meth:`~daskkrr.solvers.FalkonPreconditioner.direct_solve_path`). The solution is the same
+    Nystrom one, to that jitter."""
+    Z64 = np.asarray(ctx.centers, dtype=np.float64)
+    ctx.preconditioner = FalkonPreconditioner.from_kernel_matrix(
+        ctx.kernel(Z64, Z64), penalty=1.0, n=weight_sum(ctx),  # the path puts its penalties in place of 1.0
+        weights=None if ctx.dictionary.is_uniform else ctx.dictionary.weights, overwrite_kmm=True)
+    ctx.sketch_rows = 0
 
 
 def _path_solve(ctx: Any, penalties: np.ndarray) -> None:

@@ -43,7 +43,6 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
-import scipy.linalg
 
 from daskkrr.solvers.cg import CGResult, CGState, conjugate_gradient
 from daskkrr.utils.linalg import JitterWarning, cholesky_jitter, mirror_triangle, solve_upper
@@ -242,18 +241,22 @@ class FalkonPreconditioner:
         L = solve_upper(self.T, D[:, None] * gram * D[None, :], trans=True)  # T^-T D G D
         return solve_upper(self.T, L.T, trans=True).T / self.n  # (T^-T D G D T^-1) / n
 
-    def direct_solve_path(self, gram: np.ndarray, knm_t_y: np.ndarray, penalties: Sequence[float] | np.ndarray, *,
-                          preconditioned: bool = False, mu: np.ndarray | None = None) -> np.ndarray:
-        """:meth:`direct_solve` (``preconditioned``: :meth:`direct_solve_preconditioned`, with
-        ``mu``) for every penalty at once: ``(M, P)`` coefficients of a one-column
-        ``knm_t_y``, column ``j`` the solution with ``penalties[j]`` in place of ``penalty``.
+    def direct_solve_path(self, gram: np.ndarray, knm_t_y: np.ndarray,
+                          penalties: Sequence[float] | np.ndarray) -> np.ndarray:
+        """:meth:`direct_solve` for every penalty at once: ``(M, P)`` coefficients of a
+        one-column ``knm_t_y``, column ``j`` the solution with ``penalties[j]`` in place
+        of ``penalty``.
 
-        One eigendecomposition of the inner matrix, ``C V = P V diag(w)`` with ``V^T P V = I``
-        (``P`` the penalty term: the identity, or ``T^{-T} D K_MM D T^{-1}`` with
-        ``exact_penalty``), gives ``v(lambda) = V (w + lambda)^{-1} V^T r`` for every
-        ``lambda``: ``O(M^3)`` once, then ``O(M^2)`` per penalty, where the direct solve
-        factors the system again for each. ``w`` is clipped at 0 (``C`` is positive
-        semi-definite; round-off can leave eigenvalues of order ``-eps ||C||``).
+        One eigendecomposition of the inner matrix ``C = V diag(w) V^T`` gives
+        ``v(lambda) = V (w + lambda)^{-1} V^T r`` for every ``lambda``: ``O(M^3)`` once,
+        then ``O(M^2)`` per penalty, where the direct solve factors the system again for
+        each. ``w`` is clipped at 0 (``C`` is positive semi-definite; round-off can leave
+        eigenvalues of order ``-eps ||C||``). With ``exact_penalty`` the penalty term is
+        ``T^{-T} D K_MM D T^{-1}``, not the identity, and near-singular where the jitter
+        is large against ``K_MM``'s small eigenvalues (a generalised eigenproblem with it
+        failed, or lost every digit, on float32 factors at M = 2048): each penalty is
+        then solved as :meth:`direct_solve` does. Build the factors in float64 without a
+        jitter floor (``relative_jitter=None``) for the fast path.
         """
         rhs = np.asarray(knm_t_y, dtype=np.float64).reshape(-1)
         if rhs.shape != (self.n_centers,):
@@ -262,19 +265,11 @@ class FalkonPreconditioner:
         lams = np.asarray(penalties, dtype=np.float64).reshape(-1)
         if lams.size == 0 or not np.all(lams > 0):
             raise ValueError(f"penalties must be a non-empty sequence of positive numbers; got {penalties!r}")
-        if preconditioned:
-            C = np.asarray(gram, dtype=np.float64) / self.n
-            if mu is not None:
-                m = solve_upper(self.T, self.d * np.asarray(mu, dtype=np.float64).reshape(-1), trans=True)
-                C = C - np.outer(m, m)
-        else:
-            C = self._inner_gram(gram)
-        C = (C + C.T) / 2
+        C = self._inner_gram(gram)
         if self.exact_penalty:
-            P = self._penalty_matrix()
-            w, V = scipy.linalg.eigh(C, (P + P.T) / 2)
-        else:
-            w, V = np.linalg.eigh(C)
+            return np.column_stack([dataclasses.replace(self, penalty=float(lam))._solve_inner(C.copy(), rhs)
+                                    for lam in lams])
+        w, V = np.linalg.eigh((C + C.T) / 2)
         r = solve_upper(self.T, self.d * rhs, trans=True) / self.n
         v = V @ ((V.T @ r)[:, None] / (np.maximum(w, 0.0)[:, None] + lams[None, :]))
         return self.d[:, None] * solve_upper(self.T, v)
