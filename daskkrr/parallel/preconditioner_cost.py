@@ -38,13 +38,15 @@ client (``Budget.client_cores``); the gathering pass and CG's passes run on the
 workers' cores together (``Budget.cores``). On a cluster the two differ: a
 sketch Gram priced at the workers' rate would look 30x cheaper than it is on a
 64-core cluster driven from a 2-core client, and the model would take sketches
-whose serial Gram outweighs the iterations they save. Measured again there (two cores, shared with another
-job): ``strsm`` / ``ssyrk`` with 1024 right-hand sides at M = 5000 ran at 120 / 139
-GFlop/s, ``dtrsm`` / ``dsyrk`` at 55 / 74, ``sgemm`` / ``dgemm`` at 147 / 72; a
-single-threaded ``dpotrf`` at 0.54-0.68 of a single-threaded ``dgemm`` (at M = 2000 and
-4000; OpenBLAS's threaded one was slower on the busy machine). They are constants,
-not a measurement at fit time: a timing on a shared machine moves by 2x from one
-second to the next, and the same data and parameters must give the same model.
+whose serial Gram outweighs the iterations they save.
+
+Measured again on the development machine (two cores, shared with another job):
+``strsm`` / ``ssyrk`` with 1024 right-hand sides at M = 5000 ran at 120 / 139 GFlop/s,
+``dtrsm`` / ``dsyrk`` at 55 / 74, ``sgemm`` / ``dgemm`` at 147 / 72; a single-threaded
+``dpotrf`` at 0.54-0.68 of a single-threaded ``dgemm`` (at M = 2000 and 4000; OpenBLAS's
+threaded one was slower on the busy machine). They are constants, not a measurement at
+fit time: a timing on a shared machine moves by 2x from one second to the next, and the
+same data and parameters must give the same model.
 
 Checked by ``workflows/benchmarks/sketch_cost.py`` (n = 1e5, d = 20, float32, penalty
 1e-6, the machine busy with another job): at M = 5000, ``max_iter=20``, ``tol=1e-4`` the
@@ -124,8 +126,9 @@ def preconditioner_seconds(rows: int, problem: Problem, budget: Budget, sketch_i
     fixed += M * M * rates.entry_s(problem.d, 8) / cores  # K_MM, float64
     if rows <= 0:
         return fixed
+    worker_cores = max(1, budget.cores)
     gather = 0.0 if problem.in_memory else problem.n * problem.d * problem.itemsize / (rates.read_bytes_per_s
-                                                                                         * max(1, budget.cores))
+                                                                                         * worker_cores)
     entries = rows * M * rates.entry_s(problem.d, problem.itemsize) / cores
     return fixed + gather + entries + 2.0 * rows * M * M / gemm_sketch
 

@@ -16,6 +16,7 @@ samplers draw with the penalty).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -23,17 +24,7 @@ import numpy as np
 from sklearn.base import clone
 
 from daskkrr.pipeline.run import run_fit
-from daskkrr.pipeline.stages import (
-    Stage,
-    _nystrom_model,
-    choose_centers,
-    guarded_statistics,
-    kernel_operator,
-    sampler_guard,
-    split_column_sums,
-    weight_sum,
-)
-from daskkrr.solvers import FalkonPreconditioner
+from daskkrr.pipeline.stages import Stage, direct_solve, nystrom_stages
 
 
 def path_unsupported(estimator: Any) -> str | None:
@@ -64,49 +55,19 @@ def fit_penalty_path(estimator: Any, X: Any, y: Any, penalties: Sequence[float] 
     lams = np.asarray(penalties, dtype=np.float64).reshape(-1)
     if lams.size == 0 or not np.all(np.isfinite(lams)) or not np.all(lams > 0):
         raise ValueError(f"penalties must be a non-empty sequence of positive numbers; got {penalties!r}")
-    # In float64 whatever the estimator's dtype: a float32 Gram pass loses eps_32 ||K||^2, which
-    # T^{-1} amplifies by 1 / lambda_min(K_MM) (the path's float64 factor carries no float32 jitter
-    # floor); the tuner's data is float64 anyway.
+    # In float64 whatever the estimator's dtype: a float32 fit factors with a jitter floor that keeps
+    # part of the penalty in a near-singular term (each penalty would need its own factorisation),
+    # and a float32 Gram pass loses eps_32 ||K||^2, which T^{-1} amplifies; the tuner's data is float64.
     model = clone(estimator).set_params(penalty=float(lams[0]), dtype="float64")
     model._validate_params()
     X, y = model._check_fit_input(X, y)
     if np.ndim(y) != 1:
         raise ValueError(f"a penalty path fits one target; got y of shape {np.shape(y)}")
-    stages = (
-        Stage("statistics", guarded_statistics(sampler_guard)),
-        Stage("centers", choose_centers),
-        Stage("preconditioner", _path_factor),
-        Stage("operator", lambda ctx: kernel_operator(ctx, strategy="gram", preconditioned=False)),
-        Stage("solve", lambda ctx: _path_solve(ctx, lams)),
-    )
-    ctx = run_fit(model, X, y, stages)
+    # NystromRegressor's stages (float64: its factor carries the round-off jitter only, so the
+    # path's inner matrix is C + lambda I for every penalty), its solve along the path.
+    *shared, _ = nystrom_stages("direct")
+    ctx = run_fit(model, X, y, (*shared, Stage("solve", functools.partial(direct_solve, penalties=lams))))
     for name, value in ctx.fitted.items():
         setattr(model, name, value)
     model.penalties_ = lams
     return model
-
-
-def _path_factor(ctx: Any) -> None:
-    """``K_MM``'s factor in float64 with the round-off jitter, whatever the fit's dtype: the path's
-    inner matrix is then ``C + lambda I`` for every penalty (float32 factors and the float32 jitter
-    floor keep part of the penalty in a near-singular term, see
-    :meth:`~daskkrr.solvers.FalkonPreconditioner.direct_solve_path`). The solution is the same
-    Nystrom one, to that jitter."""
-    Z64 = np.asarray(ctx.centers, dtype=np.float64)
-    ctx.preconditioner = FalkonPreconditioner.from_kernel_matrix(
-        ctx.kernel(Z64, Z64), penalty=1.0, n=weight_sum(ctx),  # the path puts its penalties in place of 1.0
-        weights=None if ctx.dictionary.is_uniform else ctx.dictionary.weights, overwrite_kmm=True)
-    ctx.sketch_rows = 0
-
-
-def _path_solve(ctx: Any, penalties: np.ndarray) -> None:
-    """The Gram pass's ``M x M`` system for every penalty; the model with one column per penalty."""
-    fit_intercept = bool(getattr(ctx.params, "fit_intercept", False))
-    b, ctx.mu = split_column_sums(ctx.operator.knm_t_y, weight_sum(ctx), fit_intercept)
-    gram = ctx.operator.gram
-    if ctx.mu is not None:
-        gram -= weight_sum(ctx) * np.outer(ctx.mu, ctx.mu)
-    coef = ctx.preconditioner.direct_solve_path(gram, b, penalties)
-    ctx.fitted.update(n_iter_=0, residuals_=np.zeros((1, coef.shape[1])), converged_=True)
-    ctx.one_d = False  # one column per penalty
-    _nystrom_model(ctx, coef)

@@ -276,8 +276,12 @@ def cg_solve(ctx: FitContext) -> None:
     _nystrom_model(ctx, coef)
 
 
-def direct_solve(ctx: FitContext) -> None:
-    """One Gram pass (the operator's), then the ``M x M`` system on the client."""
+def direct_solve(ctx: FitContext, *, penalties: np.ndarray | None = None) -> None:
+    """One Gram pass (the operator's), then the ``M x M`` system on the client.
+
+    ``penalties``: solve it for each of them instead of the estimator's penalty (one target;
+    the model gets one column per penalty, see :mod:`daskkrr.pipeline.penalty_path`).
+    """
     p = ctx.params
     b, ctx.mu = split_column_sums(ctx.operator.knm_t_y, weight_sum(ctx), bool(getattr(p, "fit_intercept", False)))
     gram = ctx.operator.gram
@@ -286,8 +290,12 @@ def direct_solve(ctx: FitContext) -> None:
     else:
         if ctx.mu is not None:
             gram -= weight_sum(ctx) * np.outer(ctx.mu, ctx.mu)
-        coef = ctx.preconditioner.direct_solve(gram, b)
-    ctx.fitted.update(n_iter_=0, residuals_=np.zeros((1, b.shape[1])), converged_=True)
+        if penalties is None:
+            coef = ctx.preconditioner.direct_solve(gram, b)
+        else:
+            coef = ctx.preconditioner.direct_solve_path(gram, b, penalties)
+            ctx.one_d = False  # one column per penalty
+    ctx.fitted.update(n_iter_=0, residuals_=np.zeros((1, coef.shape[1])), converged_=True)
     _nystrom_model(ctx, coef)
 
 

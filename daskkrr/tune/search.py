@@ -324,12 +324,13 @@ class BKBSearchCV(MetaEstimatorMixin, BaseEstimator):
         if choice is False:
             return ranges, None
         penalty = next((r for r in ranges if r.name == "penalty"), None)
-        why = path_unsupported(self.estimator)
-        if why is None and penalty is None:
-            why = "the space has no 'penalty' range"
-        if why is None and np.ndim(y) != 1:
+        if penalty is None:
+            why: str | None = "the space has no 'penalty' range"
+        elif np.ndim(y) != 1:
             why = f"a penalty path fits one target; y has shape {np.shape(y)}"
-        if why is not None or penalty is None:
+        else:
+            why = path_unsupported(self.estimator)
+        if why is not None or penalty is None:  # (penalty is None implies why: for the type checker)
             if choice is True:
                 raise ValueError(f"profile_penalty=True cannot profile the penalty: {why}; use "
                                  "profile_penalty=False or 'auto'")

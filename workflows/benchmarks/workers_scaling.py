@@ -194,7 +194,8 @@ def model_rows(rows: list[dict], over: dict, eff: dict, n: int, centers: int, ma
         return profile_from_run(n, r["fit_s"], r["pass_s"], r["pass_count"], r["blocks"], overheads)
 
     base = rows[0]
-    profiles = {int(base.get("sketch_rows", -1)): profile(base)}
+    sketched = int(base.get("sketch_rows", -1))  # the baseline's sketch, as the cost model chose it
+    profiles = {sketched: profile(base)}
     own = next((r for r in rows if r["config"] == OWN and "fit_s" in r), None)
     if own is not None:
         profiles[0] = profile(own)
@@ -203,13 +204,13 @@ def model_rows(rows: list[dict], over: dict, eff: dict, n: int, centers: int, ma
         if "fit_s" not in r:
             continue
         cfg = CONFIGS[r["config"]]
-        source = profiles[0] if r["config"] == OWN else profiles[int(base.get("sketch_rows", -1))]
+        source = profiles[0] if r["config"] == OWN else profiles[sketched]
         pred = predict(source, overheads, cfg["n_workers"], engine_threads=cfg["engine_threads"], cores=cores)
         r["predicted_s"] = pred["fit_s"]
         r["predicted_vs_measured"] = pred["fit_s"] / r["fit_s"]
     plan = []
     for rows_n in (n, 100_000_000):
-        one = predict(profiles[int(base.get("sketch_rows", -1))], overheads, 1, cores=1, n=rows_n)["fit_s"]
+        one = predict(profiles[sketched], overheads, 1, cores=1, n=rows_n)["fit_s"]
         for w in PLAN_WORKERS:
             problem = Problem(n=rows_n, d=D, n_centers=centers, n_targets=1, itemsize=4)
             budget = Budget(cores=w, memory_bytes=w * 8 * 2**30, n_workers=w, client_cores=cores)
