@@ -13,7 +13,9 @@ so that every iteration is a full pass of kernel computations):
   cluster on 2 cores), each task on one engine thread;
 - ``4 workers``: four single-threaded worker processes on the 2 cores;
 - ``1 worker, 1 core, FALKON's own``: the baseline again with ``preconditioner_rows=None``
-  (no row sketch), the profile of the plan's other preconditioner.
+  (no row sketch) and the estimator's default ``max_iter=50``, so that it runs to the
+  same tolerance as the sketch (at ``max_iter=10`` it stops short of it, 2% above the
+  sketch's test error): the profile of the plan's other preconditioner.
 
 Measured besides, each in fresh processes:
 
@@ -36,7 +38,10 @@ sketch at the client's cores and CG's passes at the workers'): on many workers t
 sketch Gram stops paying for the iterations it saves. Reported: fit time, speed-up over the one-core baseline, the sum
 of the processes' peak RSS. ``--fits-per-cluster K`` fits K times on each cluster and also
 reports the median of the later fits ("warm": the workers have imported daskkrr and loaded
-the engine, as on a cluster that stays up between fits) and their speed-up. Run
+the engine, as on a cluster that stays up between fits) and their speed-up. Every fit's
+test RMSE is measured on 50 000 held-out rows of the same generator (rows ``n`` to
+``n + 50 000`` of :func:`daskkrr.data.synthetic.make_regression`), so that speed is only
+compared at equal accuracy. Run
 ``python workflows/benchmarks/workers_scaling.py --quick``.
 """
 
@@ -63,14 +68,17 @@ CONFIGS = {
     "1 worker, 2 engine threads": dict(n_workers=1, engine_threads=2, cap=""),
     "2 workers": dict(n_workers=2, engine_threads=1, cap=""),
     "4 workers": dict(n_workers=4, engine_threads=1, cap="1"),
-    "1 worker, 1 core, FALKON's own": dict(n_workers=1, engine_threads=1, cap="1", rows="none"),
+    "1 worker, 1 core, FALKON's own": dict(n_workers=1, engine_threads=1, cap="1", rows="none", max_iter=50),
 }
 #: The configuration whose profile the plan's FALKON's-own prediction comes from (not a speed-up).
 OWN = "1 worker, 1 core, FALKON's own"
 PLAN_WORKERS = (16, 64)
+#: Held-out rows for the test error (generated after the store's ``n`` rows).
+TEST_ROWS = 50_000
 
 
 def child(args) -> dict:
+    import numpy as np
     from distributed import Client, LocalCluster
 
     from daskkrr import FalkonRegressor
@@ -94,7 +102,10 @@ def child(args) -> dict:
             model.fit(args.store)
             warm.append(time.perf_counter() - t)
         budget = client.run(lambda: os.environ.get("DASKKRR_ENGINE_THREADS", ""))
-    out = dict(fit_s=fit_s, passes=model.n_data_passes_, n_iter=model.n_iter_, worker_cap=sorted(budget.values()),
+        test = np.load(args.test)
+        test_rmse = float(np.sqrt(np.mean((model.predict(test["X"]) - test["y"]) ** 2)))
+    out = dict(test_rmse=test_rmse, fit_s=fit_s,
+               passes=model.n_data_passes_, n_iter=model.n_iter_, worker_cap=sorted(budget.values()),
                sketch_rows=int(model.preconditioner_rows_),
                pass_s=clock.passes, pass_count=clock.pass_count, blocks=clock.blocks)
     if warm:
@@ -176,13 +187,15 @@ def _block_sum(Xb):
     return np.zeros(1)
 
 
-def model_rows(rows: list[dict], over: dict, eff: dict, n: int, centers: int, max_iter: int) -> list[dict]:
+def model_rows(rows: list[dict], over: dict, eff: dict, n: int, centers: int) -> list[dict]:
     """The model's prediction for every configuration measured, and its plan for 16 and 64 workers.
 
     Each plan row is the preconditioner the cost model would choose on that cluster
     (``sketch_rows``: the baseline's sketch, or 0 for FALKON's own), predicted from the
     one-core profile measured with it; ``other_preconditioner_s`` is the other one's
-    prediction.
+    prediction. The cost model chooses with the estimator's default ``max_iter`` (50), the
+    budget both profiles ran to the tolerance with: at a small ``max_iter`` it would price
+    FALKON's own at ``max_iter`` iterations, short of the tolerance the sketch reaches.
     """
     from daskkrr.parallel.cost import Budget, Problem
     from daskkrr.parallel.preconditioner_cost import choose_sketch_rows
@@ -214,7 +227,8 @@ def model_rows(rows: list[dict], over: dict, eff: dict, n: int, centers: int, ma
         for w in PLAN_WORKERS:
             problem = Problem(n=rows_n, d=D, n_centers=centers, n_targets=1, itemsize=4)
             budget = Budget(cores=w, memory_bytes=w * 8 * 2**30, n_workers=w, client_cores=cores)
-            chosen, _ = choose_sketch_rows(problem, budget, max_iter=max_iter, tol=1e-4, strategy="recompute",
+            chosen, _ = choose_sketch_rows(problem, budget, max_iter=CONFIGS[OWN]["max_iter"], tol=1e-4,
+                                           strategy="recompute",
                                            sketch_itemsize=4, candidates=tuple(sorted(profiles)))
             preds = {rows_k: predict(p, overheads, w, cores=w, n=rows_n) for rows_k, p in profiles.items()}
             pred = preds[chosen]
@@ -241,6 +255,7 @@ def main(argv=None) -> list[dict]:
     ap.add_argument("--probe", type=float, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--overheads", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--store", help=argparse.SUPPRESS)
+    ap.add_argument("--test", help=argparse.SUPPRESS)
     ap.add_argument("--workers", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--cap", default="", help=argparse.SUPPRESS)
     ap.add_argument("--rows", default="auto", help=argparse.SUPPRESS)
@@ -254,7 +269,9 @@ def main(argv=None) -> list[dict]:
     if args.child:
         emit(child(args))
         return []
-    from daskkrr.data.synthetic import write_regression_zarr
+    import numpy as np
+
+    from daskkrr.data.synthetic import make_regression, write_regression_zarr
 
     n = args.n or (200_000 if args.quick else 1_000_000)
     centers = args.centers or (1000 if args.quick else 2000)
@@ -263,6 +280,10 @@ def main(argv=None) -> list[dict]:
     store = data_dir / f"workers_n{n}_d{D}.zarr"
     if not store.exists():
         write_regression_zarr(store, n, D, chunk_rows=max(n // 8, 1), dtype="float32", random_state=0)
+    test = data_dir / f"workers_n{n}_d{D}_test.npz"
+    if not test.exists():
+        X, y = make_regression(n + TEST_ROWS, D, chunk_rows=max(n // 8, 1), dtype="float32", random_state=0)
+        np.savez(test, X=np.asarray(X[n:]), y=np.asarray(y[n:]))
     eff = hardware_efficiency(3.0 if args.quick else 6.0)
     print("hardware:", eff, flush=True)
     over = run_child([__file__, "--overheads"], timeout=args.timeout)
@@ -271,7 +292,7 @@ def main(argv=None) -> list[dict]:
     for name, cfg in CONFIGS.items():
         res = run_child([__file__, "--child", "--store", str(store), "--workers", str(cfg["n_workers"]),
                          "--cap", cfg["cap"], "--rows", cfg.get("rows", "auto"), "--centers", str(centers),
-                         "--max-iter", str(args.max_iter),
+                         "--max-iter", str(cfg.get("max_iter", args.max_iter)), "--test", str(test),
                          "--fits-per-cluster", str(args.fits_per_cluster)], timeout=args.timeout)
         rows.append({"config": name, "n": n, "M": centers, **res})
         print({k: v for k, v in rows[-1].items() if k != "peak_per_process_mb"}, flush=True)
@@ -281,15 +302,17 @@ def main(argv=None) -> list[dict]:
             r["speedup_vs_1_core"] = base / r["fit_s"]
         if warm_base and "warm_fit_s" in r and r["config"] != OWN:
             r["warm_speedup"] = warm_base / r["warm_fit_s"]
-    plan = model_rows(rows, over, eff, n, centers, args.max_iter) if base and "task_s" in over else []
+    plan = model_rows(rows, over, eff, n, centers) if base and "task_s" in over else []
     info = machine()
-    title = (f"1, 2 and 4 Dask workers, n = {n}, d = {D}, M = {centers}, recompute, max_iter = {args.max_iter}; "
+    title = (f"1, 2 and 4 Dask workers, n = {n}, d = {D}, M = {centers}, recompute, max_iter = {args.max_iter} "
+             f"({CONFIGS[OWN]['max_iter']} for FALKON's own); "
              f"{info['cores']} cores ({info['cpu']}), {info['memory_gib']} GiB; hardware e(2) = "
              f"{eff['efficiency_2']:.2f} (a second core gives at most {2 * eff['efficiency_2']:.2f}x); "
              f"scheduler {over.get('task_s', float('nan')) * 1e3:.2f} ms/task, "
              f"{over.get('pass_s', float('nan')) * 1e3:.1f} ms/pass")
     warm_cols = ["warm_fit_s", "warm_speedup"] if warm_base else []
-    print_table(rows + plan, ["config", "n", "sketch_rows", "fit_s", "speedup_vs_1_core", *warm_cols,
+    print_table(rows + plan, ["config", "n", "sketch_rows", "n_iter", "test_rmse", "fit_s", "speedup_vs_1_core",
+                              *warm_cols,
                               "predicted_s", "predicted_vs_measured", "predicted_speedup", "blocks", "serial_share",
                               "other_preconditioner_s", "passes", "peak_mb", "n_processes"], title)
     write_results(rows + plan, args.out, "workers_scaling",
