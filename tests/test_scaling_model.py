@@ -53,3 +53,16 @@ def test_the_scheduler_overhead_grows_with_the_blocks():
     big = predict(prof, over, 64, cores=64, n=100 * N)
     assert big["serial_s"] == many["serial_s"] and big["blocks"] == 800  # the store's blocks grow with n
     assert big["matvec_s"] == pytest.approx(10 * (13 * work * 100 / 800 + 800 * 0.01))  # ceil(800 / 64) waves
+
+
+def test_the_workers_sketch_does_the_same_work_at_any_size():
+    """A sketch summed on the workers (a fixed number of rows) divides among the workers but does
+    not grow with n, as the passes over all the rows do."""
+    over = Overheads(task_s=0.0, pass_s=0.0)
+    prof = profile_from_run(N, fit_s=52.0, pass_s={**PASS_S, "sketch": 2.0}, pass_count={**COUNT, "sketch": 1},
+                            blocks=8, overheads=over)
+    assert prof.fixed == {"sketch"} and prof.serial_s == pytest.approx(6.0)
+    assert predict(prof, over, 2, cores=2)["sketch_s"] == pytest.approx(1.0)
+    big = predict(prof, over, 16, cores=16, n=100 * N)
+    assert big["sketch_s"] == pytest.approx(2.0 / big["blocks"] * 50)  # 800 blocks: 50 waves of 16
+    assert big["rhs_s"] == pytest.approx(4.0 * 100 / 16)

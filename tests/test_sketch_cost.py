@@ -137,13 +137,14 @@ def test_a_sketch_when_tol_stops_cg_early_and_n_is_large():
 
 
 def test_the_preconditioner_is_priced_on_the_clients_cores_and_the_passes_on_the_workers():
-    """On a 64-core cluster driven from a 2-core client the sketch Gram runs at the client's rate:
-    the model takes a smaller sketch than it would if the workers built it."""
+    """On a 64-core cluster driven from a 2-core client the sketch Gram, summed on the client, runs at
+    the client's rate: the model takes a smaller sketch than it would if the client had the workers'
+    cores (summed on the workers, see tests/test_sketch_pass.py, it need not)."""
     problem = Problem(n=10**6, d=20, n_centers=2000, n_targets=1, itemsize=4)
     cluster = Budget(cores=64, memory_bytes=64 * 2**34, n_workers=64)
     small_client = dataclasses.replace(cluster, client_cores=2)
     assert cluster.preconditioner_cores == 64 and small_client.preconditioner_cores == 2
-    fixed = dict(max_iter=100, tol=1e-4, sketch_itemsize=4)
+    fixed = dict(max_iter=100, tol=1e-4, sketch_itemsize=4, on="client")
     for rows in (0, 8000, 32000):
         on_client = sketch_cost(rows, problem, small_client, **fixed)
         everywhere = sketch_cost(rows, problem, cluster, **fixed)
@@ -159,7 +160,10 @@ def test_the_preconditioner_is_priced_on_the_clients_cores_and_the_passes_on_the
 
 
 def test_a_fit_plans_its_sketch_with_the_cores_of_the_process_that_builds_it(monkeypatch):
-    """``plan_sketch`` takes the workers' cores from the resources and the client's from this process."""
+    """``plan_sketch`` takes the workers' cores from the resources and the client's from this process.
+
+    Summed on a 2-core client, the sketch is smaller than on a 64-core one; by default a 2-core
+    client has the 64 workers sum it instead, and keeps its size."""
     import dask.array as da
 
     from daskkrr.parallel import strategies
@@ -168,14 +172,22 @@ def test_a_fit_plans_its_sketch_with_the_cores_of_the_process_that_builds_it(mon
     X = da.zeros((10**6, 20), chunks=(125_000, 20), dtype=np.float32)
     many = Resources(slots=64, cores=64, memory_bytes=64 * 2**34, n_workers=64, thread_budget=1)
     plans = {}
-    for client_cores in (64, 2):
-        monkeypatch.setattr(strategies, "available_cores", lambda c=client_cores: c)
-        plans[client_cores] = strategies.plan_sketch("auto", X, n_centers=2000, n_targets=1, max_iter=100,
-                                                     tol=1e-4, sketch_itemsize=4, resources=many)
-    assert plans[2].rows < plans[64].rows
-    slow = {c.rows: c.preconditioner_s for c in plans[2].costs}
-    fast = {c.rows: c.preconditioner_s for c in plans[64].costs}
+    for on in ("client", "auto"):
+        monkeypatch.setenv("DASKKRR_SKETCH_ON", on)
+        for client_cores in (64, 2):
+            monkeypatch.setattr(strategies, "available_cores", lambda c=client_cores: c)
+            plans[on, client_cores] = strategies.plan_sketch("auto", X, n_centers=2000, n_targets=1, max_iter=100,
+                                                             tol=1e-4, sketch_itemsize=4, resources=many)
+    assert plans["client", 2].rows < plans["client", 64].rows
+    assert plans["client", 2].on == plans["client", 64].on == "client"
+    assert plans["auto", 2].rows == plans["client", 64].rows and plans["auto", 2].on == "workers"
+    assert "on the workers" in plans["auto", 2].describe()
+    slow = {c.rows: c.preconditioner_s for c in plans["client", 2].costs}
+    fast = {c.rows: c.preconditioner_s for c in plans["client", 64].costs}
     assert all(slow[r] > fast[r] for r in fast)
+    # on the 64 workers the sketch costs about what it costs on a 64-core client, plus its partial sums
+    spread = {c.rows: c.preconditioner_s for c in plans["auto", 2].costs}
+    assert all(fast[r] <= spread[r] < slow[r] for r in fast if r)
 
 
 # --------------------------------------------------------------------------- fits

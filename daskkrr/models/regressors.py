@@ -240,9 +240,11 @@ _FITTED_DOC = """
         solution does not depend on it.
     preconditioner_costs_ : list of dict
         The cost model's expectation for each sketch size it weighed (and the
-        one asked for): ``rows``, CG ``iterations``, ``strategy``, and the
+        one asked for): ``rows``, CG ``iterations``, ``strategy``, the
         seconds of the ``preconditioner_s``, the ``solve_s`` and both
-        (``seconds``). Estimates from constant rates of the development machine:
+        (``seconds``), and where the sketch is summed (``on``: "client", or
+        "workers" on a cluster whose workers have more cores than the client,
+        :mod:`daskkrr.parallel.sketch_pass`). Estimates from constant rates of the development machine:
         right in ratio, not in absolute time.
     fit_time_ : float
         Wall-clock seconds of the fit.

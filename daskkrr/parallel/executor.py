@@ -222,13 +222,15 @@ class BlockPasses:
         return delayed(fn, pure=True, traverse=traverse)(*args, dask_key_name=key)
 
     def _map_tasks(self, fn: Callable[..., Any], name: str, args: tuple, with_y: bool,
-                   blocks: Sequence[int] | None = None) -> list[Delayed]:
-        ids = range(self.n_blocks) if blocks is None else blocks
+                   blocks: Sequence[int] | None = None, per_block: Sequence[tuple] | None = None) -> list[Delayed]:
+        """One task per block: ``fn(X_b, [Y_b,] *per_block[i], *args)``."""
+        ids = list(range(self.n_blocks) if blocks is None else blocks)
+        extra = [()] * len(ids) if per_block is None else per_block
         if with_y:
             if self.y_blocks is None:
                 raise ValueError(f"pass {name!r} needs Y, but these passes were made without it")
-            return [self._task(fn, name, self.x_blocks[b], self.y_blocks[b], *args) for b in ids]
-        return [self._task(fn, name, self.x_blocks[b], *args) for b in ids]
+            return [self._task(fn, name, self.x_blocks[b], self.y_blocks[b], *e, *args) for b, e in zip(ids, extra)]
+        return [self._task(fn, name, self.x_blocks[b], *e, *args) for b, e in zip(ids, extra)]
 
     @contextlib.contextmanager
     def _pass(self, name: str, n_blocks: int, over_data: bool = True) -> Any:
@@ -240,10 +242,16 @@ class BlockPasses:
 
     # ------------------------------------------------------------ the patterns
     def map_reduce(self, fn: Callable[..., np.ndarray | float], *args: Any, name: str, with_y: bool = False,
-                   combine: str = "sum") -> np.ndarray:
-        """``combine_b fn(X_b, [Y_b,] *args)`` (sum or elementwise max) as a numpy array here."""
+                   combine: str = "sum", with_offsets: bool = False) -> np.ndarray:
+        """``combine_b fn(X_b, [Y_b,] [first_row_b,] *args)`` (sum or elementwise max) as a numpy array here."""
         with self._pass(name, self.n_blocks):
-            total = tree_reduce(self._map_tasks(fn, name, args, with_y), combine)
+            if with_offsets:
+                offs = self.offsets
+                tasks = self._map_tasks(fn, name, args, with_y, per_block=[(int(offs[b]),) for b in
+                                                                           range(self.n_blocks)])
+            else:
+                tasks = self._map_tasks(fn, name, args, with_y)
+            total = tree_reduce(tasks, combine)
             return self.backend.compute([total])[0]
 
     def map(self, fn: Callable[..., Any], *args: Any, name: str, with_y: bool = False,

@@ -6,7 +6,7 @@ the tolerance, among :func:`sketch_candidates`::
 
     total(s) = preconditioner(s) + solve(I(s))
 
-``preconditioner(s)``, on the client:
+``preconditioner(s)``, on the client (or with the sketch summed on the workers, below):
 
 - the kernel rows of the sketch, ``s M`` entries at the engine's rate, plus one
   pass over the data to gather the ``s`` rows (a read, when not in memory);
@@ -29,6 +29,15 @@ budget (``tol`` too small to stop CG before ``max_iter``, for every candidate)
 the sketch saves nothing and FALKON's own preconditioner wins; with the "gram"
 strategy an iteration costs only ``M^2`` flops on the client, so it wins as well.
 Ties go to the fewest rows.
+
+Where the sketch is summed: on the client, as above, or on the workers
+(:mod:`daskkrr.parallel.sketch_pass`: each row block sums its own sketch rows, the
+``M x M`` partial sums add along a tree). There the kernel rows and the ``2 s M^2``
+flops run on the workers' cores, and each block also writes one ``M x M`` float64
+partial sum, which the tree adds and the client receives once
+(:func:`worker_sketch_overhead_seconds`). It needs about ``(3 + split_every) M^2``
+float64 per worker. For each sketch size the cheaper place is taken (ties: the
+client), or the one ``on`` asks for.
 
 Rates: the per-core GEMM rates of :data:`~daskkrr.parallel.cost.DEFAULT_RATES`
 (60 and 30 GFlop/s in float32 and float64, measured by
@@ -76,6 +85,8 @@ from daskkrr.parallel.cost import (
 )
 from daskkrr.solvers.falkon import factor_precision
 
+#: Where a sketch's Gram can be summed (see :mod:`daskkrr.parallel.sketch_pass`).
+SKETCH_PLACES = ("client", "workers")
 #: Sketch sizes ``r M`` weighed by ``preconditioner_rows="auto"`` (besides none), at most ``n``.
 SKETCH_ROWS_PER_CENTER = (2, 4, 8, 16)
 #: ``-log f`` grows as ``(1 + s / M)`` to this power (see :func:`convergence_factor`).
@@ -111,12 +122,15 @@ def convergence_factor(rows: int, n_centers: int) -> float:
 
 
 def preconditioner_seconds(rows: int, problem: Problem, budget: Budget, sketch_itemsize: int,
-                           rates: Rates = DEFAULT_RATES) -> float:
+                           rates: Rates = DEFAULT_RATES, on: str = "client") -> float:
     """Expected seconds to build the preconditioner from ``rows`` sketch rows (see the module docstring).
 
-    Everything but the gathering pass runs on the client, on ``budget.preconditioner_cores``; the
-    pass reads the data on the workers' ``budget.cores``.
+    The factorisations run on the client, on ``budget.preconditioner_cores``; the pass
+    over the data reads it on the workers' ``budget.cores``; the sketch's kernel rows and
+    Gram run on the client's cores (``on="client"``) or the workers' (``on="workers"``).
     """
+    if on not in SKETCH_PLACES:
+        raise ValueError(f"the sketch is summed on one of {SKETCH_PLACES}; got {on!r}")
     M = float(problem.n_centers)
     cores = budget.preconditioner_cores
     single = factor_precision(np.float32 if problem.itemsize == 4 else np.float64, problem.n_centers) == "float32"
@@ -129,8 +143,32 @@ def preconditioner_seconds(rows: int, problem: Problem, budget: Budget, sketch_i
     worker_cores = max(1, budget.cores)
     gather = 0.0 if problem.in_memory else problem.n * problem.d * problem.itemsize / (rates.read_bytes_per_s
                                                                                          * worker_cores)
-    entries = rows * M * rates.entry_s(problem.d, problem.itemsize) / cores
+    where = cores
+    if on == "workers":
+        where = worker_cores
+        gemm_sketch *= worker_cores / cores
+        fixed += worker_sketch_overhead_seconds(problem, budget, rates)
+    entries = rows * M * rates.entry_s(problem.d, problem.itemsize) / where
     return fixed + gather + entries + 2.0 * rows * M * M / gemm_sketch
+
+
+def worker_sketch_overhead_seconds(problem: Problem, budget: Budget, rates: Rates = DEFAULT_RATES) -> float:
+    """Seconds the workers' sketch spends on its ``M x M`` partial sums: every block writes one
+    (fresh memory, about two blocks per core) and the tree adds them, the workers' cores
+    together; the client receives the total and adds it once."""
+    size = 8.0 * problem.n_centers ** 2
+    cores = max(1, budget.cores)
+    blocks = 2 * cores
+    return blocks * size * (1 / rates.touch_bytes_per_s + 3 / rates.stream_bytes_per_s) / cores + \
+        3 * size / rates.stream_bytes_per_s
+
+
+def worker_sketch_fits(problem: Problem, budget: Budget, split_every: int | None = None) -> bool:
+    """Whether a worker has room for the workers' sketch: ``T``, its partial sum, their float32
+    copies and the reduction's ``split_every`` inputs, ``M x M`` each, in half its memory."""
+    k = problem.split_every if split_every is None else split_every
+    need = (4 + k) * 8.0 * problem.n_centers ** 2
+    return budget.n_workers > 0 and need <= budget.worker_memory_bytes / 2
 
 
 def client_iteration_seconds(problem: Problem, strategy: str, rates: Rates = DEFAULT_RATES) -> float:
@@ -155,6 +193,8 @@ class SketchCost:
     strategy: str
     preconditioner_s: float
     solve_s: float
+    #: Where the sketch is summed: "client" or "workers" (see the module docstring).
+    on: str = "client"
 
     @property
     def seconds(self) -> float:
@@ -164,12 +204,14 @@ class SketchCost:
         """JSON-able record (what the fitted model keeps in ``preconditioner_costs_``)."""
         return {"rows": int(self.rows), "iterations": int(self.iterations), "strategy": self.strategy,
                 "preconditioner_s": float(self.preconditioner_s), "solve_s": float(self.solve_s),
-                "seconds": float(self.seconds)}
+                "seconds": float(self.seconds), "on": self.on}
 
 
 def sketch_cost(rows: int, problem: Problem, budget: Budget, *, max_iter: int, tol: float | None,
-                strategy: str = "auto", sketch_itemsize: int = 8, rates: Rates = DEFAULT_RATES) -> SketchCost:
-    """Expected time of the fit with ``rows`` sketch rows (``problem.iterations`` is ignored)."""
+                strategy: str = "auto", sketch_itemsize: int = 8, rates: Rates = DEFAULT_RATES,
+                on: str = "auto") -> SketchCost:
+    """Expected time of the fit with ``rows`` sketch rows (``problem.iterations`` is ignored), its
+    sketch summed ``on`` the client, the workers, or (``"auto"``) the cheaper of the two."""
     its = expected_iterations(max_iter, tol, convergence_factor(rows, problem.n_centers))
     sized = dataclasses.replace(problem, iterations=its)
     if strategy == "auto":
@@ -177,19 +219,29 @@ def sketch_cost(rows: int, problem: Problem, budget: Budget, *, max_iter: int, t
     else:
         name, costs = strategy, estimate(sized, budget, rates)
     solve = costs[name].seconds + its * client_iteration_seconds(sized, name, rates)
-    return SketchCost(int(rows), its, name, preconditioner_seconds(rows, problem, budget, sketch_itemsize, rates),
-                      solve)
+    if on not in ("auto", *SKETCH_PLACES):
+        raise ValueError(f"on must be 'auto' or one of {SKETCH_PLACES}; got {on!r}")
+    if rows <= 0 or on == "client":
+        places = ["client"]  # FALKON's own has no sketch to place
+    elif on == "workers":
+        places = ["workers"]
+    else:
+        places = ["client", "workers"] if worker_sketch_fits(problem, budget) else ["client"]
+    built = {w: preconditioner_seconds(rows, problem, budget, sketch_itemsize, rates, on=w) for w in places}
+    where = min(places, key=lambda w: round(built[w], 9))  # ties: the first, the client
+    return SketchCost(int(rows), its, name, built[where], solve, on=where)
 
 
 def choose_sketch_rows(problem: Problem, budget: Budget, *, max_iter: int, tol: float | None,
                        strategy: str = "auto", sketch_itemsize: int = 8, rates: Rates = DEFAULT_RATES,
-                       candidates: tuple[int, ...] | None = None) -> tuple[int, list[SketchCost]]:
-    """The sketch size of least expected time to the tolerance, and the cost of every candidate.
+                       candidates: tuple[int, ...] | None = None, on: str = "auto") -> tuple[int, list[SketchCost]]:
+    """The sketch size of least expected time to the tolerance, and the cost of every candidate
+    (each summed where it is cheaper, or ``on`` the place asked for).
 
     ``candidates`` defaults to :func:`sketch_candidates`; ties go to the fewest rows.
     """
     rows = sketch_candidates(problem.n, problem.n_centers) if candidates is None else tuple(candidates)
     costs = [sketch_cost(r, problem, budget, max_iter=max_iter, tol=tol, strategy=strategy,
-                         sketch_itemsize=sketch_itemsize, rates=rates) for r in rows]
+                         sketch_itemsize=sketch_itemsize, rates=rates, on=on) for r in rows]
     best = min(costs, key=lambda c: (round(c.seconds, 9), c.rows))
     return best.rows, costs

@@ -24,6 +24,14 @@ one-thread fit (its pass and stage times, from the fit's events), and
 16 and 64. The model ignores the network (the only data a pass moves are M-sized
 vectors and the block reads, local on each worker) and assumes the blocks are
 equal in cost.
+
+One kind of pass does not grow with ``n``: the preconditioner's sketch summed on the
+workers (:mod:`daskkrr.parallel.sketch_pass`) does the same work, ``s`` sketch rows,
+whatever the number of rows, split among the blocks (:data:`FIXED_WORK_PASSES`). Its
+``M x M`` partial sums, one per block, are counted in its work, which is right at the
+measured number of blocks and low above it (they add ``M^2`` writes and additions a
+block, and the reduction tree moves ``M^2`` floats per edge, which over a network
+this model does not see).
 """
 
 from __future__ import annotations
@@ -33,6 +41,9 @@ import math
 from collections.abc import Mapping
 
 from daskkrr.parallel.strategies import BLOCKS_PER_SLOT
+
+#: Passes whose total work does not grow with the rows (see the module docstring).
+FIXED_WORK_PASSES = frozenset({"sketch"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,6 +71,8 @@ class FitProfile:
     #: ``{pass name: (core-seconds per row, number of such passes)}``.
     passes: Mapping[str, tuple[float, int]]
     store_blocks: int
+    #: Passes whose work stays that of ``n`` rows at any size (:data:`FIXED_WORK_PASSES`).
+    fixed: frozenset[str] = frozenset()
 
 
 def profile_from_run(n: int, fit_s: float, pass_s: Mapping[str, float], pass_count: Mapping[str, int],
@@ -74,7 +87,8 @@ def profile_from_run(n: int, fit_s: float, pass_s: Mapping[str, float], pass_cou
         count = max(1, int(pass_count.get(name, 1)))
         work = seconds - count * (blocks * overheads.task_s + overheads.pass_s)
         per_row[name] = (max(work, 0.0) / count / n, count)
-    return FitProfile(n=n, serial_s=max(0.0, fit_s - sum(pass_s.values())), passes=per_row, store_blocks=blocks)
+    return FitProfile(n=n, serial_s=max(0.0, fit_s - sum(pass_s.values())), passes=per_row, store_blocks=blocks,
+                      fixed=frozenset(FIXED_WORK_PASSES & set(per_row)))
 
 
 def predict(profile: FitProfile, overheads: Overheads, workers: int, threads_per_worker: int = 1,
@@ -94,7 +108,8 @@ def predict(profile: FitProfile, overheads: Overheads, workers: int, threads_per
     slowdown = max(1.0, slots * k / cores) / (k * overheads.efficiency_at(busy))
     out = {"serial_s": profile.serial_s}
     for name, (row_s, count) in profile.passes.items():
-        task_s = rows / blocks * row_s * slowdown
+        work_rows = profile.n if name in profile.fixed else rows
+        task_s = work_rows / blocks * row_s * slowdown
         out[f"{name}_s"] = count * (math.ceil(blocks / slots) * task_s + blocks * overheads.task_s + overheads.pass_s)
     out["fit_s"] = sum(out.values())
     out["blocks"] = blocks

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from typing import Any
 
 import dask.array as da
@@ -37,7 +38,13 @@ from daskkrr.parallel.cost import (
     should_persist,
 )
 from daskkrr.parallel.executor import BlockPasses, Executor
-from daskkrr.parallel.preconditioner_cost import SketchCost, choose_sketch_rows, convergence_factor, sketch_cost
+from daskkrr.parallel.preconditioner_cost import (
+    SKETCH_PLACES,
+    SketchCost,
+    choose_sketch_rows,
+    convergence_factor,
+    sketch_cost,
+)
 from daskkrr.parallel.resources import Resources
 from daskkrr.utils.threads import available_cores
 
@@ -124,9 +131,24 @@ class SketchPlan:
     rows: int
     costs: list[SketchCost]
 
+    @property
+    def on(self) -> str:
+        """Where the chosen sketch is summed: "client" or "workers" (:mod:`daskkrr.parallel.sketch_pass`)."""
+        return next((c.on for c in self.costs if c.rows == self.rows), "client")
+
     def describe(self) -> str:
-        parts = [f"{c.rows}: {c.seconds:.1f}s ({c.iterations} it, {c.strategy})" for c in self.costs]
+        parts = [f"{c.rows}: {c.seconds:.1f}s ({c.iterations} it, {c.strategy}, on the {c.on})" for c in self.costs]
         return f"preconditioner rows {self.rows} (expected {'; '.join(parts)})"
+
+
+def sketch_place() -> str:
+    """``$DASKKRR_SKETCH_ON``: "client" or "workers" to force where the sketch is summed, else "auto"."""
+    raw = os.environ.get("DASKKRR_SKETCH_ON", "").strip().lower()
+    if raw in ("", "auto"):
+        return "auto"
+    if raw not in SKETCH_PLACES:
+        raise ValueError(f"DASKKRR_SKETCH_ON must be 'client', 'workers' or 'auto'; got {raw!r}")
+    return raw
 
 
 def plan_sketch(
@@ -153,13 +175,16 @@ def plan_sketch(
     check_strategy(strategy)
     res = resources or (executor or Executor()).resources()
     problem, budget = _problem_and_budget(X, n_centers, n_targets, max_iter, in_memory, res)
+    on = sketch_place()
+    if res.n_workers == 0 and on == "auto":
+        on = "client"  # no workers: the blocks run in this process, on the same cores
     rows, costs = choose_sketch_rows(problem, budget, max_iter=int(max_iter), tol=tol, strategy=strategy,
-                                     sketch_itemsize=int(sketch_itemsize))
+                                     sketch_itemsize=int(sketch_itemsize), on=on)
     if requested != "auto":
         rows = 0 if requested is None else min(int(requested), problem.n)
         if rows not in {c.rows for c in costs}:
             extra = sketch_cost(rows, problem, budget, max_iter=int(max_iter), tol=tol, strategy=strategy,
-                                sketch_itemsize=int(sketch_itemsize))
+                                sketch_itemsize=int(sketch_itemsize), on=on)
             costs = sorted([*costs, extra], key=lambda c: c.rows)
     plan = SketchPlan(rows, costs)
     logger.info("%s", plan.describe())

@@ -31,6 +31,7 @@ from daskkrr.data.feature_names import fitted_feature_names
 from daskkrr.data.inputs import is_in_memory, load_training_data
 from daskkrr.data.sample_weight import open_sample_weight
 from daskkrr.guards import check_quadratic, quadratic_cost
+from daskkrr.parallel.sketch_pass import WorkerRowSketch
 from daskkrr.parallel.strategies import make_operator, plan_sketch, plan_strategy, prepare_passes
 from daskkrr.parallel.weighted import make_weighted_operator, with_weights
 from daskkrr.pipeline.context import FitContext
@@ -170,12 +171,16 @@ def falkon_preconditioner(ctx: FitContext, *, sketch: bool = True, iterative: bo
         save_rows = getattr(ctx.store, "save_sketch_rows", None)
         if save_rows is not None and getattr(ctx.store, "enabled", False):
             save_rows(rows)
-    row_sketch = None
+    row_sketch: KernelRowSketch | WorkerRowSketch | None = None
     if rows:
         idx = sketch_indices(n, rows, Z)
-        sampled = ctx.executor.passes(ctx.X).gather_rows(idx)
-        row_sketch = KernelRowSketch(ctx.kernel, sampled, Z, row_weights=sketch_row_weights(ctx, idx),
-                                     dtype=precision)
+        weights = sketch_row_weights(ctx, idx)
+        if ctx.sketch_plan is not None and ctx.sketch_plan.on == "workers":  # each block sums its own rows
+            row_sketch = WorkerRowSketch(ctx.executor.passes(ctx.X), ctx.kernel, idx, Z, row_weights=weights,
+                                         dtype=precision)
+        else:
+            sampled = ctx.executor.passes(ctx.X).gather_rows(idx)
+            row_sketch = KernelRowSketch(ctx.kernel, sampled, Z, row_weights=weights, dtype=precision)
     Z64 = Z.astype(np.float64)
     t0 = time.perf_counter()
     ctx.preconditioner = FalkonPreconditioner.from_kernel_matrix(
@@ -186,8 +191,9 @@ def falkon_preconditioner(ctx: FitContext, *, sketch: bool = True, iterative: bo
         factor_precision=factor_precision(ctx.X.dtype, Z.shape[0]),
     )
     ctx.sketch_rows = 0 if row_sketch is None else int(row_sketch.rows)
-    logger.info("preconditioner from %d sketch rows (%s), factored in %s, in %.2fs", ctx.sketch_rows,
-                ctx.preconditioner.precision, ctx.preconditioner.factor_precision, time.perf_counter() - t0)
+    logger.info("preconditioner from %d sketch rows (%s, on the %s), factored in %s, in %.2fs", ctx.sketch_rows,
+                ctx.preconditioner.precision, "client" if ctx.sketch_plan is None else ctx.sketch_plan.on,
+                ctx.preconditioner.factor_precision, time.perf_counter() - t0)
 
 
 def weight_sum(ctx: FitContext) -> float:

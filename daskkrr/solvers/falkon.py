@@ -40,7 +40,7 @@ from __future__ import annotations
 import dataclasses
 import warnings
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -83,7 +83,7 @@ class FalkonPreconditioner:
         penalty: float,
         n: float,
         weights: np.ndarray | None = None,
-        sketch: Iterable[Any] | None = None,
+        sketch: Iterable[Any] | SummedSketch | None = None,
         center_sketch: bool = False,
         precision: str = "float64",
         overwrite_kmm: bool = False,
@@ -101,7 +101,7 @@ class FalkonPreconditioner:
             weights in a weighted fit: the "n" that scales the penalty).
         weights : ndarray of shape (M,), optional
             Importance weights of the centers (``D = diag(sqrt(weights))``).
-        sketch : iterable of ndarrays of shape (rows_i, M), optional
+        sketch : iterable of ndarrays of shape (rows_i, M), or SummedSketch, optional
             Kernel rows ``k(x_i, Z)`` of ``s`` training rows drawn uniformly at
             random, block by block. FALKON's ``A`` uses the centers as a sample of
             the rows of ``K_nM``: ``T T^T / M = W^T W / M`` with ``W = K_MM D T^{-1}
@@ -113,7 +113,8 @@ class FalkonPreconditioner:
             A block may come with the weights of its rows, ``(K_b, c_b)``: each row
             then counts ``c_b`` times (a weighted fit's sketch rows, drawn
             uniformly, weigh ``w_i / mean(w)``, so that the sketch estimates
-            ``K_nM^T W K_nM / sum(w)``).
+            ``K_nM^T W K_nM / sum(w)``). A :class:`SummedSketch` brings the sums
+            made elsewhere instead (the workers', :mod:`daskkrr.parallel.sketch_pass`).
         center_sketch : bool, default=False
             Centre the sketch rows (or FALKON's, the centers) on their mean first (the Gram matrix of a model
             with an unpenalised intercept, ``K_nM^T K_nM - n mu mu^T``).
@@ -386,7 +387,19 @@ FLOAT32_PROBE_ROWS = 256
 FLOAT32_ERROR_RATIO = 0.1
 
 
-def sketch_gram(T: np.ndarray, d: np.ndarray, blocks: Iterable[Any], center: bool,
+@runtime_checkable
+class SummedSketch(Protocol):
+    """A row sketch whose sums are formed elsewhere (see :func:`sketch_gram`)."""
+
+    @property
+    def rows(self) -> int: ...
+
+    def float32_accurate(self, T64: np.ndarray, d: np.ndarray, penalty: float) -> bool: ...
+
+    def sketch_sums(self, T64: np.ndarray, d: np.ndarray, single: bool) -> tuple[np.ndarray, np.ndarray, float]: ...
+
+
+def sketch_gram(T: np.ndarray, d: np.ndarray, blocks: Iterable[Any] | SummedSketch, center: bool,
                 precision: str = "float64", penalty: float = 0.0) -> tuple[np.ndarray, str]:
     """``W^T W / r`` over the ``r = M + s`` rows of ``W = [T^T; K_sM D T^{-1}]`` (``M x M``),
     and the precision it was computed in.
@@ -419,7 +432,7 @@ def sketch_gram(T: np.ndarray, d: np.ndarray, blocks: Iterable[Any], center: boo
     """
     if precision not in ("float64", "float32"):
         raise ValueError(f"precision must be 'float64' or 'float32'; got {precision!r}")
-    from scipy.linalg import blas, lapack
+    from scipy.linalg import lapack
 
     M = T.shape[0]
     factored32 = T.dtype == np.float32
@@ -431,58 +444,141 @@ def sketch_gram(T: np.ndarray, d: np.ndarray, blocks: Iterable[Any], center: boo
         raise np.linalg.LinAlgError(f"LAPACK lauum failed (info={info}) on the factor of K_MM")
     total = T.sum(axis=1, dtype=np.float64)
     rows = float(M)
-    single = precision == "float32"
-    probed = not single
-    # T32 is made at the first block: an M x M copy is slow to touch, and may not be needed
-    T32: np.ndarray | None = T if factored32 else None
-    partial: np.ndarray | None = None
-    pending = 0
-    for block in blocks:
-        K, c = block if isinstance(block, tuple) else (block, None)
-        K = np.asarray(K)
-        if K.ndim != 2 or K.shape[1] != M:
-            raise ValueError(f"sketch blocks must have shape (rows, {M}); got {K.shape}")
-        if not K.shape[0]:
-            continue
-        if T64 is None:  # float32 factors with a sketch: the sums and the probe are float64, as above
-            T64, inner = np.asfortranarray(T, dtype=np.float64), inner.astype(np.float64)
-        if single:
-            T32 = np.asfortranarray(T, dtype=np.float32) if T32 is None else T32
-            Wt = blas.strsm(1.0, T32, np.asfortranarray((d[:, None] * K.T).astype(np.float32)), side=0,
-                            lower=0, trans_a=1, overwrite_b=1)  # T^{-T} D K_b^T, (M, rows)
-            if not probed:
-                probed = True
-                single = _float32_accurate(T64, d, K, Wt, penalty)
-        if not single:
-            Wt = blas.dtrsm(1.0, T64, np.asfortranarray(d[:, None] * K.T.astype(np.float64)), side=0,
-                            lower=0, trans_a=1, overwrite_b=1)
-        if c is None:
-            total += Wt.sum(axis=1, dtype=np.float64)
-            rows += K.shape[0]
-        else:
-            c = np.asarray(c, dtype=np.float64).reshape(-1)
-            total += Wt.astype(np.float64) @ c
-            rows += float(c.sum())
-            Wt = np.asfortranarray(Wt * np.sqrt(c).astype(Wt.dtype)[None, :])
-        if not single:
-            inner = blas.dsyrk(1.0, Wt, beta=1.0, c=inner, trans=0, lower=0, overwrite_c=1)
-            continue
-        # beta=0 restarts the partial sum in the same memory (a fresh M x M array costs page faults)
-        partial = blas.ssyrk(1.0, Wt, trans=0, lower=0) if partial is None else blas.ssyrk(
-            1.0, Wt, beta=1.0 if pending else 0.0, c=partial, trans=0, lower=0, overwrite_c=1)
-        pending += K.shape[0]
-        if pending >= FLOAT32_FLUSH_ROWS:
-            inner += partial  # the lower triangles hold leftovers: only the upper one is kept, below
-            pending = 0
-    if partial is not None and pending:
-        inner += partial
+    wanted32 = precision == "float32"
+    if isinstance(blocks, SummedSketch):  # summed where the rows are (the workers)
+        used32 = wanted32
+        if blocks.rows:
+            # float32 factors with a sketch: the sums are float64, as below
+            T64, inner = np.asfortranarray(T, dtype=np.float64), inner.astype(np.float64, copy=False)
+            used32 = wanted32 and blocks.float32_accurate(T64, d, penalty)
+            gram, block_total, block_rows = blocks.sketch_sums(T64, d, used32)
+            inner += gram  # only the upper triangles are meaningful
+            total += block_total
+            rows += block_rows
+    else:
+        acc: _SketchAccumulator | None = None
+        for block in blocks:
+            if acc is None:  # float32 factors with a sketch: the sums are float64, as above
+                inner = inner.astype(np.float64, copy=False)
+                acc = _SketchAccumulator(T if T64 is None else T64, d, single=wanted32, probe_penalty=penalty,
+                                         gram=inner)
+            acc.add(*(block if isinstance(block, tuple) else (block, None)))
+        used32 = False
+        if acc is not None:
+            acc.flush()
+            total += acc.total
+            rows += acc.rows
+            used32 = acc.single and acc.T64 is not None  # float32 only where a block ran in it
     if center:
+        from scipy.linalg import blas
+
         # sum (w - wbar)(w - wbar)^T = sum w w^T - r wbar wbar^T, as a rank-one update of the upper triangle
         syr = blas.ssyr if inner.dtype == np.float32 else blas.dsyr
         inner = syr(-1.0 / rows, total.astype(inner.dtype), lower=0, a=inner, overwrite_a=1)
     inner /= rows
     mirror_triangle(inner, from_upper=True)  # syrk/dsyr filled the upper triangle only
-    return inner, "float32" if single and probed or T64 is None else "float64"
+    return inner, "float32" if used32 or inner.dtype == np.float32 else "float64"
+
+
+class _SketchAccumulator:
+    """Adds sketch blocks ``K_b`` (kernel rows, ``(rows, M)``) to ``sum_b W_b^T W_b`` with
+    ``W_b = K_b D T^{-1}``, plus their column sums and row count (see :func:`sketch_gram`).
+
+    ``single``: the solves and rank-k updates in float32 (partial sums of at most
+    :data:`FLOAT32_FLUSH_ROWS` rows join the float64 total); with ``probe_penalty``
+    given, the first block's first rows decide whether float32 is accurate enough.
+    The sums are added to ``gram`` (float64, upper triangle: the caller's ``T T^T``,
+    or zeros), so that at most one block's ``W_b`` and one ``M x M`` float32
+    partial exist besides it.
+    """
+
+    def __init__(self, T: np.ndarray, d: np.ndarray, *, single: bool, gram: np.ndarray,
+                 probe_penalty: float | None = None):
+        self.T = T
+        self.M = T.shape[0]
+        self.d = d
+        self.single = single
+        self.probed = probe_penalty is None or not single
+        self.penalty = 0.0 if probe_penalty is None else float(probe_penalty)
+        self.T64: np.ndarray | None = None
+        self.T32: np.ndarray | None = None  # made at the first block: an M x M copy is slow to touch
+        self.total = np.zeros(self.M)
+        self.rows = 0.0
+        self.gram = gram
+        self.partial: np.ndarray | None = None  # float32 updates not yet in ``gram``
+        self.pending = 0
+
+    def add(self, K: Any, c: Any = None) -> bool:
+        """Add one block (``c``: its rows' weights, or None); whether it had rows."""
+        from scipy.linalg import blas
+
+        K = np.asarray(K)
+        if K.ndim != 2 or K.shape[1] != self.M:
+            raise ValueError(f"sketch blocks must have shape (rows, {self.M}); got {K.shape}")
+        if not K.shape[0]:
+            return False
+        if self.T64 is None:
+            self.T64 = np.asfortranarray(self.T, dtype=np.float64)
+        if self.single:
+            self.T32 = np.asfortranarray(self.T, dtype=np.float32) if self.T32 is None else self.T32
+            Wt = blas.strsm(1.0, self.T32, np.asfortranarray((self.d[:, None] * K.T).astype(np.float32)), side=0,
+                            lower=0, trans_a=1, overwrite_b=1)  # T^{-T} D K_b^T, (M, rows)
+            if not self.probed:
+                self.probed = True
+                self.single = _float32_accurate(self.T64, self.d, K, Wt, self.penalty)
+        if not self.single:
+            Wt = blas.dtrsm(1.0, self.T64, np.asfortranarray(self.d[:, None] * K.T.astype(np.float64)), side=0,
+                            lower=0, trans_a=1, overwrite_b=1)
+        if c is None:
+            self.total += Wt.sum(axis=1, dtype=np.float64)
+            self.rows += K.shape[0]
+        else:
+            c = np.asarray(c, dtype=np.float64).reshape(-1)
+            self.total += Wt.astype(np.float64) @ c
+            self.rows += float(c.sum())
+            Wt = np.asfortranarray(Wt * np.sqrt(c).astype(Wt.dtype)[None, :])
+        if not self.single:
+            self.gram = blas.dsyrk(1.0, Wt, beta=1.0, c=self.gram, trans=0, lower=0, overwrite_c=1)
+            return True
+        # beta=0 restarts the partial sum in the same memory (a fresh M x M array costs page faults)
+        self.partial = blas.ssyrk(1.0, Wt, trans=0, lower=0) if self.partial is None else blas.ssyrk(
+            1.0, Wt, beta=1.0 if self.pending else 0.0, c=self.partial, trans=0, lower=0, overwrite_c=1)
+        self.pending += K.shape[0]
+        if self.pending >= FLOAT32_FLUSH_ROWS:
+            self.flush()
+        return True
+
+    def flush(self) -> None:
+        """Add the float32 partial sum to ``gram``."""
+        if self.partial is not None and self.pending:
+            self.gram += self.partial  # the lower triangles hold leftovers: only the upper one is kept
+            self.pending = 0
+
+
+def block_sketch_sums(T: np.ndarray, d: np.ndarray, blocks: Iterable[Any], single: bool
+                      ) -> tuple[np.ndarray, np.ndarray, float]:
+    """``(sum W_b^T W_b, sum of the rows of W_b, rows)`` over ``blocks`` (as in :func:`sketch_gram`,
+    float32 or not as told, without a probe): one worker's share of a sketch summed where its
+    rows are. The first is ``M x M`` float64 with only its upper triangle meaningful."""
+    M = T.shape[0]
+    acc = _SketchAccumulator(T, d, single=single, gram=np.zeros((M, M), order="F"))
+    for block in blocks:
+        acc.add(*(block if isinstance(block, tuple) else (block, None)))
+    acc.flush()
+    return acc.gram, acc.total, acc.rows
+
+
+def float32_sketch_accurate(T: np.ndarray, d: np.ndarray, K: np.ndarray, penalty: float) -> bool:
+    """Whether float32 solves are accurate enough for the sketch rows ``K`` (at most
+    :data:`FLOAT32_PROBE_ROWS` of them; see :func:`sketch_gram`)."""
+    from scipy.linalg import blas
+
+    K = np.asarray(K)[:FLOAT32_PROBE_ROWS]
+    if not K.shape[0]:
+        return True
+    Wt32 = blas.strsm(1.0, np.asfortranarray(T, dtype=np.float32),
+                      np.asfortranarray((d[:, None] * K.T).astype(np.float32)), side=0, lower=0, trans_a=1)
+    return _float32_accurate(np.asfortranarray(T, dtype=np.float64), d, K, Wt32, penalty)
 
 
 def _float32_accurate(T: np.ndarray, d: np.ndarray, K: np.ndarray, Wt32: np.ndarray, penalty: float) -> bool:

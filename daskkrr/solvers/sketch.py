@@ -103,3 +103,33 @@ class KernelRowSketch:
                 yield block
             else:
                 yield block, self.row_weights[start:start + SKETCH_BLOCK_ROWS]
+
+
+def block_sketch_partial(Xb: np.ndarray, first_row: int, idx: np.ndarray, row_weights: np.ndarray | None,
+                         kernel: Kernel, centers: np.ndarray, T: np.ndarray, d: np.ndarray, single: bool,
+                         dtype: Any) -> np.ndarray:
+    """One row block's share of the sketch Gram, for a sum over blocks (a reduction tree).
+
+    ``idx`` are the sketch's sorted global row indices (``row_weights`` theirs, or
+    None); the block holds rows ``first_row .. first_row + len(Xb)``. Its sketch rows
+    become kernel rows :data:`SKETCH_BLOCK_ROWS` at a time, in ``dtype``, and are
+    summed by :func:`daskkrr.solvers.falkon.block_sketch_sums`. Returned flat, float64:
+    ``sum W^T W`` (``M x M``, Fortran order, upper triangle meaningful), ``sum W`` (``M``)
+    and the row count, so that partial results add elementwise.
+    """
+    from daskkrr.solvers.falkon import block_sketch_sums
+
+    lo, hi = np.searchsorted(idx, [first_row, first_row + Xb.shape[0]])
+    rows = np.ascontiguousarray(np.asarray(Xb)[idx[lo:hi] - first_row])
+    weights = None if row_weights is None else row_weights[lo:hi]
+    sketch = KernelRowSketch(kernel, rows, centers, row_weights=weights, dtype=dtype)
+    gram, total, count = block_sketch_sums(T, d, sketch, single)
+    return np.concatenate([gram.ravel(order="F"), total, [count]])
+
+
+def unpack_sketch_partial(flat: np.ndarray, n_centers: int) -> tuple[np.ndarray, np.ndarray, float]:
+    """``(gram, total, rows)`` from a sum of :func:`block_sketch_partial` results."""
+    M = int(n_centers)
+    if flat.shape != (M * M + M + 1,):
+        raise ValueError(f"a sketch partial for {M} centers has {M * M + M + 1} entries; got {flat.shape}")
+    return flat[: M * M].reshape(M, M, order="F"), flat[M * M: M * M + M], float(flat[-1])

@@ -12,6 +12,11 @@ so that every iteration is a full pass of kernel computations):
 - ``2 workers``: two single-threaded worker processes (daskkrr's default local
   cluster on 2 cores), each task on one engine thread;
 - ``4 workers``: four single-threaded worker processes on the 2 cores;
+- ``1 worker, 1 core, sketch on the workers`` and ``2 workers, sketch on the workers``:
+  the same, with the preconditioner's sketch summed on the workers
+  (``DASKKRR_SKETCH_ON=workers``, :mod:`daskkrr.parallel.sketch_pass`) rather than on the
+  client, the cost model's choice on this host, whose client has the workers' cores;
+  the profile of the plan's third preconditioner, and its check at two workers;
 - ``1 worker, 1 core, FALKON's own``: the baseline again with ``preconditioner_rows=None``
   (no row sketch) and the estimator's default ``max_iter=50``, so that it runs to the
   same tolerance as the sketch (at ``max_iter=10`` it stops short of it, 2% above the
@@ -30,12 +35,13 @@ The model (:mod:`daskkrr.parallel.scaling_model`) takes the per-row cost of each
 pass and the serial part from the one-core run and predicts every configuration;
 the table shows prediction and measurement side by side, then the model's plan for
 16 and 64 single-threaded workers (one core each, hosts like this one, driven from a
-client with this host's cores), at this n and at n = 1e8. The plan predicts both
-preconditioners, the row sketch the baseline's cost model chose and FALKON's own, each
-from its own one-core profile, and marks the one the cost model would choose for that
-cluster (:func:`daskkrr.parallel.preconditioner_cost.choose_sketch_rows`, which prices the
-sketch at the client's cores and CG's passes at the workers'): on many workers the serial
-sketch Gram stops paying for the iterations it saves. Reported: fit time, speed-up over the one-core baseline, the sum
+client with this host's cores), at this n and at n = 1e8. The plan predicts three
+preconditioners, each from its own one-core profile: the row sketch the baseline's cost
+model chose, summed on the client or on the workers, and FALKON's own; and marks the
+one the cost model would choose for that cluster
+(:func:`daskkrr.parallel.preconditioner_cost.choose_sketch_rows`, which prices a sketch
+summed on the client at the client's cores, and CG's passes and a sketch summed on the
+workers at the workers'). Reported: fit time, speed-up over the one-core baseline, the sum
 of the processes' peak RSS. ``--fits-per-cluster K`` fits K times on each cluster and also
 reports the median of the later fits ("warm": the workers have imported daskkrr and loaded
 the engine, as on a cluster that stays up between fits) and their speed-up. Every fit's
@@ -68,10 +74,15 @@ CONFIGS = {
     "1 worker, 2 engine threads": dict(n_workers=1, engine_threads=2, cap=""),
     "2 workers": dict(n_workers=2, engine_threads=1, cap=""),
     "4 workers": dict(n_workers=4, engine_threads=1, cap="1"),
+    "1 worker, 1 core, sketch on the workers": dict(n_workers=1, engine_threads=1, cap="1", sketch_on="workers"),
+    "2 workers, sketch on the workers": dict(n_workers=2, engine_threads=1, cap="", sketch_on="workers"),
     "1 worker, 1 core, FALKON's own": dict(n_workers=1, engine_threads=1, cap="1", rows="none", max_iter=50),
 }
-#: The configuration whose profile the plan's FALKON's-own prediction comes from (not a speed-up).
+#: The configurations whose profiles the plan's other preconditioners come from (not speed-ups).
 OWN = "1 worker, 1 core, FALKON's own"
+ON_WORKERS = "1 worker, 1 core, sketch on the workers"
+#: Compared with the baseline of their own preconditioner.
+BASELINE_OF = {"2 workers, sketch on the workers": ON_WORKERS}
 PLAN_WORKERS = (16, 64)
 #: Held-out rows for the test error (generated after the store's ``n`` rows).
 TEST_ROWS = 50_000
@@ -85,6 +96,7 @@ def child(args) -> dict:
     from daskkrr.events import subscribe
 
     env = {"DASKKRR_ENGINE_THREADS": args.cap} if args.cap else {}
+    os.environ["DASKKRR_SKETCH_ON"] = args.sketch_on  # read by the client's plan
     with LocalCluster(n_workers=args.workers, threads_per_worker=1, processes=True, host="127.0.0.1",
                       dashboard_address=None, env=env) as cluster, Client(cluster) as client:
         model = FalkonRegressor(n_centers=args.centers, penalty=1e-6, dtype="float32", max_iter=args.max_iter,
@@ -107,6 +119,8 @@ def child(args) -> dict:
     out = dict(test_rmse=test_rmse, fit_s=fit_s,
                passes=model.n_data_passes_, n_iter=model.n_iter_, worker_cap=sorted(budget.values()),
                sketch_rows=int(model.preconditioner_rows_),
+               sketch_on=next((c["on"] for c in model.preconditioner_costs_
+                               if c["rows"] == model.preconditioner_rows_ and model.preconditioner_rows_), ""),
                pass_s=clock.passes, pass_count=clock.pass_count, blocks=clock.blocks)
     if warm:
         out.update(warm_fit_s=float(statistics.median(warm)), warm_fits_s=warm)
@@ -190,12 +204,14 @@ def _block_sum(Xb):
 def model_rows(rows: list[dict], over: dict, eff: dict, n: int, centers: int) -> list[dict]:
     """The model's prediction for every configuration measured, and its plan for 16 and 64 workers.
 
-    Each plan row is the preconditioner the cost model would choose on that cluster
-    (``sketch_rows``: the baseline's sketch, or 0 for FALKON's own), predicted from the
-    one-core profile measured with it; ``other_preconditioner_s`` is the other one's
-    prediction. The cost model chooses with the estimator's default ``max_iter`` (50), the
-    budget both profiles ran to the tolerance with: at a small ``max_iter`` it would price
-    FALKON's own at ``max_iter`` iterations, short of the tolerance the sketch reaches.
+    The preconditioners are keyed ``(sketch rows, where the sketch is summed)``: the
+    baseline's sketch on the client and on the workers, and ``(0, "client")``, FALKON's
+    own. Each plan row is the one the cost model would choose on that cluster, predicted
+    from the one-core profile measured with it (``sketch_rows``, ``sketch_on``), with the
+    predictions of all three beside it. The cost model chooses with the estimator's
+    default ``max_iter`` (50), the budget every profile ran to the tolerance with: at a
+    small ``max_iter`` it would price FALKON's own at ``max_iter`` iterations, short of
+    the tolerance the sketch reaches.
     """
     from daskkrr.parallel.cost import Budget, Problem
     from daskkrr.parallel.preconditioner_cost import choose_sketch_rows
@@ -206,37 +222,42 @@ def model_rows(rows: list[dict], over: dict, eff: dict, n: int, centers: int) ->
     def profile(r: dict):
         return profile_from_run(n, r["fit_s"], r["pass_s"], r["pass_count"], r["blocks"], overheads)
 
-    base = rows[0]
-    sketched = int(base.get("sketch_rows", -1))  # the baseline's sketch, as the cost model chose it
-    profiles = {sketched: profile(base)}
-    own = next((r for r in rows if r["config"] == OWN and "fit_s" in r), None)
-    if own is not None:
-        profiles[0] = profile(own)
+    measured = {r["config"]: r for r in rows if "fit_s" in r}
+    sketched = int(rows[0].get("sketch_rows", -1))  # the baseline's sketch, as the cost model chose it
+    sources = {(sketched, "client"): rows[0]["config"], (sketched, "workers"): ON_WORKERS, (0, "client"): OWN}
+    profiles = {key: profile(measured[name]) for key, name in sources.items() if name in measured}
+    key_of = {name: key for key, name in sources.items()}
+    key_of["2 workers, sketch on the workers"] = (sketched, "workers")
     cores = os.cpu_count() or 1
     for r in rows:
-        if "fit_s" not in r:
+        key = key_of.get(r["config"], (sketched, "client"))
+        if "fit_s" not in r or key not in profiles:
             continue
         cfg = CONFIGS[r["config"]]
-        source = profiles[0] if r["config"] == OWN else profiles[sketched]
-        pred = predict(source, overheads, cfg["n_workers"], engine_threads=cfg["engine_threads"], cores=cores)
+        pred = predict(profiles[key], overheads, cfg["n_workers"], engine_threads=cfg["engine_threads"], cores=cores)
         r["predicted_s"] = pred["fit_s"]
         r["predicted_vs_measured"] = pred["fit_s"] / r["fit_s"]
     plan = []
+    base = profiles[(sketched, "client")]
     for rows_n in (n, 100_000_000):
-        one = predict(profiles[sketched], overheads, 1, cores=1, n=rows_n)["fit_s"]
+        one = predict(base, overheads, 1, cores=1, n=rows_n)["fit_s"]
         for w in PLAN_WORKERS:
             problem = Problem(n=rows_n, d=D, n_centers=centers, n_targets=1, itemsize=4)
             budget = Budget(cores=w, memory_bytes=w * 8 * 2**30, n_workers=w, client_cores=cores)
-            chosen, _ = choose_sketch_rows(problem, budget, max_iter=CONFIGS[OWN]["max_iter"], tol=1e-4,
-                                           strategy="recompute",
-                                           sketch_itemsize=4, candidates=tuple(sorted(profiles)))
-            preds = {rows_k: predict(p, overheads, w, cores=w, n=rows_n) for rows_k, p in profiles.items()}
-            pred = preds[chosen]
-            other = [v["fit_s"] for k, v in preds.items() if k != chosen]
-            plan.append({"config": f"MODEL: {w} workers, 1 core each", "n": rows_n, "sketch_rows": chosen,
-                         "predicted_s": pred["fit_s"], "predicted_speedup": one / pred["fit_s"],
-                         "blocks": pred["blocks"], "serial_share": pred["serial_s"] / pred["fit_s"],
-                         "other_preconditioner_s": other[0] if other else None})
+            chosen, costs = choose_sketch_rows(problem, budget, max_iter=CONFIGS[OWN]["max_iter"], tol=1e-4,
+                                               strategy="recompute", sketch_itemsize=4,
+                                               candidates=tuple(sorted({k[0] for k in profiles})))
+            key = (chosen, next(c.on for c in costs if c.rows == chosen))
+            preds = {k: predict(p, overheads, w, cores=w, n=rows_n) for k, p in profiles.items()}
+            pred = preds.get(key)
+            row = {"config": f"MODEL: {w} workers, 1 core each", "n": rows_n, "sketch_rows": chosen,
+                   "sketch_on": key[1] if chosen else ""}
+            if pred is not None:
+                row.update(predicted_s=pred["fit_s"], predicted_speedup=one / pred["fit_s"], blocks=pred["blocks"],
+                           serial_share=pred["serial_s"] / pred["fit_s"])
+            for (k_rows, k_on), p in preds.items():
+                row[f"{'own' if not k_rows else 'sketch_' + k_on}_s"] = p["fit_s"]
+            plan.append(row)
     return plan
 
 
@@ -259,6 +280,7 @@ def main(argv=None) -> list[dict]:
     ap.add_argument("--workers", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--cap", default="", help=argparse.SUPPRESS)
     ap.add_argument("--rows", default="auto", help=argparse.SUPPRESS)
+    ap.add_argument("--sketch-on", default="auto", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.probe is not None:
         print(json.dumps(probe_child(args.probe)))
@@ -292,16 +314,21 @@ def main(argv=None) -> list[dict]:
     for name, cfg in CONFIGS.items():
         res = run_child([__file__, "--child", "--store", str(store), "--workers", str(cfg["n_workers"]),
                          "--cap", cfg["cap"], "--rows", cfg.get("rows", "auto"), "--centers", str(centers),
+                         "--sketch-on", cfg.get("sketch_on", "auto"),
                          "--max-iter", str(cfg.get("max_iter", args.max_iter)), "--test", str(test),
                          "--fits-per-cluster", str(args.fits_per_cluster)], timeout=args.timeout)
         rows.append({"config": name, "n": n, "M": centers, **res})
         print({k: v for k, v in rows[-1].items() if k != "peak_per_process_mb"}, flush=True)
+    by_name = {r["config"]: r for r in rows}
     base, warm_base = rows[0].get("fit_s"), rows[0].get("warm_fit_s")
     for r in rows:
-        if base and "fit_s" in r and r["config"] != OWN:
-            r["speedup_vs_1_core"] = base / r["fit_s"]
-        if warm_base and "warm_fit_s" in r and r["config"] != OWN:
-            r["warm_speedup"] = warm_base / r["warm_fit_s"]
+        if r["config"] in (OWN, ON_WORKERS) or "fit_s" not in r:
+            continue
+        ref = by_name[BASELINE_OF.get(r["config"], rows[0]["config"])]
+        if ref.get("fit_s"):
+            r["speedup_vs_1_core"] = ref["fit_s"] / r["fit_s"]
+        if ref.get("warm_fit_s") and "warm_fit_s" in r:
+            r["warm_speedup"] = ref["warm_fit_s"] / r["warm_fit_s"]
     plan = model_rows(rows, over, eff, n, centers) if base and "task_s" in over else []
     info = machine()
     title = (f"1, 2 and 4 Dask workers, n = {n}, d = {D}, M = {centers}, recompute, max_iter = {args.max_iter} "
@@ -311,10 +338,10 @@ def main(argv=None) -> list[dict]:
              f"scheduler {over.get('task_s', float('nan')) * 1e3:.2f} ms/task, "
              f"{over.get('pass_s', float('nan')) * 1e3:.1f} ms/pass")
     warm_cols = ["warm_fit_s", "warm_speedup"] if warm_base else []
-    print_table(rows + plan, ["config", "n", "sketch_rows", "n_iter", "test_rmse", "fit_s", "speedup_vs_1_core",
-                              *warm_cols,
-                              "predicted_s", "predicted_vs_measured", "predicted_speedup", "blocks", "serial_share",
-                              "other_preconditioner_s", "passes", "peak_mb", "n_processes"], title)
+    print_table(rows + plan, ["config", "n", "sketch_rows", "sketch_on", "n_iter", "test_rmse", "fit_s",
+                              "speedup_vs_1_core", *warm_cols, "predicted_s", "predicted_vs_measured",
+                              "predicted_speedup", "blocks", "serial_share", "sketch_client_s", "sketch_workers_s",
+                              "own_s", "passes", "peak_mb", "n_processes"], title)
     write_results(rows + plan, args.out, "workers_scaling",
                   {"machine": info, "args": vars(args), "hardware": eff, "scheduler": over})
     return rows
