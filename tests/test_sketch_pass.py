@@ -23,7 +23,7 @@ from daskkrr.parallel.preconditioner_cost import (
 )
 from daskkrr.parallel.sketch_pass import WorkerRowSketch
 from daskkrr.parallel.strategies import sketch_place
-from daskkrr.solvers.falkon import FalkonPreconditioner, sketch_gram
+from daskkrr.solvers.falkon import FalkonPreconditioner, block_sketch_sums, sketch_gram
 from daskkrr.solvers.sketch import KernelRowSketch, sketch_indices, unpack_sketch_partial
 from daskkrr.utils.linalg import cholesky_jitter
 
@@ -85,9 +85,14 @@ def test_float32_falls_back_to_float64_on_the_workers_as_on_the_client():
 def test_partial_sums_are_checked_for_their_size():
     with pytest.raises(ValueError, match="13 entries"):
         unpack_sketch_partial(np.zeros(12), 3)
-    _, Z, kernel, _ = _problem(n=50, M=5)
+    _, Z, kernel, T = _problem(n=50, M=5)
     with pytest.raises(ValueError, match="sorted and distinct"):
         WorkerRowSketch(None, kernel, np.array([3, 1]), Z)
+    for out in (np.zeros((4, 4), order="F"), np.zeros((5, 5), order="C"), np.zeros((5, 5), np.float32, order="F")):
+        with pytest.raises(ValueError, match="Fortran-ordered float64"):
+            block_sketch_sums(T, np.ones(5), [], False, out=out)
+    gram, total, rows = block_sketch_sums(T, np.ones(5), [], False)  # no rows in the block: zeros
+    assert rows == 0 and not gram.any() and not total.any()
 
 
 @pytest.fixture(scope="module")

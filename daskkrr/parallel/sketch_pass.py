@@ -22,6 +22,8 @@ from daskkrr.kernels.base import Kernel
 from daskkrr.solvers.falkon import FLOAT32_PROBE_ROWS, float32_sketch_accurate
 from daskkrr.solvers.sketch import KernelRowSketch, block_sketch_partial, unpack_sketch_partial
 
+__all__ = ["WorkerRowSketch"]
+
 
 class WorkerRowSketch:
     """A row sketch whose Gram is summed block by block on the workers (see the module docstring).

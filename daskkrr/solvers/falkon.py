@@ -555,13 +555,16 @@ class _SketchAccumulator:
             self.pending = 0
 
 
-def block_sketch_sums(T: np.ndarray, d: np.ndarray, blocks: Iterable[Any], single: bool
-                      ) -> tuple[np.ndarray, np.ndarray, float]:
+def block_sketch_sums(T: np.ndarray, d: np.ndarray, blocks: Iterable[Any], single: bool,
+                      out: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, float]:
     """``(sum W_b^T W_b, sum of the rows of W_b, rows)`` over ``blocks`` (as in :func:`sketch_gram`,
     float32 or not as told, without a probe): one worker's share of a sketch summed where its
-    rows are. The first is ``M x M`` float64 with only its upper triangle meaningful."""
+    rows are. The first is ``M x M`` float64 with only its upper triangle meaningful: ``out``
+    (zeros, Fortran-ordered) if given, else a new array."""
     M = T.shape[0]
-    acc = _SketchAccumulator(T, d, single=single, gram=np.zeros((M, M), order="F"))
+    if out is not None and (out.shape != (M, M) or out.dtype != np.float64 or not out.flags.f_contiguous):
+        raise ValueError(f"out must be a Fortran-ordered float64 ({M}, {M}) array")
+    acc = _SketchAccumulator(T, d, single=single, gram=np.zeros((M, M), order="F") if out is None else out)
     for block in blocks:
         acc.add(*(block if isinstance(block, tuple) else (block, None)))
     acc.flush()

@@ -123,8 +123,11 @@ def block_sketch_partial(Xb: np.ndarray, first_row: int, idx: np.ndarray, row_we
     rows = np.ascontiguousarray(np.asarray(Xb)[idx[lo:hi] - first_row])
     weights = None if row_weights is None else row_weights[lo:hi]
     sketch = KernelRowSketch(kernel, rows, centers, row_weights=weights, dtype=dtype)
-    gram, total, count = block_sketch_sums(T, d, sketch, single)
-    return np.concatenate([gram.ravel(order="F"), total, [count]])
+    M = T.shape[0]
+    flat = np.zeros(M * M + M + 1)  # the Gram is summed in place, in its first M * M entries
+    _, flat[M * M: M * M + M], flat[-1] = block_sketch_sums(T, d, sketch, single,
+                                                            out=flat[: M * M].reshape(M, M, order="F"))
+    return flat
 
 
 def unpack_sketch_partial(flat: np.ndarray, n_centers: int) -> tuple[np.ndarray, np.ndarray, float]:
