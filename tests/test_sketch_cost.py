@@ -4,6 +4,7 @@ expected time to the tolerance, and what the fitted model records (issue 17, ite
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import numpy as np
 import pytest
@@ -203,11 +204,14 @@ def data():
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32", "float32 factors"])
-@pytest.mark.parametrize("rows", [None, 480, "auto"])
+@pytest.mark.parametrize("rows", [None, 480, "480 on the workers", "auto"])
 @pytest.mark.parametrize("strategy", ["recompute", "cache", "gram"])
 def test_every_strategy_sketch_and_precision_agree_with_the_float64_reference(data, strategy, rows, dtype,
                                                                               monkeypatch):
     X, y, Xt, common, reference = data
+    if rows == "480 on the workers":  # summed block by block (daskkrr.parallel.sketch_pass)
+        monkeypatch.setenv("DASKKRR_SKETCH_ON", "workers")
+        rows = 480
     factors32 = dtype == "float32 factors"
     if factors32:  # factored in float32 too (a float32 fit with >= FLOAT32_FACTOR_MIN_CENTERS centers)
         monkeypatch.setattr(falkon_module, "FLOAT32_FACTOR_MIN_CENTERS", common["n_centers"])
@@ -225,6 +229,8 @@ def test_every_strategy_sketch_and_precision_agree_with_the_float64_reference(da
     elif rows == 480:
         assert model.preconditioner_rows_ == 480
         assert model.preconditioner_dtype_ == dtype
+        placed = [c["on"] for c in model.preconditioner_costs_ if c["rows"] == 480]
+        assert placed == ["workers" if os.environ.get("DASKKRR_SKETCH_ON") == "workers" else "client"]
     elif rows is None:
         assert model.preconditioner_rows_ == 0 and model.preconditioner_dtype_ == "float64"
 
