@@ -7,10 +7,11 @@ import numpy as np
 import pytest
 from sklearn.metrics import r2_score
 
-from daskkrr import ExactKernelRidge, FalkonRegressor, NystromRegressor
+from daskkrr import ExactKernelRidge, FalkonClassifier, FalkonRegressor, NystromRegressor
 from daskkrr.kernels import GaussianKernel
 from daskkrr.pipeline.penalty_path import fit_penalty_path, path_unsupported
 from daskkrr.solvers import FalkonPreconditioner
+from daskkrr.solvers.exact import exact_krr_path, exact_krr_solve
 from daskkrr.tune import BKBSearchCV
 from daskkrr.tune.search import PATH_PER_DECADE
 
@@ -94,14 +95,71 @@ def test_a_path_is_refused_where_the_centers_or_the_model_depend_on_the_penalty(
     assert path_unsupported(FalkonRegressor()) is None
     assert "sampler" in path_unsupported(FalkonRegressor(sampler="squeak"))
     assert "compute_std" in path_unsupported(NystromRegressor(compute_std=True))
-    assert "not a squared-loss Nystrom regressor" in path_unsupported(ExactKernelRidge())
-    with pytest.raises(ValueError, match="uniform centers: its centers depend on the penalty"):
+    assert path_unsupported(ExactKernelRidge()) is None  # its direct solve (see the exact-path tests)
+    assert "not a squared-loss kernel ridge regressor" in path_unsupported(FalkonClassifier())
+    with pytest.raises(ValueError, match="direct solve: its centers depend on the penalty"):
         fit_penalty_path(FalkonRegressor(n_centers=20, sampler="squeak"), X, y, PENALTIES)
     with pytest.raises(ValueError, match="one target"):
         fit_penalty_path(FalkonRegressor(n_centers=20), X, np.column_stack([y, y]), PENALTIES)
     for bad in ([], [1e-3, -1.0], [np.nan]):
         with pytest.raises(ValueError, match="penalties must be"):
             fit_penalty_path(FalkonRegressor(n_centers=20), X, y, bad)
+
+
+# --------------------------------------------------------------------------- exact KRR's path
+@pytest.mark.parametrize("weights", [False, True])
+def test_the_exact_path_equals_the_factored_solve_at_each_penalty(weights):
+    X, y = _data(300)
+    K = GaussianKernel(sigma=1.5)(X, X)
+    w = np.random.default_rng(2).uniform(0.0, 3.0, len(y)) if weights else None
+    if weights:
+        w[:10] = 0.0  # zero weights are allowed: their rows get no coefficient
+    C = exact_krr_path(K, y, np.array(PENALTIES), sample_weight=w)
+    assert C.shape == (300, len(PENALTIES))
+    for j, lam in enumerate(PENALTIES):
+        ref = exact_krr_solve(K, y, lam, sample_weight=w)[0]
+        # the same system; its condition number (about 1 / lam) bounds the agreement of two solvers
+        assert np.linalg.norm(C[:, j] - ref) <= max(1e-10, 1e-15 / lam) * np.linalg.norm(ref), lam
+        assert np.abs(K @ C[:, j] - K @ ref).max() <= 1e-6 * np.abs(y).max(), lam  # the fitted values
+    if weights:
+        assert not C[:10].any()
+    for bad in ([], [0.0], [np.inf]):
+        with pytest.raises(ValueError, match="penalties must be"):
+            exact_krr_path(K, y, np.array(bad, dtype=float))
+    with pytest.raises(ValueError, match="one target"):
+        exact_krr_path(K, np.column_stack([y, y]), np.array(PENALTIES))
+
+
+def test_an_exact_path_fit_predicts_as_exact_fits_and_refuses_pcg():
+    X, y = _data(400)
+    Xt = _data(80, seed=1)[0]
+    path = fit_penalty_path(ExactKernelRidge(sigma=1.5), X, y, PENALTIES)
+    assert path.solver_ == "direct" and path.coef_.shape == (400, len(PENALTIES))
+    P = path.predict(Xt)
+    for j, lam in enumerate(PENALTIES):
+        ref = ExactKernelRidge(sigma=1.5, penalty=lam, solver="direct").fit(X, y).predict(Xt)
+        assert np.abs(P[:, j] - ref).max() <= 1e-6 * np.abs(ref).max(), lam
+    assert "solver='pcg'" in path_unsupported(ExactKernelRidge(solver="pcg"))
+    assert "compute_std" in path_unsupported(ExactKernelRidge(compute_std=True))
+    assert "takes PCG" in path_unsupported(ExactKernelRidge(max_samples=100), n_rows=400, n_features=4)
+    assert path_unsupported(ExactKernelRidge(max_samples=1000), n_rows=400, n_features=4) is None
+    with pytest.raises(ValueError, match="ExactKernelRidge's direct solve: solver='pcg'"):
+        fit_penalty_path(ExactKernelRidge(solver="pcg"), X, y, PENALTIES)
+
+
+def test_a_search_of_exact_krr_profiles_the_penalty_when_asked():
+    """Its path (an n x n eigendecomposition) costs several direct fits: "auto" leaves it, True takes it."""
+    X, y = _data(300)
+    auto = _search(ExactKernelRidge(), X, y, budget_fits=4)
+    assert auto.penalty_path_ is None and all("penalty" in c for c in auto.candidates_)
+    s = _search(ExactKernelRidge(), X, y, budget_fits=4, profile_penalty=True)
+    assert s.penalty_path_ is not None and all(set(c) == {"sigma"} for c in s.candidates_)
+    train, val = next(s._splitter().split(X, y))
+    model = fit_penalty_path(ExactKernelRidge(sigma=s.best_params_["sigma"]), X[train], y[train], s.penalty_path_)
+    assert s.best_score_ == pytest.approx(max(r2_score(y[val], c) for c in model.predict(X[val]).T), rel=1e-9)
+    # a split too large for the direct solve has no path
+    with pytest.raises(ValueError, match="cannot profile the penalty: solver='auto' takes PCG"):
+        _search(ExactKernelRidge(max_samples=100), X, y, budget_fits=4, profile_penalty=True)
 
 
 # --------------------------------------------------------------------------- the search
@@ -167,7 +225,7 @@ def test_profile_penalty_true_says_why_it_cannot_and_auto_falls_back():
         _search(FalkonRegressor(n_centers=20), X, y, space={"sigma": (0.5, 4.0)}, profile_penalty=True)
     with pytest.raises(ValueError, match="profile_penalty must be"):
         _search(FalkonRegressor(n_centers=20), X, y, profile_penalty="yes")
-    s = _search(ExactKernelRidge(), X, y, budget_fits=4)  # "auto": not a Nystrom regressor
+    s = _search(FalkonRegressor(n_centers=20, sampler="squeak"), X, y, budget_fits=4)  # "auto" falls back
     assert s.penalty_path_ is None and all("penalty" in c for c in s.candidates_)
 
 

@@ -12,6 +12,11 @@ The path is the exact Nystrom solution at each penalty, the one
 :class:`~daskkrr.models.FalkonRegressor`'s CG converges to; it applies only where the
 centers do not depend on the penalty (the uniform sampler: the leverage-score
 samplers draw with the penalty).
+
+:class:`~daskkrr.models.ExactKernelRidge` has a path too, where it would factor
+directly: one eigendecomposition of the ``n x n`` kernel matrix
+(:func:`~daskkrr.solvers.exact.exact_krr_path`), about three factorisations' flops for
+all the penalties.
 """
 
 from __future__ import annotations
@@ -24,15 +29,31 @@ import numpy as np
 from sklearn.base import clone
 
 from daskkrr.pipeline.run import run_fit
-from daskkrr.pipeline.stages import Stage, direct_solve, nystrom_stages
+from daskkrr.pipeline.stages import Stage, direct_solve, exact_solve, exact_stages, nystrom_stages
 
 
-def path_unsupported(estimator: Any) -> str | None:
-    """Why ``estimator`` cannot be fitted along a penalty path (None: it can)."""
-    from daskkrr.models.regressors import FalkonRegressor, NystromRegressor
+def path_unsupported(estimator: Any, n_rows: int | None = None, n_features: int | None = None) -> str | None:
+    """Why ``estimator`` cannot be fitted along a penalty path (None: it can).
 
+    For :class:`~daskkrr.models.ExactKernelRidge` the path is its direct solve: refused
+    with ``solver="pcg"``, and with ``solver="auto"`` where ``n_rows`` (when given) would
+    take PCG (:func:`~daskkrr.pipeline.exact_pcg.choose_solver`).
+    """
+    from daskkrr.models.regressors import ExactKernelRidge, FalkonRegressor, NystromRegressor
+
+    if isinstance(estimator, ExactKernelRidge):
+        if getattr(estimator, "compute_std", False):
+            return "compute_std=True keeps a posterior for one penalty"
+        if estimator.solver == "pcg":
+            return "solver='pcg' solves one penalty at a time; the path is the direct solve's"
+        if estimator.solver == "auto" and n_rows is not None:
+            from daskkrr.pipeline.exact_pcg import choose_solver
+
+            if choose_solver(estimator, int(n_rows), int(n_features or 1)) != "direct":
+                return f"solver='auto' takes PCG for {n_rows} rows; the path is the direct solve's"
+        return None
     if not isinstance(estimator, (FalkonRegressor, NystromRegressor)):
-        return f"{type(estimator).__name__} is not a squared-loss Nystrom regressor"
+        return f"{type(estimator).__name__} is not a squared-loss kernel ridge regressor"
     sampler = estimator.get_params().get("sampler", "uniform")
     if not (isinstance(sampler, str) and sampler == "uniform"):
         return f"its centers depend on the penalty (sampler={sampler!r}); only 'uniform' ones do not"
@@ -51,10 +72,15 @@ def fit_penalty_path(estimator: Any, X: Any, y: Any, penalties: Sequence[float] 
     """
     why = path_unsupported(estimator)
     if why is not None:
-        raise ValueError(f"a penalty path needs a squared-loss Nystrom regressor with uniform centers: {why}")
+        raise ValueError("a penalty path needs a squared-loss Nystrom regressor with uniform centers, or "
+                         f"ExactKernelRidge's direct solve: {why}")
     lams = np.asarray(penalties, dtype=np.float64).reshape(-1)
     if lams.size == 0 or not np.all(np.isfinite(lams)) or not np.all(lams > 0):
         raise ValueError(f"penalties must be a non-empty sequence of positive numbers; got {penalties!r}")
+    from daskkrr.models.regressors import ExactKernelRidge
+
+    if isinstance(estimator, ExactKernelRidge):
+        return _exact_path(estimator, X, y, lams)
     # In float64 whatever the estimator's dtype: a float32 fit factors with a jitter floor that keeps
     # part of the penalty in a near-singular term (each penalty would need its own factorisation),
     # and a float32 Gram pass loses eps_32 ||K||^2, which T^{-1} amplifies; the tuner's data is float64.
@@ -68,6 +94,21 @@ def fit_penalty_path(estimator: Any, X: Any, y: Any, penalties: Sequence[float] 
     *shared, _ = nystrom_stages("direct")
     ctx = run_fit(model, X, y, (*shared, Stage("solve", functools.partial(direct_solve, penalties=lams))))
     for name, value in ctx.fitted.items():
+        setattr(model, name, value)
+    model.penalties_ = lams
+    return model
+
+
+def _exact_path(estimator: Any, X: Any, y: Any, lams: np.ndarray) -> Any:
+    """:func:`fit_penalty_path` for ExactKernelRidge: its direct solve's stages, solved along the path."""
+    model = clone(estimator).set_params(penalty=float(lams[0]), solver="direct")
+    model._validate_params()
+    X, y = model._check_fit_input(X, y)
+    if np.ndim(y) != 1:
+        raise ValueError(f"a penalty path fits one target; got y of shape {np.shape(y)}")
+    statistics, _ = exact_stages()
+    ctx = run_fit(model, X, y, (statistics, Stage("solve", functools.partial(exact_solve, penalties=lams))))
+    for name, value in {"solver_": "direct", **ctx.fitted}.items():
         setattr(model, name, value)
     model.penalties_ = lams
     return model

@@ -38,7 +38,7 @@ from daskkrr.pipeline.context import FitContext
 from daskkrr.pipeline.fingerprint import fit_fingerprint
 from daskkrr.sampling import make_sampler
 from daskkrr.solvers import FalkonPreconditioner, falkon_solve
-from daskkrr.solvers.exact import exact_krr_solve
+from daskkrr.solvers.exact import exact_krr_path, exact_krr_solve
 from daskkrr.solvers.falkon import factor_precision, jitter_floor
 from daskkrr.solvers.intercept import centered_gram_matvec
 from daskkrr.solvers.sketch import KernelRowSketch, sketch_indices, sketch_precision
@@ -321,19 +321,28 @@ def _nystrom_model(ctx: FitContext, coef: np.ndarray) -> None:
     )
 
 
-def exact_solve(ctx: FitContext) -> None:
+def exact_solve(ctx: FitContext, *, penalties: np.ndarray | None = None) -> None:
     """Exact KRR: the training data on the client, ``(K + penalty n I) c = y`` factored there
     (with weights, the symmetric ``(W^1/2 K W^1/2 + penalty W_sum I)``, see
-    :func:`~daskkrr.solvers.exact_krr_coefficients`)."""
+    :func:`~daskkrr.solvers.exact_krr_coefficients`). With ``penalties`` (one target, no
+    ``compute_std``) the coefficients for each, one column per penalty
+    (:func:`~daskkrr.solvers.exact.exact_krr_path`, for :mod:`daskkrr.pipeline.penalty_path`)."""
     p = ctx.params
     n = ctx.n
     arrays = (ctx.X, ctx.Y) if ctx.sample_weight is None else (ctx.X, ctx.Y, ctx.sample_weight)
     Xn, Yn, *wn = (np.asarray(a) for a in ctx.executor.compute(*arrays))
-    coef, factor = exact_krr_solve(ctx.kernel(Xn, Xn), Yn, float(p.penalty), sample_weight=wn[0] if wn else None)
-    # compute_std keeps the n x n factor of K + lambda n I (see daskkrr.solvers.variance);
-    # a weighted fit refuses compute_std before any work (daskkrr.models.weights.refuse_weighted_std).
-    post = exact_posterior(factor, Yn, coef, float(p.penalty) * n) if getattr(p, "compute_std", False) else None
-    del factor
+    post = None
+    if penalties is not None:
+        coef = exact_krr_path(ctx.kernel(Xn, Xn), Yn, penalties, sample_weight=wn[0] if wn else None)
+        ctx.one_d = False  # one column per penalty
+    else:
+        coef, factor = exact_krr_solve(ctx.kernel(Xn, Xn), Yn, float(p.penalty),
+                                       sample_weight=wn[0] if wn else None)
+        # compute_std keeps the n x n factor of K + lambda n I (see daskkrr.solvers.variance);
+        # a weighted fit refuses compute_std before any work (daskkrr.models.weights.refuse_weighted_std).
+        if getattr(p, "compute_std", False):
+            post = exact_posterior(factor, Yn, coef, float(p.penalty) * n)
+        del factor
     ctx.fitted.update(
         posterior_=post,
         centers_=np.ascontiguousarray(Xn), center_indices_=np.arange(n, dtype=np.int64),

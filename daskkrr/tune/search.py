@@ -177,8 +177,11 @@ class BKBSearchCV(MetaEstimatorMixin, BaseEstimator):
         space has a ``penalty`` range and the estimator is a ``FalkonRegressor`` or
         ``NystromRegressor`` with uniform centers (a leverage-score sampler's centers
         depend on the penalty) and without ``compute_std``; True: the same, with an
-        error where it cannot; False: the penalty is one more coordinate of the
-        candidates.
+        error where it cannot, and also an ``ExactKernelRidge`` that would solve
+        directly, whose path is one ``n x n`` eigendecomposition per evaluation
+        (:func:`~daskkrr.solvers.exact.exact_krr_path`: 3 to 6 direct fits' time at
+        n = 2000 to 5000, more above, still counted as one fit); False: the penalty
+        is one more coordinate of the candidates.
     refit : bool, default=True
         Refit the best candidate on all the data (``best_estimator_``).
     bandit_params : dict or None, default=None
@@ -306,7 +309,7 @@ class BKBSearchCV(MetaEstimatorMixin, BaseEstimator):
         ranges = parse_space(space, n_features, ard=bool(self.ard))
         if self.ard and not any(r.name == "sigma" for r in ranges):
             raise ValueError("ard=True tunes sigma per feature: give the space a 'sigma' range")
-        ranges, penalties = self._penalty_path(ranges, y)
+        ranges, penalties = self._penalty_path(ranges, y, n_train, n_features)
         found = draw_candidates(ranges, self.n_candidates, self.random_state, max_centers=n_train)
         accepted, first_error = self._accepted(found)
         if not accepted.params:
@@ -315,7 +318,8 @@ class BKBSearchCV(MetaEstimatorMixin, BaseEstimator):
         growth = BoxGrowth(ranges, max_centers=n_train)
         return accepted, growth, penalties
 
-    def _penalty_path(self, ranges: list[Range], y: np.ndarray) -> tuple[list[Range], np.ndarray | None]:
+    def _penalty_path(self, ranges: list[Range], y: np.ndarray, n_train: int,
+                      n_features: int) -> tuple[list[Range], np.ndarray | None]:
         """The ranges the candidates move, and the penalties of the path when the penalty is
         profiled out (see ``profile_penalty``)."""
         choice = self.profile_penalty
@@ -329,7 +333,14 @@ class BKBSearchCV(MetaEstimatorMixin, BaseEstimator):
         elif np.ndim(y) != 1:
             why = f"a penalty path fits one target; y has shape {np.shape(y)}"
         else:
-            why = path_unsupported(self.estimator)
+            why = path_unsupported(self.estimator, n_rows=n_train, n_features=n_features)
+        from daskkrr.models.regressors import ExactKernelRidge
+
+        if why is None and choice == "auto" and isinstance(self.estimator, ExactKernelRidge):
+            # its path is an n x n eigendecomposition: 3x (n = 2000) to 6x (n = 5000) a direct fit, and
+            # growing with n, where a Nystrom path costs about one fit; counted as one, it would skew
+            # budget_fits, so only profile_penalty=True takes it
+            return ranges, None
         if why is not None or penalty is None:  # (penalty is None implies why: for the type checker)
             if choice is True:
                 raise ValueError(f"profile_penalty=True cannot profile the penalty: {why}; use "
