@@ -291,9 +291,18 @@ class FitCheckpoint:
         rows = self._meta.get("sketch_rows")
         return None if rows is None else int(rows)
 
-    def save_sketch_rows(self, rows: int) -> None:
-        """Keep the sketch size for the checkpoints written from now on (the rhs and CG states)."""
+    def save_sketch_rows(self, rows: int, on: str = "client") -> None:
+        """Keep the sketch size, and where it is summed, for the checkpoints written from now on
+        (the rhs and CG states)."""
         self._meta["sketch_rows"] = int(rows)
+        self._meta["sketch_on"] = str(on)
+
+    def saved_sketch_on(self) -> str | None:
+        """Where the interrupted fit summed its sketch ("client" or "workers"), or None: summed
+        elsewhere, the same sums come out in another order, and the resumed CG state would meet a
+        preconditioner changed by round-off."""
+        on = self._meta.get("sketch_on")
+        return None if on is None else str(on)
 
     def saved_rhs(self) -> np.ndarray | None:
         """The interrupted fit's ``K_nM^T y``, or None."""

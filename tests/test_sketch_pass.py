@@ -171,3 +171,25 @@ def test_where_can_be_forced_and_is_checked(monkeypatch):
         sketch_cost(100, PROBLEM, Budget(cores=2, memory_bytes=2**30), max_iter=10, tol=1e-4, on="gpu")
     with pytest.raises(ValueError, match="summed on"):
         preconditioner_seconds(100, PROBLEM, Budget(cores=2, memory_bytes=2**30), 4, on="gpu")
+
+
+def test_a_resumed_fit_sums_its_sketch_where_the_interrupted_one_did(tmp_path, monkeypatch):
+    """The CG state of a checkpoint belongs to its preconditioner: summed elsewhere, the same sums
+    come out in another order. The place is saved with the sketch's size and kept on resume."""
+    from sklearn.exceptions import ConvergenceWarning
+
+    X, y = (np.asarray(a) for a in make_regression(3000, 5, chunk_rows=500, random_state=1))
+    common = dict(n_centers=100, penalty=1e-7, preconditioner_rows=600, random_state=0, chunks=500)
+    ckpt = tmp_path / "ck"
+    monkeypatch.setenv("DASKKRR_SKETCH_ON", "workers")
+    with pytest.warns(ConvergenceWarning):
+        FalkonRegressor(**common, max_iter=3, tol=1e-12).fit(X, y, checkpoint=ckpt, checkpoint_every=1)
+    uninterrupted = FalkonRegressor(**common, max_iter=300, tol=1e-9).fit(X, y)
+    monkeypatch.delenv("DASKKRR_SKETCH_ON")  # the cost model alone would sum it on the client here
+    assert [c["on"] for c in FalkonRegressor(**common, max_iter=300, tol=1e-9).fit(X, y).preconditioner_costs_
+            if c["rows"] == 600] == ["client"]
+    resumed = FalkonRegressor(**common, max_iter=300, tol=1e-9).fit(X, y, checkpoint=ckpt, resume=True)
+    assert [c["on"] for c in resumed.preconditioner_costs_ if c["rows"] == 600] == ["workers"]
+    assert resumed.converged_ and resumed.n_iter_ == uninterrupted.n_iter_
+    # to round-off (with the sketch on the client too, a resumed fit agrees to about 1e-10, not bitwise)
+    np.testing.assert_allclose(resumed.coef_, uninterrupted.coef_, rtol=1e-8, atol=1e-9)

@@ -164,18 +164,21 @@ def plan_sketch(
     executor: Executor | None = None,
     in_memory: bool = False,
     resources: Resources | None = None,
+    on: str | None = None,
 ) -> SketchPlan:
     """Rows of the preconditioner's sketch: ``requested`` (an int, at most n; None: 0, FALKON's own),
     or with ``"auto"`` the candidate of least expected time to ``tol`` by
     :func:`~daskkrr.parallel.preconditioner_cost.choose_sketch_rows`.
 
     The expected costs of the candidates are computed either way (and of the
-    requested size when it is not one of them), for the record.
+    requested size when it is not one of them), for the record. ``on`` ("client" or
+    "workers": a resumed fit's) fixes where the sketch is summed; None: ``$DASKKRR_SKETCH_ON``,
+    else the cost model's choice.
     """
     check_strategy(strategy)
     res = resources or (executor or Executor()).resources()
     problem, budget = _problem_and_budget(X, n_centers, n_targets, max_iter, in_memory, res)
-    on = sketch_place()
+    on = sketch_place() if on is None else on
     if res.n_workers == 0 and on == "auto":
         on = "client"  # no workers: the blocks run in this process, on the same cores
     rows, costs = choose_sketch_rows(problem, budget, max_iter=int(max_iter), tol=tol, strategy=strategy,

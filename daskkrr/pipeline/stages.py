@@ -160,17 +160,18 @@ def falkon_preconditioner(ctx: FitContext, *, sketch: bool = True, iterative: bo
     rows = 0
     if sketch:
         saved = getattr(ctx.store, "saved_sketch_rows", lambda: None)()  # a resumed fit keeps its sketch
+        saved_on = getattr(ctx.store, "saved_sketch_on", lambda: None)()  # ... and where it was summed
         ctx.sketch_plan = plan_sketch(
             p._sketch_rows() if saved is None else (saved or None), ctx.X, n_centers=Z.shape[0],
             n_targets=int(ctx.Y.shape[1]) + bool(getattr(p, "fit_intercept", False)) + (ctx.sample_weight is not None),
             max_iter=int(getattr(p, "max_iter", 1)), tol=float(getattr(p, "tol", 1e-7)),
             strategy=getattr(p, "strategy", "auto"), sketch_itemsize=np.dtype(precision).itemsize,
-            executor=ctx.executor, in_memory=ctx.in_memory,
+            executor=ctx.executor, in_memory=ctx.in_memory, on=saved_on,
         )
         rows = ctx.sketch_plan.rows
         save_rows = getattr(ctx.store, "save_sketch_rows", None)
         if save_rows is not None and getattr(ctx.store, "enabled", False):
-            save_rows(rows)
+            save_rows(rows, ctx.sketch_plan.on)
     row_sketch: KernelRowSketch | WorkerRowSketch | None = None
     if rows:
         idx = sketch_indices(n, rows, Z)
