@@ -163,32 +163,40 @@ def test_the_preconditioner_is_priced_on_the_clients_cores_and_the_passes_on_the
 def test_a_fit_plans_its_sketch_with_the_cores_of_the_process_that_builds_it(monkeypatch):
     """``plan_sketch`` takes the workers' cores from the resources and the client's from this process.
 
-    Summed on a 2-core client, the sketch is smaller than on a 64-core one; by default a 2-core
-    client has the 64 workers sum it instead, and keeps its size."""
+    Summed on a 2-core client, the sketch is smaller than on a 64-core one. By default, where
+    iterations cost enough for a large sketch to pay (n = 1e7), a 2-core client has the 64
+    workers sum it instead, and keeps its size."""
     import dask.array as da
 
     from daskkrr.parallel import strategies
     from daskkrr.parallel.resources import Resources
 
-    X = da.zeros((10**6, 20), chunks=(125_000, 20), dtype=np.float32)
     many = Resources(slots=64, cores=64, memory_bytes=64 * 2**34, n_workers=64, thread_budget=1)
     plans = {}
-    for on in ("client", "auto"):
-        monkeypatch.setenv("DASKKRR_SKETCH_ON", on)
-        for client_cores in (64, 2):
-            monkeypatch.setattr(strategies, "available_cores", lambda c=client_cores: c)
-            plans[on, client_cores] = strategies.plan_sketch("auto", X, n_centers=2000, n_targets=1, max_iter=100,
-                                                             tol=1e-4, sketch_itemsize=4, resources=many)
-    assert plans["client", 2].rows < plans["client", 64].rows
-    assert plans["client", 2].on == plans["client", 64].on == "client"
-    assert plans["auto", 2].rows == plans["client", 64].rows and plans["auto", 2].on == "workers"
-    assert "on the workers" in plans["auto", 2].describe()
-    slow = {c.rows: c.preconditioner_s for c in plans["client", 2].costs}
-    fast = {c.rows: c.preconditioner_s for c in plans["client", 64].costs}
+    for n in (10**6, 10**7):
+        X = da.zeros((n, 20), chunks=(n // 8, 20), dtype=np.float32)
+        for on in ("client", "auto"):
+            monkeypatch.setenv("DASKKRR_SKETCH_ON", on)
+            for client_cores in (64, 2):
+                monkeypatch.setattr(strategies, "available_cores", lambda c=client_cores: c)
+                plans[n, on, client_cores] = strategies.plan_sketch(
+                    "auto", X, n_centers=2000, n_targets=1, max_iter=100, tol=1e-4, sketch_itemsize=4,
+                    resources=many)
+    assert plans[10**6, "client", 2].rows < plans[10**6, "client", 64].rows
+    assert plans[10**6, "client", 2].on == plans[10**6, "client", 64].on == "client"
+    slow = {c.rows: c.preconditioner_s for c in plans[10**6, "client", 2].costs}
+    fast = {c.rows: c.preconditioner_s for c in plans[10**6, "client", 64].costs}
     assert all(slow[r] > fast[r] for r in fast)
-    # on the 64 workers the sketch costs about what it costs on a 64-core client, plus its partial sums
-    spread = {c.rows: c.preconditioner_s for c in plans["auto", 2].costs}
-    assert all(fast[r] <= spread[r] < slow[r] for r in fast if r)
+    auto = plans[10**7, "auto", 2]
+    assert auto.on == "workers" and auto.rows == plans[10**7, "client", 64].rows == 32000
+    assert "on the workers" in auto.describe()
+    # each size goes where it is cheaper: on the 64 workers the large sketch costs more than on a
+    # 64-core client (the partial sums), less than on 2 cores; small ones stay on the client
+    spread = {c.rows: c.preconditioner_s for c in auto.costs}
+    slow = {c.rows: c.preconditioner_s for c in plans[10**7, "client", 2].costs}
+    fast = {c.rows: c.preconditioner_s for c in plans[10**7, "client", 64].costs}
+    assert all(fast[r] <= spread[r] <= slow[r] for r in fast)
+    assert spread[32000] < 0.6 * slow[32000]
 
 
 # --------------------------------------------------------------------------- fits

@@ -20,6 +20,7 @@ from daskkrr.parallel.preconditioner_cost import (
     preconditioner_seconds,
     sketch_cost,
     worker_sketch_fits,
+    worker_sketch_overhead_seconds,
 )
 from daskkrr.parallel.sketch_pass import WorkerRowSketch
 from daskkrr.parallel.strategies import sketch_place
@@ -131,15 +132,29 @@ PROBLEM = Problem(n=10**6, d=20, n_centers=2000, n_targets=1, itemsize=4)
 
 
 def test_many_workers_and_a_small_client_sum_the_sketch_on_the_workers():
-    cluster = Budget(cores=64, memory_bytes=64 * 2**34, n_workers=64, client_cores=2)
+    cluster = Budget(cores=16, memory_bytes=16 * 2**33, n_workers=16, client_cores=2)
     fixed = dict(max_iter=100, tol=1e-4, sketch_itemsize=4)
     rows, costs = choose_sketch_rows(PROBLEM, cluster, **fixed)
     chosen = next(c for c in costs if c.rows == rows)
-    assert rows > 0 and chosen.on == "workers"
+    assert rows == 16 * PROBLEM.n_centers and chosen.on == "workers"
     assert {c.on for c in costs if c.rows == 0} == {"client"}  # FALKON's own has no sketch to place
     on_client = sketch_cost(rows, PROBLEM, cluster, on="client", **fixed)
-    assert chosen.preconditioner_s < 0.25 * on_client.preconditioner_s
+    assert chosen.preconditioner_s < 0.6 * on_client.preconditioner_s
     assert chosen.seconds < min(c.seconds for c in choose_sketch_rows(PROBLEM, cluster, on="client", **fixed)[1])
+
+
+def test_moving_the_partial_sums_is_priced():
+    """T to every worker and the partial sums up the reduction tree, M x M each, over the network:
+    on 64 workers at n = 1e6 that outweighs the 32 000-row sketch's flops, and a small sketch on
+    the client wins; at n = 1e7, where iterations cost more, the large sketch on the workers."""
+    cluster = Budget(cores=64, memory_bytes=64 * 2**33, n_workers=64, client_cores=2)
+    fixed = dict(max_iter=100, tol=1e-4, sketch_itemsize=4)
+    small = worker_sketch_overhead_seconds(PROBLEM, dataclasses.replace(cluster, cores=2, n_workers=2))
+    assert worker_sketch_overhead_seconds(PROBLEM, cluster) > small > 0
+    rows, costs = choose_sketch_rows(PROBLEM, cluster, **fixed)
+    assert 0 < rows < 16 * PROBLEM.n_centers and next(c.on for c in costs if c.rows == rows) == "client"
+    rows, costs = choose_sketch_rows(dataclasses.replace(PROBLEM, n=10**7), cluster, **fixed)
+    assert rows == 16 * PROBLEM.n_centers and next(c.on for c in costs if c.rows == rows) == "workers"
 
 
 def test_a_client_with_the_workers_cores_keeps_the_sketch():

@@ -86,6 +86,9 @@ class Rates:
     #: Bytes/s of fresh memory written for the first time (page faults). A fresh process on
     #: the development machine's VM touches new memory at 0.4 GB/s, later reuse at 5-9 GB/s.
     touch_bytes_per_s: float = 5e8
+    #: Bytes/s between two machines of a cluster (10 Gbit/s Ethernet; not measured here: a local
+    #: cluster's loopback is faster, which only makes the estimates that use it conservative).
+    network_bytes_per_s: float = 1.25e9
 
     def _pick(self, pair: tuple[float, float], itemsize: int) -> float:
         return pair[0] if itemsize == 4 else pair[1]

@@ -70,6 +70,7 @@ estimates rank the candidates, they do not predict the wall time.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 
@@ -153,14 +154,35 @@ def preconditioner_seconds(rows: int, problem: Problem, budget: Budget, sketch_i
 
 
 def worker_sketch_overhead_seconds(problem: Problem, budget: Budget, rates: Rates = DEFAULT_RATES) -> float:
-    """Seconds the workers' sketch spends on its ``M x M`` partial sums: every block writes one
-    (fresh memory, about two blocks per core) and the tree adds them, the workers' cores
-    together; the client receives the total and adds it once."""
+    """Seconds the workers' sketch spends on moving and adding ``M x M`` matrices.
+
+    - every block (about :data:`~daskkrr.parallel.strategies.BLOCKS_PER_SLOT` per core)
+      writes its partial sum into fresh memory, and the tree adds them, the workers'
+      cores together;
+    - ``T`` reaches every worker, the workers passing it on (``log2 W`` rounds), and
+      each level of the reduction tree brings ``split_every`` partial sums to one
+      worker, at :attr:`~daskkrr.parallel.cost.Rates.network_bytes_per_s`;
+    - the client receives the total and adds it once.
+    """
+    from daskkrr.parallel.strategies import BLOCKS_PER_SLOT  # (strategies imports this module)
+
     size = 8.0 * problem.n_centers ** 2
     cores = max(1, budget.cores)
-    blocks = 2 * cores
-    return blocks * size * (1 / rates.touch_bytes_per_s + 3 / rates.stream_bytes_per_s) / cores + \
-        3 * size / rates.stream_bytes_per_s
+    blocks = BLOCKS_PER_SLOT * cores
+    memory = blocks * size * (1 / rates.touch_bytes_per_s + 3 / rates.stream_bytes_per_s) / cores
+    return memory + worker_sketch_network_seconds(problem, budget, blocks, rates) + 3 * size / rates.stream_bytes_per_s
+
+
+def worker_sketch_network_seconds(problem: Problem, budget: Budget, blocks: int,
+                                  rates: Rates = DEFAULT_RATES) -> float:
+    """The network part of :func:`worker_sketch_overhead_seconds`: ``T`` to the ``W`` workers
+    (``log2 W`` rounds), ``split_every`` partial sums into one worker per level of the
+    reduction tree over ``blocks``, and the total to the client, ``M x M`` float64 each."""
+    size = 8.0 * problem.n_centers ** 2
+    fan_in = max(2, problem.split_every)
+    levels = max(1, math.ceil(math.log(blocks) / math.log(fan_in))) if blocks > 1 else 0
+    spread = math.ceil(math.log2(budget.n_workers)) if budget.n_workers > 1 else 0
+    return (spread + levels * fan_in + 1) * size / rates.network_bytes_per_s
 
 
 def worker_sketch_fits(problem: Problem, budget: Budget, split_every: int | None = None) -> bool:

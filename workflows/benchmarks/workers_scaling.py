@@ -208,13 +208,15 @@ def model_rows(rows: list[dict], over: dict, eff: dict, n: int, centers: int) ->
     baseline's sketch on the client and on the workers, and ``(0, "client")``, FALKON's
     own. Each plan row is the one the cost model would choose on that cluster, predicted
     from the one-core profile measured with it (``sketch_rows``, ``sketch_on``), with the
-    predictions of all three beside it. The cost model chooses with the estimator's
+    predictions of all three beside it. The workers' sketch also pays the network for its
+    ``M x M`` matrices (:func:`~daskkrr.parallel.preconditioner_cost.worker_sketch_network_seconds`),
+    which the local run moved over loopback. The cost model chooses with the estimator's
     default ``max_iter`` (50), the budget every profile ran to the tolerance with: at a
     small ``max_iter`` it would price FALKON's own at ``max_iter`` iterations, short of
     the tolerance the sketch reaches.
     """
     from daskkrr.parallel.cost import Budget, Problem
-    from daskkrr.parallel.preconditioner_cost import choose_sketch_rows
+    from daskkrr.parallel.preconditioner_cost import choose_sketch_rows, worker_sketch_network_seconds
     from daskkrr.parallel.scaling_model import Overheads, predict, profile_from_run
 
     overheads = Overheads(task_s=over["task_s"], pass_s=over["pass_s"], efficiency={1: 1.0, 2: eff["efficiency_2"]})
@@ -249,6 +251,10 @@ def model_rows(rows: list[dict], over: dict, eff: dict, n: int, centers: int) ->
                                                candidates=tuple(sorted({k[0] for k in profiles})))
             key = (chosen, next(c.on for c in costs if c.rows == chosen))
             preds = {k: predict(p, overheads, w, cores=w, n=rows_n) for k, p in profiles.items()}
+            for k in preds:  # the local run moved the partial sums over loopback; a cluster, over its network
+                if k[1] == "workers":
+                    moved = worker_sketch_network_seconds(problem, budget, preds[k]["blocks"])
+                    preds[k] = {**preds[k], "fit_s": preds[k]["fit_s"] + moved, "serial_s": preds[k]["serial_s"]}
             pred = preds.get(key)
             row = {"config": f"MODEL: {w} workers, 1 core each", "n": rows_n, "sketch_rows": chosen,
                    "sketch_on": key[1] if chosen else ""}
@@ -272,6 +278,9 @@ def main(argv=None) -> list[dict]:
     ap.add_argument("--data-dir", default="/tmp/daskkrr-bench")
     ap.add_argument("--timeout", type=float, default=3600)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--replan", default=None, metavar="JSON",
+                    help="no measurement: the model's predictions and plan again, from a saved run's "
+                         "workers_scaling.json (after a change to the model), written as workers_scaling_replan.*")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--probe", type=float, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--overheads", action="store_true", help=argparse.SUPPRESS)
@@ -291,6 +300,8 @@ def main(argv=None) -> list[dict]:
     if args.child:
         emit(child(args))
         return []
+    if args.replan:
+        return replan(args)
     import numpy as np
 
     from daskkrr.data.synthetic import make_regression, write_regression_zarr
@@ -320,7 +331,7 @@ def main(argv=None) -> list[dict]:
         rows.append({"config": name, "n": n, "M": centers, **res})
         print({k: v for k, v in rows[-1].items() if k != "peak_per_process_mb"}, flush=True)
     by_name = {r["config"]: r for r in rows}
-    base, warm_base = rows[0].get("fit_s"), rows[0].get("warm_fit_s")
+    base = rows[0].get("fit_s")
     for r in rows:
         if r["config"] in (OWN, ON_WORKERS) or "fit_s" not in r:
             continue
@@ -331,20 +342,38 @@ def main(argv=None) -> list[dict]:
             r["warm_speedup"] = ref["warm_fit_s"] / r["warm_fit_s"]
     plan = model_rows(rows, over, eff, n, centers) if base and "task_s" in over else []
     info = machine()
-    title = (f"1, 2 and 4 Dask workers, n = {n}, d = {D}, M = {centers}, recompute, max_iter = {args.max_iter} "
+    report(rows, plan, info, eff, over, n, centers, args.max_iter)
+    write_results(rows + plan, args.out, "workers_scaling",
+                  {"machine": info, "args": vars(args), "hardware": eff, "scheduler": over})
+    return rows
+
+
+def report(rows: list[dict], plan: list[dict], info: dict, eff: dict, over: dict, n: int, centers: int,
+           max_iter: int) -> None:
+    title = (f"1, 2 and 4 Dask workers, n = {n}, d = {D}, M = {centers}, recompute, max_iter = {max_iter} "
              f"({CONFIGS[OWN]['max_iter']} for FALKON's own); "
              f"{info['cores']} cores ({info['cpu']}), {info['memory_gib']} GiB; hardware e(2) = "
              f"{eff['efficiency_2']:.2f} (a second core gives at most {2 * eff['efficiency_2']:.2f}x); "
              f"scheduler {over.get('task_s', float('nan')) * 1e3:.2f} ms/task, "
              f"{over.get('pass_s', float('nan')) * 1e3:.1f} ms/pass")
-    warm_cols = ["warm_fit_s", "warm_speedup"] if warm_base else []
+    warm_cols = ["warm_fit_s", "warm_speedup"] if any("warm_fit_s" in r for r in rows) else []
     print_table(rows + plan, ["config", "n", "sketch_rows", "sketch_on", "n_iter", "test_rmse", "fit_s",
                               "speedup_vs_1_core", *warm_cols, "predicted_s", "predicted_vs_measured",
                               "predicted_speedup", "blocks", "serial_share", "sketch_client_s", "sketch_workers_s",
                               "own_s", "passes", "peak_mb", "n_processes"], title)
-    write_results(rows + plan, args.out, "workers_scaling",
-                  {"machine": info, "args": vars(args), "hardware": eff, "scheduler": over})
-    return rows
+
+
+def replan(args) -> list[dict]:
+    """The model's columns and plan again from a saved run (its measured rows are kept as they were)."""
+    saved = json.loads(Path(args.replan).read_text())
+    meta = saved["meta"]
+    measured = [r for r in saved["rows"] if not str(r.get("config", "")).startswith("MODEL")]
+    n, centers = int(measured[0]["n"]), int(measured[0]["M"])
+    plan = model_rows(measured, meta["scheduler"], meta["hardware"], n, centers)
+    report(measured, plan, meta["machine"], meta["hardware"], meta["scheduler"], n, centers,
+           int(meta["args"]["max_iter"]))
+    write_results(measured + plan, args.out, "workers_scaling_replan", {**meta, "replanned_from": str(args.replan)})
+    return measured + plan
 
 
 if __name__ == "__main__":
