@@ -118,6 +118,11 @@ def expected_iterations(max_iter: int, tol: float | None = None,
     return max(1, min(max_iter, math.ceil(math.log(tol) / math.log(factor))))
 
 
+#: Blocks per task slot that balancing aims at (so no core idles at the end of a pass;
+#: :func:`daskkrr.parallel.strategies.balance_blocks`).
+BLOCKS_PER_SLOT = 2
+
+
 @dataclasses.dataclass(frozen=True)
 class Problem:
     """The size of a fit."""

@@ -75,6 +75,7 @@ import math
 import numpy as np
 
 from daskkrr.parallel.cost import (
+    BLOCKS_PER_SLOT,
     DEFAULT_RATES,
     TYPICAL_CONVERGENCE_FACTOR,
     Budget,
@@ -156,7 +157,7 @@ def preconditioner_seconds(rows: int, problem: Problem, budget: Budget, sketch_i
 def worker_sketch_overhead_seconds(problem: Problem, budget: Budget, rates: Rates = DEFAULT_RATES) -> float:
     """Seconds the workers' sketch spends on moving and adding ``M x M`` matrices.
 
-    - every block (about :data:`~daskkrr.parallel.strategies.BLOCKS_PER_SLOT` per core)
+    - every block (about :data:`~daskkrr.parallel.cost.BLOCKS_PER_SLOT` per core)
       writes its partial sum into fresh memory, and the tree adds them, the workers'
       cores together;
     - ``T`` reaches every worker, the workers passing it on (``log2 W`` rounds), and
@@ -164,8 +165,6 @@ def worker_sketch_overhead_seconds(problem: Problem, budget: Budget, rates: Rate
       worker, at :attr:`~daskkrr.parallel.cost.Rates.network_bytes_per_s`;
     - the client receives the total and adds it once.
     """
-    from daskkrr.parallel.strategies import BLOCKS_PER_SLOT  # (strategies imports this module)
-
     size = 8.0 * problem.n_centers ** 2
     cores = max(1, budget.cores)
     blocks = BLOCKS_PER_SLOT * cores

@@ -40,7 +40,7 @@ import dataclasses
 import math
 from collections.abc import Mapping
 
-from daskkrr.parallel.strategies import BLOCKS_PER_SLOT
+from daskkrr.parallel.cost import BLOCKS_PER_SLOT
 
 #: Passes whose total work does not grow with the rows (see the module docstring).
 FIXED_WORK_PASSES = frozenset({"sketch"})

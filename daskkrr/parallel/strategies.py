@@ -28,6 +28,7 @@ import numpy as np
 from daskkrr.kernels.base import Kernel
 from daskkrr.kernels.engine import engine_for
 from daskkrr.parallel.cost import (
+    BLOCKS_PER_SLOT,
     STRATEGY_CHOICES,
     Budget,
     Problem,
@@ -52,8 +53,6 @@ logger = logging.getLogger("daskkrr")
 
 #: Fewest rows per block after balancing (smaller blocks cost more scheduling than work).
 MIN_BLOCK_ROWS = 4096
-#: Blocks per task slot that balancing aims at (so no core idles at the end of a pass).
-BLOCKS_PER_SLOT = 2
 
 
 def check_strategy(strategy: str) -> str:
