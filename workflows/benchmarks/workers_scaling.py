@@ -44,7 +44,8 @@ summed on the client at the client's cores, and CG's passes and a sketch summed 
 workers at the workers'). Reported: fit time, speed-up over the one-core baseline, the sum
 of the processes' peak RSS. ``--fits-per-cluster K`` fits K times on each cluster and also
 reports the median of the later fits ("warm": the workers have imported daskkrr and loaded
-the engine, as on a cluster that stays up between fits) and their speed-up. Every fit's
+the engine, as on a cluster that stays up between fits) and their speed-up, and the model
+again from the last later fit's passes, predicting the later fits. Every fit's
 test RMSE is measured on 50 000 held-out rows of the same generator (rows ``n`` to
 ``n + 50 000`` of :func:`daskkrr.data.synthetic.make_regression`), so that speed is only
 compared at equal accuracy. Run
@@ -109,9 +110,11 @@ def child(args) -> dict:
         fit_s = time.perf_counter() - t
         # Later fits on the same workers: their imports and the engine's loops are loaded.
         warm = []
-        for _ in range(args.fits_per_cluster - 1):
+        warm_clock = PhaseClock()  # the last later fit's passes: the model's input and check on warm workers
+        for k in range(args.fits_per_cluster - 1):
             t = time.perf_counter()
-            model.fit(args.store)
+            with subscribe(warm_clock if k == args.fits_per_cluster - 2 else (lambda event: None)):
+                model.fit(args.store)
             warm.append(time.perf_counter() - t)
         budget = client.run(lambda: os.environ.get("DASKKRR_ENGINE_THREADS", ""))
         test = np.load(args.test)
@@ -123,7 +126,8 @@ def child(args) -> dict:
                                if c["rows"] == model.preconditioner_rows_ and model.preconditioner_rows_), ""),
                pass_s=clock.passes, pass_count=clock.pass_count, blocks=clock.blocks)
     if warm:
-        out.update(warm_fit_s=float(statistics.median(warm)), warm_fits_s=warm)
+        out.update(warm_fit_s=float(statistics.median(warm)), warm_fits_s=warm, warm_pass_s=warm_clock.passes,
+                   warm_pass_count=warm_clock.pass_count)
     return out
 
 
@@ -224,10 +228,17 @@ def model_rows(rows: list[dict], over: dict, eff: dict, n: int, centers: int) ->
     def profile(r: dict):
         return profile_from_run(n, r["fit_s"], r["pass_s"], r["pass_count"], r["blocks"], overheads)
 
+    def warm_profile(r: dict):  # from the last later fit, whose passes were timed
+        if "warm_pass_s" not in r:
+            return None
+        return profile_from_run(n, r["warm_fits_s"][-1], r["warm_pass_s"], r["warm_pass_count"], r["blocks"],
+                                overheads)
+
     measured = {r["config"]: r for r in rows if "fit_s" in r}
     sketched = int(rows[0].get("sketch_rows", -1))  # the baseline's sketch, as the cost model chose it
     sources = {(sketched, "client"): rows[0]["config"], (sketched, "workers"): ON_WORKERS, (0, "client"): OWN}
     profiles = {key: profile(measured[name]) for key, name in sources.items() if name in measured}
+    warm_profiles = {key: warm_profile(measured[name]) for key, name in sources.items() if name in measured}
     key_of = {name: key for key, name in sources.items()}
     key_of["2 workers, sketch on the workers"] = (sketched, "workers")
     cores = os.cpu_count() or 1
@@ -239,6 +250,11 @@ def model_rows(rows: list[dict], over: dict, eff: dict, n: int, centers: int) ->
         pred = predict(profiles[key], overheads, cfg["n_workers"], engine_threads=cfg["engine_threads"], cores=cores)
         r["predicted_s"] = pred["fit_s"]
         r["predicted_vs_measured"] = pred["fit_s"] / r["fit_s"]
+        warm = warm_profiles.get(key)
+        if warm is not None and "warm_fit_s" in r:
+            pred = predict(warm, overheads, cfg["n_workers"], engine_threads=cfg["engine_threads"], cores=cores)
+            r["warm_predicted_s"] = pred["fit_s"]
+            r["warm_predicted_vs_measured"] = pred["fit_s"] / r["warm_fit_s"]
     plan = []
     base = profiles[(sketched, "client")]
     for rows_n in (n, 100_000_000):
@@ -357,6 +373,8 @@ def report(rows: list[dict], plan: list[dict], info: dict, eff: dict, over: dict
              f"scheduler {over.get('task_s', float('nan')) * 1e3:.2f} ms/task, "
              f"{over.get('pass_s', float('nan')) * 1e3:.1f} ms/pass")
     warm_cols = ["warm_fit_s", "warm_speedup"] if any("warm_fit_s" in r for r in rows) else []
+    if any("warm_predicted_s" in r for r in rows):
+        warm_cols += ["warm_predicted_s", "warm_predicted_vs_measured"]
     print_table(rows + plan, ["config", "n", "sketch_rows", "sketch_on", "n_iter", "test_rmse", "fit_s",
                               "speedup_vs_1_core", *warm_cols, "predicted_s", "predicted_vs_measured",
                               "predicted_speedup", "blocks", "serial_share", "sketch_client_s", "sketch_workers_s",
