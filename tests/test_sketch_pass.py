@@ -58,7 +58,7 @@ def test_the_workers_sum_the_clients_gram(precision, weighted, center):
     d = np.random.default_rng(4).uniform(0.5, 1.5, len(Z))  # center weights (leverage-score centers)
     passes = Executor().passes(da.from_array(X, chunks=(rows, (X.shape[1],))))
     here = KernelRowSketch(kernel, X[idx], Z, row_weights=w, dtype=precision)
-    there = WorkerRowSketch(passes, kernel, idx, Z, row_weights=w, dtype=precision)
+    there = WorkerRowSketch(passes, kernel, idx, Z, row_weights=w)
     g_here, used_here = sketch_gram(T, d, here, center, precision=precision, penalty=1e-6)
     g_there, used_there = sketch_gram(T, d, there, center, precision=precision, penalty=1e-6)
     assert used_here == used_there == precision
@@ -76,7 +76,7 @@ def test_float32_falls_back_to_float64_on_the_workers_as_on_the_client():
     K = kernel(Z.astype(np.float64), Z.astype(np.float64))
     built = {}
     for name, sketch in [("client", KernelRowSketch(kernel, X[idx], Z, dtype=np.float32)),
-                         ("workers", WorkerRowSketch(passes, kernel, idx, Z, dtype=np.float32))]:
+                         ("workers", WorkerRowSketch(passes, kernel, idx, Z))]:
         built[name] = FalkonPreconditioner.from_kernel_matrix(K, penalty=1e-10, n=len(X), sketch=sketch,
                                                               precision="float32")
     assert built["client"].precision == built["workers"].precision == "float64"

@@ -30,12 +30,13 @@ class WorkerRowSketch:
 
     ``passes`` are the fit's :class:`~daskkrr.parallel.executor.BlockPasses`; ``idx``
     the sorted sketch rows (:func:`~daskkrr.solvers.sketch.sketch_indices`) and
-    ``row_weights`` theirs (or None); ``dtype`` the arithmetic of the kernel rows
-    and of the sums' solves when float32 is accurate (as for the client's sketch).
+    ``row_weights`` theirs (or None). The blocks compute in float32 where
+    :func:`~daskkrr.solvers.falkon.sketch_gram` asks for it and the client's check
+    (:meth:`float32_accurate`) allows, as the client's sketch does.
     """
 
     def __init__(self, passes: Any, kernel: Kernel, idx: np.ndarray, centers: np.ndarray,
-                 row_weights: np.ndarray | None = None, dtype: Any = np.float64):
+                 row_weights: np.ndarray | None = None):
         self.passes = passes
         self.kernel = kernel
         self.idx = np.asarray(idx, dtype=np.int64)
@@ -43,7 +44,6 @@ class WorkerRowSketch:
             raise ValueError("the sketch rows must be sorted and distinct")
         self.centers = np.ascontiguousarray(centers)
         self.row_weights = None if row_weights is None else np.asarray(row_weights, dtype=np.float64)
-        self.dtype = np.dtype(dtype)
 
     @property
     def rows(self) -> int:

@@ -177,8 +177,7 @@ def falkon_preconditioner(ctx: FitContext, *, sketch: bool = True, iterative: bo
         idx = sketch_indices(n, rows, Z)
         weights = sketch_row_weights(ctx, idx)
         if ctx.sketch_plan is not None and ctx.sketch_plan.on == "workers":  # each block sums its own rows
-            row_sketch = WorkerRowSketch(ctx.executor.passes(ctx.X), ctx.kernel, idx, Z, row_weights=weights,
-                                         dtype=precision)
+            row_sketch = WorkerRowSketch(ctx.executor.passes(ctx.X), ctx.kernel, idx, Z, row_weights=weights)
         else:
             sampled = ctx.executor.passes(ctx.X).gather_rows(idx)
             row_sketch = KernelRowSketch(ctx.kernel, sampled, Z, row_weights=weights, dtype=precision)
