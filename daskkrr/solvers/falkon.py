@@ -466,6 +466,7 @@ def sketch_gram(T: np.ndarray, d: np.ndarray, blocks: Iterable[Any] | SummedSket
         used32 = False
         if acc is not None:
             acc.flush()
+            inner = acc.gram  # (the same memory where BLAS updated it in place)
             total += acc.total
             rows += acc.rows
             used32 = acc.single and acc.T64 is not None  # float32 only where a block ran in it

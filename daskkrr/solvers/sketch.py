@@ -125,8 +125,10 @@ def block_sketch_partial(Xb: np.ndarray, first_row: int, idx: np.ndarray, row_we
     sketch = KernelRowSketch(kernel, rows, centers, row_weights=weights, dtype=dtype)
     M = T.shape[0]
     flat = np.zeros(M * M + M + 1)  # the Gram is summed in place, in its first M * M entries
-    _, flat[M * M: M * M + M], flat[-1] = block_sketch_sums(T, d, sketch, single,
-                                                            out=flat[: M * M].reshape(M, M, order="F"))
+    gram, flat[M * M: M * M + M], flat[-1] = block_sketch_sums(T, d, sketch, single,
+                                                               out=flat[: M * M].reshape(M, M, order="F"))
+    if not np.shares_memory(gram, flat):  # BLAS made a copy after all
+        flat[: M * M] = gram.ravel(order="F")
     return flat
 
 
