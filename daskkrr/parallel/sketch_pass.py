@@ -59,8 +59,10 @@ class WorkerRowSketch:
         """``(sum W^T W, sum W, rows)`` over the sketch rows, summed on the workers."""
         ex = self.passes.executor
         weights = None if self.row_weights is None else ex.broadcast(self.row_weights)
+        # the blocks solve with T in the arithmetic they use (half the bytes to send in float32)
+        T = np.asfortranarray(T64, dtype=np.float32 if single else np.float64)
         flat = self.passes.map_reduce(
             block_sketch_partial, ex.broadcast(self.idx), weights, self.kernel, ex.broadcast(self.centers),
-            ex.broadcast(np.asfortranarray(T64)), d, bool(single), np.float32 if single else np.float64,
+            ex.broadcast(T), d, bool(single), np.float32 if single else np.float64,
             name="sketch", with_offsets=True)
         return unpack_sketch_partial(np.asarray(flat, dtype=np.float64), T64.shape[0])

@@ -469,7 +469,7 @@ def sketch_gram(T: np.ndarray, d: np.ndarray, blocks: Iterable[Any] | SummedSket
             inner = acc.gram  # (the same memory where BLAS updated it in place)
             total += acc.total
             rows += acc.rows
-            used32 = acc.single and acc.T64 is not None  # float32 only where a block ran in it
+            used32 = acc.single and acc.added > 0  # float32 only where a block ran in it
     if center:
         from scipy.linalg import blas
 
@@ -501,8 +501,10 @@ class _SketchAccumulator:
         self.single = single
         self.probed = probe_penalty is None or not single
         self.penalty = 0.0 if probe_penalty is None else float(probe_penalty)
-        self.T64: np.ndarray | None = None
-        self.T32: np.ndarray | None = None  # made at the first block: an M x M copy is slow to touch
+        # made when first needed: an M x M copy is slow to touch (a worker's float32 share never needs T64)
+        self.T64: np.ndarray | None = T if T.dtype == np.float64 and T.flags.f_contiguous else None
+        self.T32: np.ndarray | None = T if T.dtype == np.float32 and T.flags.f_contiguous else None
+        self.added = 0  # blocks with rows
         self.total = np.zeros(self.M)
         self.rows = 0.0
         self.gram = gram
@@ -518,17 +520,15 @@ class _SketchAccumulator:
             raise ValueError(f"sketch blocks must have shape (rows, {self.M}); got {K.shape}")
         if not K.shape[0]:
             return False
-        if self.T64 is None:
-            self.T64 = np.asfortranarray(self.T, dtype=np.float64)
+        self.added += 1
         if self.single:
-            self.T32 = np.asfortranarray(self.T, dtype=np.float32) if self.T32 is None else self.T32
-            Wt = blas.strsm(1.0, self.T32, np.asfortranarray((self.d[:, None] * K.T).astype(np.float32)), side=0,
-                            lower=0, trans_a=1, overwrite_b=1)  # T^{-T} D K_b^T, (M, rows)
+            Wt = blas.strsm(1.0, self._t32(), np.asfortranarray((self.d[:, None] * K.T).astype(np.float32)),
+                            side=0, lower=0, trans_a=1, overwrite_b=1)  # T^{-T} D K_b^T, (M, rows)
             if not self.probed:
                 self.probed = True
-                self.single = _float32_accurate(self.T64, self.d, K, Wt, self.penalty)
+                self.single = _float32_accurate(self._t64(), self.d, K, Wt, self.penalty)
         if not self.single:
-            Wt = blas.dtrsm(1.0, self.T64, np.asfortranarray(self.d[:, None] * K.T.astype(np.float64)), side=0,
+            Wt = blas.dtrsm(1.0, self._t64(), np.asfortranarray(self.d[:, None] * K.T.astype(np.float64)), side=0,
                             lower=0, trans_a=1, overwrite_b=1)
         if c is None:
             self.total += Wt.sum(axis=1, dtype=np.float64)
@@ -548,6 +548,16 @@ class _SketchAccumulator:
         if self.pending >= FLOAT32_FLUSH_ROWS:
             self.flush()
         return True
+
+    def _t64(self) -> np.ndarray:
+        if self.T64 is None:
+            self.T64 = np.asfortranarray(self.T, dtype=np.float64)
+        return self.T64
+
+    def _t32(self) -> np.ndarray:
+        if self.T32 is None:
+            self.T32 = np.asfortranarray(self.T, dtype=np.float32)
+        return self.T32
 
     def flush(self) -> None:
         """Add the float32 partial sum to ``gram``."""
