@@ -244,14 +244,9 @@ class BlockPasses:
     def map_reduce(self, fn: Callable[..., np.ndarray | float], *args: Any, name: str, with_y: bool = False,
                    combine: str = "sum", with_offsets: bool = False) -> np.ndarray:
         """``combine_b fn(X_b, [Y_b,] [first_row_b,] *args)`` (sum or elementwise max) as a numpy array here."""
+        firsts = [(int(first),) for first in self.offsets[:-1]] if with_offsets else None
         with self._pass(name, self.n_blocks):
-            if with_offsets:
-                offs = self.offsets
-                tasks = self._map_tasks(fn, name, args, with_y, per_block=[(int(offs[b]),) for b in
-                                                                           range(self.n_blocks)])
-            else:
-                tasks = self._map_tasks(fn, name, args, with_y)
-            total = tree_reduce(tasks, combine)
+            total = tree_reduce(self._map_tasks(fn, name, args, with_y, per_block=firsts), combine)
             return self.backend.compute([total])[0]
 
     def map(self, fn: Callable[..., Any], *args: Any, name: str, with_y: bool = False,

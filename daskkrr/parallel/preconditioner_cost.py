@@ -35,7 +35,7 @@ Where the sketch is summed: on the client, as above, or on the workers
 ``M x M`` partial sums add along a tree). There the kernel rows and the ``2 s M^2``
 flops run on the workers' cores, and each block also writes one ``M x M`` float64
 partial sum, which the tree adds and the client receives once
-(:func:`worker_sketch_overhead_seconds`). It needs about ``(3 + split_every) M^2``
+(:func:`worker_sketch_overhead_seconds`). It needs about ``(4 + split_every) M^2``
 float64 per worker. For each sketch size the cheaper place is taken (ties: the
 client), or the one ``on`` asks for.
 
