@@ -63,8 +63,10 @@ def exact_krr_path(K: np.ndarray, y: np.ndarray, penalties: np.ndarray,
 
     One eigendecomposition ``K = V diag(w) V^T`` (of ``S K S`` with weights, ``S =
     diag(sqrt(w))``) gives ``c(lambda) = V (w + lambda n)^{-1} V^T y`` for every
-    ``lambda`` (``S V (w + lambda W)^{-1} V^T S y`` with weights): about three times the
-    flops of one Cholesky factorisation, then ``O(n^2)`` a penalty. ``w`` is clipped at 0
+    ``lambda`` (``S V (w + lambda W)^{-1} V^T S y`` with weights), then ``O(n^2)`` a
+    penalty. The eigendecomposition took 22x one Cholesky factorisation at n = 5000 on
+    the 2-core development machine (9.4 s against 0.43 s): cheaper than factoring for
+    every penalty of a long path, dearer than a few. ``w`` is clipped at 0
     (``K`` is positive semi-definite; round-off leaves eigenvalues of order ``-eps ||K||``).
     """
     K = np.asarray(K, dtype=np.float64)
