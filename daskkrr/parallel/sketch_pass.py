@@ -63,6 +63,5 @@ class WorkerRowSketch:
         T = np.asfortranarray(T64, dtype=np.float32 if single else np.float64)
         flat = self.passes.map_reduce(
             block_sketch_partial, ex.broadcast(self.idx), weights, self.kernel, ex.broadcast(self.centers),
-            ex.broadcast(T), d, bool(single), np.float32 if single else np.float64,
-            name="sketch", with_offsets=True)
+            ex.broadcast(T), d, bool(single), name="sketch", with_offsets=True)
         return unpack_sketch_partial(np.asarray(flat, dtype=np.float64), T64.shape[0])

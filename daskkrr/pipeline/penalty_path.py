@@ -41,9 +41,9 @@ def path_unsupported(estimator: Any, n_rows: int | None = None, n_features: int 
     """
     from daskkrr.models.regressors import ExactKernelRidge, FalkonRegressor, NystromRegressor
 
+    if getattr(estimator, "compute_std", False):
+        return "compute_std=True keeps a posterior for one penalty"
     if isinstance(estimator, ExactKernelRidge):
-        if getattr(estimator, "compute_std", False):
-            return "compute_std=True keeps a posterior for one penalty"
         if estimator.solver == "pcg":
             return "solver='pcg' solves one penalty at a time; the path is the direct solve's"
         if estimator.solver == "auto" and n_rows is not None:
@@ -57,8 +57,6 @@ def path_unsupported(estimator: Any, n_rows: int | None = None, n_features: int 
     sampler = estimator.get_params().get("sampler", "uniform")
     if not (isinstance(sampler, str) and sampler == "uniform"):
         return f"its centers depend on the penalty (sampler={sampler!r}); only 'uniform' ones do not"
-    if getattr(estimator, "compute_std", False):
-        return "compute_std=True keeps a posterior for one penalty"
     return None
 
 
@@ -80,35 +78,27 @@ def fit_penalty_path(estimator: Any, X: Any, y: Any, penalties: Sequence[float] 
     from daskkrr.models.regressors import ExactKernelRidge
 
     if isinstance(estimator, ExactKernelRidge):
-        return _exact_path(estimator, X, y, lams)
-    # In float64 whatever the estimator's dtype: a float32 fit factors with a jitter floor that keeps
-    # part of the penalty in a near-singular term (each penalty would need its own factorisation),
-    # and a float32 Gram pass loses eps_32 ||K||^2, which T^{-1} amplifies; the tuner's data is float64.
-    model = clone(estimator).set_params(penalty=float(lams[0]), dtype="float64")
+        # its direct solve's stages, solved along the path
+        model = clone(estimator).set_params(penalty=float(lams[0]), solver="direct")
+        statistics, _ = exact_stages()
+        stages: tuple[Stage, ...] = (statistics, Stage("solve", functools.partial(exact_solve, penalties=lams)))
+        fitted: dict[str, Any] = {"solver_": "direct"}
+    else:
+        # NystromRegressor's stages, in float64 whatever the estimator's dtype: a float32 fit factors
+        # with a jitter floor that keeps part of the penalty in a near-singular term (each penalty
+        # would need its own factorisation), and a float32 Gram pass loses eps_32 ||K||^2, which
+        # T^{-1} amplifies. In float64 the factor carries the round-off jitter only, so the path's
+        # inner matrix is C + lambda I for every penalty.
+        model = clone(estimator).set_params(penalty=float(lams[0]), dtype="float64")
+        *shared, _ = nystrom_stages("direct")
+        stages = (*shared, Stage("solve", functools.partial(direct_solve, penalties=lams)))
+        fitted = {}
     model._validate_params()
     X, y = model._check_fit_input(X, y)
     if np.ndim(y) != 1:
         raise ValueError(f"a penalty path fits one target; got y of shape {np.shape(y)}")
-    # NystromRegressor's stages (float64: its factor carries the round-off jitter only, so the
-    # path's inner matrix is C + lambda I for every penalty), its solve along the path.
-    *shared, _ = nystrom_stages("direct")
-    ctx = run_fit(model, X, y, (*shared, Stage("solve", functools.partial(direct_solve, penalties=lams))))
-    for name, value in ctx.fitted.items():
-        setattr(model, name, value)
-    model.penalties_ = lams
-    return model
-
-
-def _exact_path(estimator: Any, X: Any, y: Any, lams: np.ndarray) -> Any:
-    """:func:`fit_penalty_path` for ExactKernelRidge: its direct solve's stages, solved along the path."""
-    model = clone(estimator).set_params(penalty=float(lams[0]), solver="direct")
-    model._validate_params()
-    X, y = model._check_fit_input(X, y)
-    if np.ndim(y) != 1:
-        raise ValueError(f"a penalty path fits one target; got y of shape {np.shape(y)}")
-    statistics, _ = exact_stages()
-    ctx = run_fit(model, X, y, (statistics, Stage("solve", functools.partial(exact_solve, penalties=lams))))
-    for name, value in {"solver_": "direct", **ctx.fitted}.items():
+    ctx = run_fit(model, X, y, stages)
+    for name, value in {**fitted, **ctx.fitted}.items():
         setattr(model, name, value)
     model.penalties_ = lams
     return model

@@ -46,15 +46,21 @@ def exact_krr_solve(K: np.ndarray, y: np.ndarray, penalty: float,
         S[np.diag_indices(n)] += penalty * n
         R, _ = cholesky_jitter(S, what="regularised kernel matrix K + lambda n I")
         return solve_upper(R, solve_upper(R, y, trans=True)), R
-    w = np.asarray(sample_weight, dtype=np.float64).reshape(-1)
-    if w.shape != (n,) or not np.all(np.isfinite(w)) or np.any(w < 0) or not w.sum() > 0:
-        raise ValueError(f"sample_weight must be {n} finite weights >= 0, not all zero")
+    w = _checked_weights(sample_weight, n)
     root = np.sqrt(w)
     S = root[:, None] * K * root[None, :]
     S[np.diag_indices(n)] += penalty * w.sum()
     R, _ = cholesky_jitter(S, what="regularised weighted kernel matrix W^1/2 K W^1/2 + lambda W I")
     col = root.reshape((n,) + (1,) * (y.ndim - 1))  # broadcasts over the target columns
     return col * solve_upper(R, solve_upper(R, col * y, trans=True)), R
+
+
+def _checked_weights(sample_weight: np.ndarray, n: int) -> np.ndarray:
+    """``sample_weight`` as ``n`` float64 weights, refused unless finite, >= 0 and not all zero."""
+    w = np.asarray(sample_weight, dtype=np.float64).reshape(-1)
+    if w.shape != (n,) or not np.all(np.isfinite(w)) or np.any(w < 0) or not w.sum() > 0:
+        raise ValueError(f"sample_weight must be {n} finite weights >= 0, not all zero")
+    return w
 
 
 def exact_krr_path(K: np.ndarray, y: np.ndarray, penalties: np.ndarray,
@@ -83,9 +89,7 @@ def exact_krr_path(K: np.ndarray, y: np.ndarray, penalties: np.ndarray,
         root, total = np.ones(n), float(n)
         S = K
     else:
-        w = np.asarray(sample_weight, dtype=np.float64).reshape(-1)
-        if w.shape != (n,) or not np.all(np.isfinite(w)) or np.any(w < 0) or not w.sum() > 0:
-            raise ValueError(f"sample_weight must be {n} finite weights >= 0, not all zero")
+        w = _checked_weights(sample_weight, n)
         root, total = np.sqrt(w), float(w.sum())
         S = root[:, None] * K * root[None, :]
     eig, V = sla.eigh(S, overwrite_a=S is not K, check_finite=False)

@@ -106,14 +106,14 @@ class KernelRowSketch:
 
 
 def block_sketch_partial(Xb: np.ndarray, first_row: int, idx: np.ndarray, row_weights: np.ndarray | None,
-                         kernel: Kernel, centers: np.ndarray, T: np.ndarray, d: np.ndarray, single: bool,
-                         dtype: Any) -> np.ndarray:
+                         kernel: Kernel, centers: np.ndarray, T: np.ndarray, d: np.ndarray,
+                         single: bool) -> np.ndarray:
     """One row block's share of the sketch Gram, for a sum over blocks (a reduction tree).
 
     ``idx`` are the sketch's sorted global row indices (``row_weights`` theirs, or
     None); the block holds rows ``first_row .. first_row + len(Xb)``. Its sketch rows
-    become kernel rows :data:`SKETCH_BLOCK_ROWS` at a time, in ``dtype``, and are
-    summed by :func:`daskkrr.solvers.falkon.block_sketch_sums`. Returned flat, float64:
+    become kernel rows :data:`SKETCH_BLOCK_ROWS` at a time (float32 with ``single``), and
+    are summed by :func:`daskkrr.solvers.falkon.block_sketch_sums`. Returned flat, float64:
     ``sum W^T W`` (``M x M``, Fortran order, upper triangle meaningful), ``sum W`` (``M``)
     and the row count, so that partial results add elementwise.
     """
@@ -122,7 +122,7 @@ def block_sketch_partial(Xb: np.ndarray, first_row: int, idx: np.ndarray, row_we
     lo, hi = np.searchsorted(idx, [first_row, first_row + Xb.shape[0]])
     rows = np.ascontiguousarray(np.asarray(Xb)[idx[lo:hi] - first_row])
     weights = None if row_weights is None else row_weights[lo:hi]
-    sketch = KernelRowSketch(kernel, rows, centers, row_weights=weights, dtype=dtype)
+    sketch = KernelRowSketch(kernel, rows, centers, row_weights=weights, dtype=np.float32 if single else np.float64)
     M = T.shape[0]
     flat = np.zeros(M * M + M + 1)  # the Gram is summed in place, in its first M * M entries
     gram, flat[M * M: M * M + M], flat[-1] = block_sketch_sums(T, d, sketch, single,
