@@ -25,11 +25,18 @@ pipeline's stages on resume (``saved_centers``, ``saved_rhs``, ``cg_state``).
 
 The fingerprint ties a checkpoint to its fit: the estimator and its parameters
 (``max_iter`` and ``tol`` excepted, so a fit can be continued with more
-iterations), the data's shape, dtype and row chunking, a SHA-256 of the first
-row block after scaling, and the feature and target statistics of the whole
-data. A checkpoint whose fingerprint differs is refused with the differences
-listed. Resuming from a checkpoint gives the same model as the uninterrupted
-fit: the CG continues from the saved state exactly.
+iterations), the data's shape, dtype and row chunking, and a digest of the
+content of every row block (its X, encoded targets and row weights; see
+:func:`daskkrr.data.scaling.block_digest`), computed in the statistics pass that
+reads the blocks anyway. The digests are exact and kept in block order, so they
+do not depend on the cluster's shape; no float summed by a reduction is compared.
+A checkpoint whose fingerprint differs is refused with the differing parameters
+listed and the first row block whose rows or content differ named; the file is
+kept. The fit's statistics (feature means and scales, target mean, weight sum)
+are saved in ``meta`` too and reused on resume, so that the resumed fit works
+with the very numbers the saved centers, right-hand side and CG state were
+computed with. Resuming from a checkpoint gives the same model as the
+uninterrupted fit: the CG continues from the saved state exactly.
 """
 
 from __future__ import annotations
@@ -49,7 +56,7 @@ from daskkrr.solvers.cg import CGState
 from daskkrr.utils.atomic import atomic_write
 from daskkrr.utils.jsonable import dumps_strict, jsonable
 
-__all__ = ["CHECKPOINT_FILE", "CheckpointError", "FitCheckpoint"]
+__all__ = ["CHECKPOINT_FILE", "CheckpointError", "FitCheckpoint", "first_block_difference"]
 
 logger = logging.getLogger("daskkrr")
 
@@ -60,7 +67,9 @@ FORMAT_NAME = "daskkrr-checkpoint"
 #: variable for the CG state again).
 #: 4: a float64 fit's preconditioner carries a jitter floor that grows as the penalty falls
 #: (``FLOAT64_JITTER_TIMES_PENALTY``): the same reason as 2, for float64 fits.
-FORMAT_VERSION = 4
+#: 5: the fingerprint holds a digest of every row block (X, y, weights) and no float statistics;
+#: the statistics are saved apart and reused on resume.
+FORMAT_VERSION = 5
 CHECKPOINT_FILE = "checkpoint.npz"
 #: How daskkrr.utils.atomic names the temporary of ``checkpoint.npz`` (cleaned up on start).
 _TMP_PREFIX = f".{CHECKPOINT_FILE}.tmp-"
@@ -70,6 +79,11 @@ _SOLVER_PREFIXES = ("cg_", "newton_")
 
 class CheckpointError(ValueError):
     """A checkpoint cannot be used: unreadable, another format, or another fit's."""
+
+
+#: Entries of the fingerprint that describe the data block by block: compared by
+#: :func:`first_block_difference`, which names the first block that differs.
+DATA_KEYS = ("n_rows", "row_chunks", "blocks")
 
 
 # --------------------------------------------------------------------------- fingerprint
@@ -90,6 +104,43 @@ def _differences(saved: Any, now: Any, prefix: str = "") -> list[str]:
         show = lambda v: (repr(v) if len(repr(v)) <= 40 else repr(v)[:37] + "...")  # noqa: E731
         return [f"{prefix} (checkpoint {show(saved)}, now {show(now)})"]
     return []
+
+
+def _rows(chunks: list[int], block: int) -> str:
+    start = sum(chunks[:block])
+    return f"rows {start}-{start + chunks[block] - 1}"
+
+
+def first_block_difference(saved: dict[str, Any], now: dict[str, Any]) -> str | None:
+    """Where the data of two fingerprints first differ, naming the row block and its rows, or None.
+
+    Blocks are compared in order: their row ranges (the chunking is part of the fingerprint), then
+    the digests of their X, y and sample weights; rows added or removed show as a block that only
+    one side has.
+    """
+    old, new = list(saved.get("row_chunks") or []), list(now.get("row_chunks") or [])
+    old_blocks, new_blocks = list(saved.get("blocks") or []), list(now.get("blocks") or [])
+    for block in range(max(len(old), len(new))):
+        if block >= len(old):
+            return (f"row block {block} ({_rows(new, block)}) is not in the checkpoint: the data now have "
+                    f"{sum(new)} rows, the checkpoint's {sum(old)} (rows were added)")
+        if block >= len(new):
+            return (f"row block {block} ({_rows(old, block)}) of the checkpoint is missing: the data now have "
+                    f"{sum(new)} rows, the checkpoint's {sum(old)} (rows were removed)")
+        if old[block] != new[block]:
+            why = (f"the data now have {sum(new)} rows, the checkpoint's {sum(old)}" if sum(old) != sum(new) else
+                   "the row chunking is part of the fingerprint; fit with the interrupted fit's chunks "
+                   f"({old[0]} rows a block)")
+            return f"row block {block} holds {_rows(old, block)} in the checkpoint but {_rows(new, block)} now: {why}"
+        if block < len(old_blocks) and block < len(new_blocks):
+            changed = [name for name, a, b in zip(("X", "y", "sample_weight"), old_blocks[block], new_blocks[block])
+                       if a != b]
+            if changed:
+                return (f"row block {block} ({_rows(new, block)}) differs in {' and '.join(changed)} from the "
+                        f"data the checkpoint was made with")
+    if len(old_blocks) != len(old) or len(new_blocks) != len(new):
+        return "the checkpoint has no digest of every row block"
+    return None
 
 
 # --------------------------------------------------------------------------- checkpoint
@@ -214,15 +265,7 @@ class FitCheckpoint:
                 f"daskkrr reads version {FORMAT_VERSION}; {fix}, or resume with the daskkrr version "
                 f"that wrote it ({meta.get('library_version', 'unknown')})"
             )
-        diffs = _differences(meta.get("fingerprint"), self.fingerprint)
-        if diffs:
-            # Readable differences (parameters, sizes) first, digests last; at most a few.
-            diffs.sort(key=lambda d: ("sha256" in d, not d.startswith(("params", "n_", "estimator"))))
-            shown = "; ".join(diffs[:4]) + (f"; and {len(diffs) - 4} more" if len(diffs) > 4 else "")
-            raise CheckpointError(
-                f"checkpoint {self.path} belongs to a different fit: {shown}. Resume with "
-                f"the same data and parameters, or {fix}"
-            )
+        self._check_fingerprint(meta.get("fingerprint"), fix)
         try:
             cg = {k[3:]: v for k, v in arrays.items() if k.startswith("cg_")}
             self._cg_state = CGState.from_arrays(cg) if cg else None
@@ -240,6 +283,39 @@ class FitCheckpoint:
         self._resumed = True
         logger.info("resuming from checkpoint %s (stage %s, CG iteration %s)", self.path,
                     meta.get("stage"), meta.get("iteration"))
+
+    def _check_fingerprint(self, saved: Any, fix: str) -> None:
+        """Refuse another fit's checkpoint: the parameters and sizes that differ, then the first row
+        block whose rows or content differ (the checkpoint file is left as it is)."""
+        if not isinstance(saved, dict) or self.fingerprint is None:
+            raise CheckpointError(f"checkpoint {self.file} has no fingerprint of its fit; {fix}")
+        rest = {k: v for k, v in saved.items() if k not in DATA_KEYS}
+        diffs = _differences(rest, {k: v for k, v in self.fingerprint.items() if k not in DATA_KEYS})
+        # Readable differences (parameters, sizes) first; at most a few.
+        diffs.sort(key=lambda d: not d.startswith(("params", "n_", "estimator")))
+        shown = diffs[:4] + ([f"and {len(diffs) - 4} more"] if len(diffs) > 4 else [])
+        block = first_block_difference(saved, self.fingerprint)
+        if block is not None:
+            shown.append(block)
+        if shown:
+            raise CheckpointError(
+                f"checkpoint {self.path} belongs to a different fit: {'; '.join(shown)}; it is left as it "
+                f"is. Resume with the same data and parameters, or {fix}"
+            )
+
+    def saved_statistics(self) -> dict[str, Any] | None:
+        """The interrupted fit's feature and target statistics (:meth:`Standardizer.to_dict
+        <daskkrr.data.Standardizer.to_dict>`), or None. A resumed fit uses these rather than its
+        own: summed by another cluster, the same data's means differ in their last bits, and the
+        saved centers, right-hand side and CG state belong to the saved ones."""
+        if not self._resumed:
+            return None
+        stats = self._meta.get("statistics")
+        return dict(stats) if isinstance(stats, dict) else None
+
+    def save_statistics(self, state: dict[str, Any]) -> None:
+        """Keep the fit's statistics for the checkpoints written from now on."""
+        self._meta["statistics"] = state
 
     # ------------------------------------------------------------------ stages
     def on_event(self, event: ev.Event) -> None:

@@ -174,10 +174,14 @@ def test_existing_checkpoint_needs_resume(data, saved_checkpoint, tmp_path):
         (lambda X, y, p: (X, y, {**p, "penalty": 1e-3}), r"params.penalty \(checkpoint 0.0001, now 0.001\)"),
         (lambda X, y, p: (X, y, {**p, "kernel": "laplacian"}), r"params.kernel \(checkpoint 'gaussian', now "
                                                                r"'laplacian'\)"),
-        (lambda X, y, p: (X[:-1], y[:-1], p), r"n_rows \(checkpoint 3000, now 2999\)"),
-        (lambda X, y, p: (X, y, {**p, "chunks": 600}), r"params.chunks \(checkpoint 500, now 600\); row_blocks"),
-        (lambda X, y, p: (X, np.where(np.arange(3000) == 2999, 5.0, y), p), "scaler.y_mean"),
-        (lambda X, y, p: (X * np.where(np.arange(3000) == 10, 2.0, 1.0)[:, None], y, p), "first_block_sha256|scaler"),
+        (lambda X, y, p: (X[:-1], y[:-1], p), r"row block 5 holds rows 2500-2999 in the checkpoint but rows "
+                                              r"2500-2998 now: the data now have 2999 rows, the checkpoint's 3000"),
+        (lambda X, y, p: (X, y, {**p, "chunks": 600}), r"params.chunks \(checkpoint 500, now 600\); row block 0 "
+                                                       r"holds rows 0-499 .* but rows 0-599 now: the row chunking"),
+        (lambda X, y, p: (X, np.where(np.arange(3000) == 2999, 5.0, y), p), r"row block 5 \(rows 2500-2999\) "
+                                                                            "differs in y"),
+        (lambda X, y, p: (X * np.where(np.arange(3000) == 10, 2.0, 1.0)[:, None], y, p),
+         r"row block 0 \(rows 0-499\) differs in X"),
     ],
     ids=["penalty", "kernel", "rows", "chunks", "target-values", "feature-values"],
 )

@@ -18,11 +18,18 @@ the means weighted means and ``M2 = sum w (x - mean)^2``: the same merge then
 gives the statistics of the data with each row repeated ``w`` times (integer
 weights), as scikit-learn's ``StandardScaler(sample_weight=...)``. The weights are
 checked in the same pass (finite, not negative).
+
+With ``digest_blocks=True`` each block's task also returns a digest of the block's
+bytes (X, y and the weights, :func:`block_digest`), and the merge keeps them in
+block order: a content fingerprint of every block, read in the same pass, that does
+not depend on how the tree or the cluster is shaped (a checkpoint compares it block
+by block on resume, :mod:`daskkrr.checkpoint`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from typing import Any
 
 import dask
@@ -34,13 +41,28 @@ from sklearn.exceptions import NotFittedError
 from daskkrr.data.chunking import align_rows, as_row_blocks, numpy_to_dask
 from daskkrr.data.validation import check_features, check_target
 
-__all__ = ["Moments", "Standardizer", "merge_moments"]
+__all__ = ["Moments", "Standardizer", "block_digest", "merge_moments"]
 
 #: Number of block summaries merged by one task of the reduction tree.
 SPLIT_EVERY = 8
 
 
 # --------------------------------------------------------------------------- pure algorithm
+
+
+def block_digest(*blocks: np.ndarray) -> str:
+    """BLAKE2b (128 bits, hex) of the shapes, dtypes and bytes of some numpy blocks.
+
+    Exact and independent of where or in which order blocks are read: two blocks have the same
+    digest only if they hold the same values, in the same layout and dtype.
+    """
+    h = hashlib.blake2b(digest_size=16)
+    for block in blocks:
+        a = np.ascontiguousarray(block)
+        h.update(f"{a.shape}{a.dtype.str};".encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
+
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -106,15 +128,22 @@ class BlockSummary:
     bad_y: tuple[int, int] | None = None
     #: ``(block, row)`` of the earliest NaN, inf or negative weight.
     bad_w: tuple[int, int] | None = None
+    #: ``(X, y, w)`` digests of each block (:func:`block_digest`, "" for an absent y or w), in block
+    #: order; empty unless asked for.
+    digests: tuple[tuple[str, str, str], ...] = ()
 
 
 def summarize_block(
-    X: np.ndarray, y: np.ndarray | None, block: int, start: int, w: np.ndarray | None = None
+    X: np.ndarray, y: np.ndarray | None, block: int, start: int, w: np.ndarray | None = None,
+    digest: bool = False,
 ) -> BlockSummary:
     """Moments and finiteness of one row block starting at global row ``start``.
 
-    ``w``: the rows' weights (checked: finite and not negative), or None.
+    ``w``: the rows' weights (checked: finite and not negative), or None. ``digest``: also the
+    block's ``(X, y, w)`` digests (:func:`block_digest`).
     """
+    digests = tuple((block_digest(X), "" if y is None else block_digest(y), "" if w is None else block_digest(w))
+                    for _ in range(digest))  # one entry, or none when not asked for
     bad_x = _first_non_finite(X, block, start)
     bad_y = None if y is None else _first_non_finite(y, block, start)
     bad_w = None if w is None else _first_bad_weight(w, block, start)
@@ -122,11 +151,12 @@ def summarize_block(
         w = None  # the moments are not used: the fit refuses these weights
     x_moments = Moments.of(X, w) if bad_x is None else None
     y_moments = Moments.of(np.reshape(y, (len(y), -1)), w) if y is not None and bad_y is None else None
-    return BlockSummary(x_moments, y_moments, bad_x, bad_y, bad_w)
+    return BlockSummary(x_moments, y_moments, bad_x, bad_y, bad_w, digests)
 
 
 def merge_summaries(*parts: BlockSummary) -> BlockSummary:
-    """Merge summaries of disjoint row blocks; keeps the earliest non-finite location."""
+    """Merge summaries of consecutive row blocks, in order; keeps the earliest non-finite location
+    and the blocks' digests in block order."""
     x = y = None
     bad_x = min((p.bad_x for p in parts if p.bad_x is not None), default=None)
     bad_y = min((p.bad_y for p in parts if p.bad_y is not None), default=None)
@@ -137,7 +167,8 @@ def merge_summaries(*parts: BlockSummary) -> BlockSummary:
         x = _merge_all(xs)
     if bad_y is None and len(ys) == len(parts):
         y = _merge_all(ys)
-    return BlockSummary(x, y, bad_x, bad_y, bad_w)
+    digests = tuple(d for p in parts for d in p.digests)
+    return BlockSummary(x, y, bad_x, bad_y, bad_w, digests)
 
 
 def _merge_all(moments: list[Moments]) -> Moments:
@@ -198,6 +229,10 @@ class Standardizer(TransformerMixin, BaseEstimator):
         Number of columns seen by :meth:`fit`.
     y_mean_ : float, ndarray of shape (n_targets,), or None
         Mean of the target passed to :meth:`fit` (None if none was).
+    block_digests_ : list of [str, str, str]
+        Only after ``fit(..., digest_blocks=True)``: per row block, in block order,
+        the :func:`block_digest` of its X, y and sample weights ("" for an absent y
+        or weights). Not part of :meth:`to_dict`.
 
     Examples
     --------
@@ -215,7 +250,9 @@ class Standardizer(TransformerMixin, BaseEstimator):
         self.with_mean = with_mean
         self.with_std = with_std
 
-    def fit(self, X: Any, y: Any | None = None, sample_weight: Any | None = None) -> Standardizer:
+    def fit(
+        self, X: Any, y: Any | None = None, sample_weight: Any | None = None, *, digest_blocks: bool = False
+    ) -> Standardizer:
         """Compute column means and scales (and the target mean) in one pass.
 
         Parameters
@@ -228,6 +265,9 @@ class Standardizer(TransformerMixin, BaseEstimator):
             Row weights: weighted means and variances (a row of integer weight
             ``k`` counts as ``k`` rows). Checked in the same pass: NaN, inf,
             negative weights and weights that sum to zero are refused.
+        digest_blocks : bool, default=False
+            Also keep a digest of every row block's bytes in ``block_digests_``
+            (read in the same pass; a checkpoint's content fingerprint).
 
         Returns
         -------
@@ -241,7 +281,7 @@ class Standardizer(TransformerMixin, BaseEstimator):
         """
         X, y = _prepare_inputs(X, y)
         w = None if sample_weight is None else _prepare_weights(sample_weight, X)
-        summary = _fit_pass(X, y, w)
+        summary = _fit_pass(X, y, w, digest=digest_blocks)
         _raise_if_non_finite(summary, X.chunks[0])
         x = summary.x
         if x is None:  # X's moments are missing only for a non-finite block, which raised above
@@ -266,6 +306,8 @@ class Standardizer(TransformerMixin, BaseEstimator):
         else:
             y_mean = summary.y.mean
         self.y_mean_ = y_mean
+        if digest_blocks:
+            self.block_digests_ = [list(d) for d in summary.digests]
         return self
 
     def transform(self, X: Any) -> Any:
@@ -391,8 +433,9 @@ def _prepare_weights(sample_weight: Any, X: da.Array) -> da.Array:
     return w.rechunk({0: X.chunks[0]})
 
 
-def _fit_pass(X: da.Array, y: da.Array | None, w: da.Array | None = None) -> BlockSummary:
-    """Summaries of every block, merged up a tree, in one dask computation."""
+def _fit_pass(X: da.Array, y: da.Array | None, w: da.Array | None = None, digest: bool = False) -> BlockSummary:
+    """Summaries of every block (with ``digest``, and their digests), merged up a tree in block order,
+    in one dask computation."""
     x_blocks = X.to_delayed().ravel()
     y_blocks = [None] * len(x_blocks) if y is None else list(y.to_delayed().ravel())
     w_blocks = [None] * len(x_blocks) if w is None else list(w.to_delayed().ravel())
@@ -400,7 +443,7 @@ def _fit_pass(X: da.Array, y: da.Array | None, w: da.Array | None = None) -> Blo
     summarize = dask.delayed(summarize_block, pure=True)
     merge = dask.delayed(merge_summaries, pure=True)
     level = [
-        summarize(xb, yb, i, int(start), wb)
+        summarize(xb, yb, i, int(start), wb, digest)
         for i, (xb, yb, wb, start) in enumerate(zip(x_blocks, y_blocks, w_blocks, starts))
     ]
     while len(level) > 1:

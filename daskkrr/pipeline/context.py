@@ -68,6 +68,8 @@ class FitContext:
     sample_weight: Any = None
     #: Sum of the row weights: the "n" that scales the penalty (``n`` when unweighted).
     weight_sum: float = 0.0
+    #: ``(X, y, w)`` digests of every row block, in block order (only when checkpointing).
+    block_digests: list | None = None
     # centers
     dictionary: Any = None
     centers: np.ndarray | None = None

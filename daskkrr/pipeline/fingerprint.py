@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 from typing import Any
 
@@ -15,21 +14,14 @@ from daskkrr.utils.jsonable import dumps_strict, jsonable_params
 FREE_PARAMS = frozenset({"client", "verbose", "max_iter", "tol", "compute_std"})
 
 
-def block_digest(*blocks: np.ndarray) -> str:
-    """SHA-256 of the shapes, dtypes and bytes of some numpy blocks."""
-    h = hashlib.sha256()
-    for block in blocks:
-        a = np.ascontiguousarray(block)
-        h.update(f"{a.shape}{a.dtype.str}".encode())
-        h.update(a.tobytes())
-    return h.hexdigest()
-
-
 def fit_fingerprint(ctx: FitContext) -> dict[str, Any]:
-    """The estimator and its parameters (:data:`FREE_PARAMS` excepted), the scaled data's
-    shape, dtype and row chunking, a SHA-256 of its first row block (computed where the
-    block lives; only the digest comes back) and the feature and target statistics;
-    with row weights, their sum and a SHA-256 of their first block.
+    """The estimator and its parameters (:data:`FREE_PARAMS` excepted), the data's shape, dtype
+    and row chunking, the classes, and the content of every row block: the ``(X, y, weights)``
+    digests of the statistics pass (``ctx.block_digests``, in block order).
+
+    Nothing in it is a float summed by a reduction whose shape depends on the cluster, so the
+    same data give the same fingerprint in any process on any cluster; a change anywhere in the
+    data changes the digest of the block that holds it.
 
     Returns
     -------
@@ -38,8 +30,8 @@ def fit_fingerprint(ctx: FitContext) -> dict[str, Any]:
     """
     model = ctx.params
     params = {k: v for k, v in jsonable_params(model).items() if k not in FREE_PARAMS}
-    (first,) = ctx.executor.passes(ctx.X, ctx.Y).map(block_digest, name="digest", with_y=True, blocks=[0])
-    chunks = [int(c) for c in ctx.X.chunks[0]]
+    if ctx.block_digests is None:
+        raise RuntimeError("the statistics pass kept no block digests; fit the Standardizer with digest_blocks=True")
     classes = getattr(model, "classes_", None)
     fingerprint = {
         "estimator": type(model).__name__,
@@ -48,15 +40,9 @@ def fit_fingerprint(ctx: FitContext) -> dict[str, Any]:
         "n_features": int(ctx.X.shape[1]),
         "n_targets": int(ctx.Y.shape[1]),
         "dtype": str(ctx.X.dtype),
-        "row_blocks": len(chunks),
-        "row_chunks_sha256": hashlib.sha256(json.dumps(chunks).encode()).hexdigest(),
-        "first_block_sha256": first,
-        "scaler": None if ctx.scaler is None else ctx.scaler.to_dict(),
-        "y_mean": np.asarray(ctx.y_mean if ctx.y_mean is not None else []),
+        "row_chunks": [int(c) for c in ctx.X.chunks[0]],
+        "blocks": [list(d) for d in ctx.block_digests],
         "classes": None if classes is None else np.asarray(classes),
     }
-    if ctx.sample_weight is not None:  # the weighted statistics are in "scaler"; these catch other weights
-        (digest,) = ctx.executor.passes(ctx.sample_weight[:, None]).map(
-            block_digest, name="digest", blocks=[0])
-        fingerprint["sample_weight"] = {"sum": float(ctx.weight_sum), "first_block_sha256": digest}
     return json.loads(dumps_strict(fingerprint))  # plain values, as read back from a checkpoint
+

@@ -90,26 +90,41 @@ def statistics(ctx: FitContext) -> None:
     row_weights = getattr(p, "_row_weights", None)
     if row_weights is not None:  # e.g. a classifier's class_weight, multiplied into the sample weights
         w = row_weights(yd, w)
-    scaler.fit(Xd, Y, sample_weight=w)  # one pass: statistics and finiteness of X, Y and the weights
+    # One pass: statistics and finiteness of X, Y and the weights, and (for a checkpoint) every block's digest.
+    checkpointing = bool(getattr(ctx.store, "enabled", False))
+    scaler.fit(Xd, Y, sample_weight=w, digest_blocks=checkpointing)
     ctx.events.emit(ev.PassDone("statistics", Xd.numblocks[0]))
     logger.info("statistics pass over %d rows in %.2fs", n, time.perf_counter() - t0)
-    fits_intercept = bool(getattr(p, "fit_intercept", False))
-    centre_y = p.standardize or fits_intercept
+    ctx.block_digests = getattr(scaler, "block_digests_", None)
+    ctx.sample_weight = w
+    ctx.one_d = yd.ndim == 1 and getattr(p, "_squeeze_single_target", True)
+    ctx.kernel = p._make_kernel(d)
+    _use_statistics(ctx, scaler, Xd, Y)
+    ctx.store.start(lambda: fit_fingerprint(ctx))  # loads (and checks) a saved state
+    saved = getattr(ctx.store, "saved_statistics", lambda: None)()
+    if saved is not None:  # the statistics the saved centers, rhs and CG state were computed with
+        _use_statistics(ctx, Standardizer.from_dict(saved), Xd, Y)
+    elif checkpointing:
+        ctx.store.save_statistics(scaler.to_dict())  # type: ignore[attr-defined]
+
+
+def _use_statistics(ctx: FitContext, scaler: Standardizer, Xd: da.Array, Y: da.Array) -> None:
+    """Scale the features and centre the targets with ``scaler``'s statistics (lazily), and keep
+    them for the fitted model."""
+    p = ctx.params
+    d = int(Xd.shape[1])
+    centre_y = p.standardize or bool(getattr(p, "fit_intercept", False))
     ctx.scaler = scaler if p.standardize else None
     ctx.y_mean = (np.asarray(scaler.y_mean_, dtype=np.float64).reshape(-1) if centre_y
                   else np.zeros(Y.shape[1]))
     Xs = scaler.transform(Xd) if p.standardize else Xd
     ctx.X = Xs.astype(p._feature_dtype())
     ctx.Y = Y - ctx.y_mean if centre_y else Y
-    ctx.sample_weight = w
     ctx.weight_sum = float(scaler.weight_sum_)
-    ctx.one_d = yd.ndim == 1 and getattr(p, "_squeeze_single_target", True)
-    ctx.kernel = p._make_kernel(d)
     ctx.fitted.update(
         scaler_=ctx.scaler, y_mean_=ctx.y_mean, intercept_=ctx.y_mean.copy(),  # final unless fitted
         n_features_in_=d, kernel_=ctx.kernel, **fitted_feature_names(p, ctx.X_in, d),
     )
-    ctx.store.start(lambda: fit_fingerprint(ctx))  # loads (and checks) a saved state
 
 
 # --------------------------------------------------------------------------- centers
