@@ -38,6 +38,15 @@ def _relative(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.linalg.norm(a - b) / np.linalg.norm(b))
 
 
+#: Agreement of coefficients fitted with the products summed in another order (other workers, other
+#: chunks), relative to their norm. Two CG solutions whose relative residuals are both <= tol = 1e-11
+#: differ by at most 2 * kappa * tol, kappa the condition of the FALKON-preconditioned system (close to
+#: 1 with the preconditioner's sketch, and far below 500 at penalty 1e-2): <= 1e-8. The summation order
+#: itself perturbs each product by about (blocks + log2(rows)) * eps = 4e-15, far below tol. The bound
+#: holds for any CPU's kernels; it does not depend on which round-off a machine makes.
+AGREEMENT = 1e-8
+
+
 def test_same_model_on_1_2_and_4_workers(data, scaled_cluster):
     store, X, y = data
     cluster, client = scaled_cluster
@@ -54,8 +63,8 @@ def test_same_model_on_1_2_and_4_workers(data, scaled_cluster):
         assert model.converged_, n_workers
         np.testing.assert_array_equal(model.center_indices_, threads.center_indices_)
         np.testing.assert_array_equal(model.centers_, fits[1].centers_)
-        assert _relative(model.coef_, threads.coef_) <= 1e-8, n_workers
-        assert _relative(model.coef_, fits[1].coef_) <= 1e-8, n_workers
+        assert _relative(model.coef_, threads.coef_) <= AGREEMENT, n_workers
+        assert _relative(model.coef_, fits[1].coef_) <= AGREEMENT, n_workers
 
 
 @pytest.mark.parametrize("estimator", [FalkonRegressor, NystromRegressor])
@@ -66,7 +75,10 @@ def test_same_model_for_any_chunking(data, estimator):
     for model in fits[1:]:
         assert getattr(model, "converged_", True)
         np.testing.assert_array_equal(model.center_indices_, fits[0].center_indices_)
-        assert _relative(model.coef_, fits[0].coef_) <= 1e-8
+        assert _relative(model.coef_, fits[0].coef_) <= AGREEMENT
+        # Means merged along another tree (Chan's update): each merge adds about eps * |mean| and
+        # each block's pairwise sum about log2(rows) * eps * max|x| / rows, so <= 1e-12 relative for
+        # means of order 1e-2 and entries below 5 (standard normal columns); atol for a mean near 0.
         np.testing.assert_allclose(model.scaler_.mean_, fits[0].scaler_.mean_, rtol=1e-12, atol=1e-15)
 
 
@@ -83,5 +95,5 @@ def test_classifier_is_deterministic_across_chunkings(data):
     _, X, _ = data
     labels = np.digitize(X[:, 0] + X[:, 1] ** 2, [0.0, 1.5])
     fits = [FalkonClassifier(chunks=chunks, **CONVERGED).fit(X, labels) for chunks in (8000, 900)]
-    assert _relative(fits[1].coef_, fits[0].coef_) <= 1e-8
+    assert _relative(fits[1].coef_, fits[0].coef_) <= AGREEMENT
     np.testing.assert_array_equal(fits[1].predict(X), fits[0].predict(X))

@@ -80,6 +80,9 @@ def test_float32_falls_back_to_float64_on_the_workers_as_on_the_client():
         built[name] = FalkonPreconditioner.from_kernel_matrix(K, penalty=1e-10, n=len(X), sketch=sketch,
                                                               precision="float32")
     assert built["client"].precision == built["workers"].precision == "float64"
+    # The same float64 Gram summed in another order: its entries differ by about (blocks + log2(rows))
+    # * eps = 3e-15 relative; the Cholesky factor A moves by at most that times cond(A) (below 1e5 at
+    # penalty 1e-10 with this jitter), well inside 1e-9 on any CPU's kernels.
     np.testing.assert_allclose(built["workers"].A, built["client"].A, rtol=1e-9, atol=1e-12)
 
 
@@ -124,6 +127,8 @@ def test_a_fit_with_the_sketch_on_the_workers_is_the_fit_with_it_on_the_client(c
     assert workers.preconditioner_dtype_ == client.preconditioner_dtype_ == "float32"
     assert workers.converged_ and client.converged_
     assert abs(workers.n_iter_ - client.n_iter_) <= 1
+    # float32 fits converged to tol=1e-6, summed in other orders: predictions of targets of order 1
+    # differ by about kappa * tol plus float32 round-off (eps32 = 1.2e-7 times a few) <= 1e-4.
     np.testing.assert_allclose(workers.predict(X[:500]), client.predict(X[:500]), rtol=0, atol=1e-4)
 
 

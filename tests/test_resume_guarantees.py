@@ -1,0 +1,376 @@
+"""A checkpoint knows its data (issue 36, items 1 and 2): every row block's content is in the
+fingerprint, so changed data are refused with the first block that differs, and a fit resumed
+in another process or on another cluster gives the uninterrupted fit's model.
+
+Tolerances: a resume in the same process and scheduler runs the same arithmetic and is bitwise
+(tests/test_checkpoint.py). A resume on another scheduler continues the CG from the saved state
+with products summed by other workers, whose round-off differs (per product about the dtype's eps
+times the number of summed blocks); CG's iterates move by that round-off times the condition of
+the preconditioned system (small for FALKON at these penalties), plus at most one iteration more or
+less when the residual lands at ``tol``. Hence, relative to the coefficients' norm: float64 <= 1e-9
+(eps 2.2e-16 times a condition below 1e4, and ``tol=1e-10`` for the step of one iteration), float32
+<= 1e-3 (the CG's residual stalls near its attainable accuracy, about eps32 = 1.2e-7 times the
+condition, and ``tol=1e-4`` bounds the step of one iteration).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import daskkrr
+from daskkrr import FalkonClassifier, FalkonRegressor
+from daskkrr.checkpoint import CHECKPOINT_FILE, CheckpointError, FitCheckpoint
+from daskkrr.data import write_zarr
+from daskkrr.models.logistic import LogisticFalkonClassifier
+
+N, D, CHUNK = 1500, 4, 300  # five row blocks of 300 rows
+RTOL = {"float64": 1e-9, "float32": 1e-3}  # see the module docstring
+TOL = {"float64": 1e-10, "float32": 1e-4}
+
+pytestmark = pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
+
+
+def _data(seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(N, D))
+    score = np.sin(1.5 * X[:, 0]) + 0.5 * X[:, 1] * X[:, 2] + 0.1 * rng.normal(size=N)
+    return {
+        "X": X,
+        "ratings": np.digitize(score, np.quantile(score, [0.2, 0.4, 0.6, 0.8])).astype(np.float64) + 1.0,
+        "classes": np.digitize(score, np.quantile(score, [1 / 3, 2 / 3])),
+        "binary": (score > np.median(score)).astype(np.int64),
+        "weights": rng.uniform(0.5, 2.0, size=N),
+    }
+
+
+DATA = _data()
+#: estimator, its target in DATA, its parameters (the dtype's tol is added).
+ESTIMATORS = {
+    "regressor": (FalkonRegressor, "ratings", dict(n_centers=60, penalty=1e-3, max_iter=80)),
+    "classifier": (FalkonClassifier, "classes", dict(n_centers=60, penalty=1e-3, max_iter=80)),
+    "logistic": (LogisticFalkonClassifier, "binary", dict(n_centers=40, penalty=1e-2, max_iter=60,
+                                                            newton_iterations=20)),
+}
+
+
+def _make(name: str, dtype: str = "float64"):
+    cls, target, params = ESTIMATORS[name]
+    model = cls(**params, tol=TOL[dtype], dtype=dtype, random_state=0, chunks=CHUNK)
+    return model, DATA[target]
+
+
+class Crash(Exception):
+    """Stands in for the client's death right after a checkpoint was saved."""
+
+
+def _crash_at(monkeypatch, point: str) -> None:
+    """Crash after the centers are saved ("sampled") or after the second solver save ("mid")."""
+    write = FitCheckpoint._write
+    solver_saves = []
+
+    def write_then_crash(self, stage, iteration=None):
+        write(self, stage, iteration)
+        if stage in ("cg", "newton"):
+            solver_saves.append(iteration)
+        if (point == "sampled" and stage == "centers") or (point == "mid" and len(solver_saves) == 2):
+            raise Crash(stage)
+
+    monkeypatch.setattr(FitCheckpoint, "_write", write_then_crash)
+
+
+def _meta(ckpt: Path) -> dict:
+    with np.load(ckpt / CHECKPOINT_FILE, allow_pickle=False) as npz:
+        return json.loads(str(npz["meta"]))
+
+
+def _relative(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.linalg.norm(np.asarray(a) - np.asarray(b)) / np.linalg.norm(b))
+
+
+_REFERENCES: dict[tuple[str, str], object] = {}
+
+
+def _uninterrupted(name: str, dtype: str):
+    """The fit never interrupted, on the threaded scheduler (computed once per module)."""
+    if (name, dtype) not in _REFERENCES:
+        model, y = _make(name, dtype)
+        _REFERENCES[name, dtype] = model.fit(DATA["X"], y)
+    return _REFERENCES[name, dtype]
+
+
+@pytest.fixture(scope="module")
+def clusters():
+    """LocalClusters of 1, 2 and 3 single-threaded worker processes, started when first asked for."""
+    from distributed import Client, LocalCluster
+
+    started: dict[int, tuple] = {}
+
+    def get(workers: int):
+        if workers not in started:
+            cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, host="127.0.0.1",
+                                   dashboard_address=None, memory_limit="1GiB")
+            started[workers] = (cluster, Client(cluster, set_as_default=False))
+        return started[workers][1]
+
+    yield get
+    for cluster, client in started.values():
+        client.close()
+        cluster.close()
+
+
+# ---------------------------------------------------------------- resume on other clusters (Python)
+FAST = [("regressor", "float64", "mid", 2), ("classifier", "float32", "sampled", 1), ("logistic", "float64", "end", 3)]
+#: The whole matrix takes about an hour on 2 cores, beyond the suite's budget: run it with
+#: DASKKRR_RESUME_MATRIX=1. The default cases take every value of every axis at least once.
+FULL_MATRIX = pytest.mark.skipif(not os.environ.get("DASKKRR_RESUME_MATRIX"),
+                                 reason="the full resume matrix runs with DASKKRR_RESUME_MATRIX=1 (about an hour)")
+FULL = [(e, t, p, w) for e in ESTIMATORS for t in ("float64", "float32") for p in ("sampled", "mid", "end")
+        for w in (1, 2, 3) if (e, t, p, w) not in FAST]
+
+
+def _resume_case(name, dtype, point, workers, clusters, tmp_path, monkeypatch):
+    reference = _uninterrupted(name, dtype)
+    model, y = _make(name, dtype)
+    ckpt = tmp_path / "ck"
+    if point == "end":  # the state a crash between the last save and the model's leaves
+        model.fit(DATA["X"], y, checkpoint=ckpt, checkpoint_every=2)
+    else:
+        _crash_at(monkeypatch, point)
+        with pytest.raises(Crash):
+            model.fit(DATA["X"], y, checkpoint=ckpt, checkpoint_every=2)
+        monkeypatch.undo()
+    assert (_meta(ckpt)["stage"] == "centers") == (point == "sampled")
+    client = clusters(workers)
+    with client.as_current():  # another scheduler, other processes
+        resumed, _ = _make(name, dtype)
+        resumed.fit(DATA["X"], y, checkpoint=ckpt, resume=True)
+    np.testing.assert_array_equal(resumed.center_indices_, reference.center_indices_)
+    if hasattr(reference, "classes_"):
+        np.testing.assert_array_equal(resumed.classes_, reference.classes_)
+    assert abs(resumed.n_iter_ - reference.n_iter_) <= 1, (resumed.n_iter_, reference.n_iter_)
+    assert _relative(resumed.coef_, reference.coef_) <= RTOL[dtype]
+    np.testing.assert_allclose(resumed.intercept_, reference.intercept_, rtol=RTOL[dtype], atol=RTOL[dtype])
+
+
+@pytest.mark.slow  # about a minute a case on 2 busy cores: starting worker processes dominates
+@pytest.mark.parametrize("name, dtype, point, workers", FAST)
+def test_a_resume_on_another_cluster_gives_the_uninterrupted_model(name, dtype, point, workers, clusters,
+                                                                     tmp_path, monkeypatch):
+    _resume_case(name, dtype, point, workers, clusters, tmp_path, monkeypatch)
+
+
+@pytest.mark.slow
+@FULL_MATRIX
+@pytest.mark.parametrize("name, dtype, point, workers", FULL)
+def test_every_resume_of_the_matrix_gives_the_uninterrupted_model(name, dtype, point, workers, clusters,
+                                                                    tmp_path, monkeypatch):
+    _resume_case(name, dtype, point, workers, clusters, tmp_path, monkeypatch)
+
+
+# ---------------------------------------------------------------- changed data are refused
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """Checkpoints of short fits: the regressor on integer ratings, unweighted and weighted, and the
+    classifier."""
+    out = {}
+    for key, name, weighted in (("regressor", "regressor", False), ("weighted", "regressor", True),
+                                ("classifier", "classifier", False)):
+        model, y = _make(name)
+        model.set_params(max_iter=4)
+        ckpt = tmp_path_factory.mktemp(key) / "ck"
+        model.fit(DATA["X"], y, sample_weight=DATA["weights"] if weighted else None, checkpoint=ckpt,
+                  checkpoint_every=2)
+        out[key] = ckpt
+    return out
+
+
+def _permuted_within(a: np.ndarray, lo: int, hi: int) -> np.ndarray:
+    """``a`` with rows lo..hi-1 in another order (their values, counts and mean unchanged)."""
+    out = a.copy()
+    out[lo:hi] = a[lo:hi][np.random.default_rng(1).permutation(hi - lo)]
+    assert not np.array_equal(out, a)
+    return out
+
+
+def _swap_two_labels(y: np.ndarray, lo: int, hi: int) -> np.ndarray:
+    """Two rows of different classes in rows lo..hi-1 exchange their labels (class counts unchanged)."""
+    i = lo
+    j = next(k for k in range(lo + 1, hi) if y[k] != y[i])
+    out = y.copy()
+    out[i], out[j] = y[j], y[i]
+    return out
+
+
+def _one_ulp(X: np.ndarray, row: int) -> np.ndarray:
+    out = X.copy()
+    out[row, 2] = np.nextafter(out[row, 2], np.inf)
+    return out
+
+
+def _swap_rows(a: np.ndarray, i: int, j: int) -> np.ndarray:
+    out = a.copy()
+    out[[i, j]] = a[[j, i]]
+    return out
+
+
+X, RATINGS, CLASSES, W = DATA["X"], DATA["ratings"], DATA["classes"], DATA["weights"]
+#: (checkpoint, X, y, sample_weight, parameter changes, the error's words)
+CHANGES = {
+    "ratings re-assigned in block 3": ("regressor", X, _permuted_within(RATINGS, 900, 1200), None, {},
+                                       r"row block 3 \(rows 900-1199\) differs in y"),
+    "two labels swapped in block 2": ("classifier", X, _swap_two_labels(CLASSES, 600, 900), None, {},
+                                      r"row block 2 \(rows 600-899\) differs in y"),
+    "one value of X by one ulp": ("regressor", _one_ulp(X, 1234), RATINGS, None, {},
+                                  r"row block 4 \(rows 1200-1499\) differs in X"),
+    "a row moved to another block": ("regressor", _swap_rows(X, 350, 1000), _swap_rows(RATINGS, 350, 1000), None,
+                                     {}, r"row block 1 \(rows 300-599\) differs in X and y"),
+    "a column's order": ("regressor", X[:, [1, 0, 2, 3]], RATINGS, None, {},
+                         r"row block 0 \(rows 0-299\) differs in X"),
+    "X stored as float32": ("regressor", X.astype(np.float32), RATINGS, None, {},
+                            r"row block 0 \(rows 0-299\) differs in X"),
+    "one weight": ("weighted", X, RATINGS, np.where(np.arange(N) == 450, 1.25, W), {},
+                   r"row block 1 \(rows 300-599\) differs in sample_weight"),
+    "weights dropped": ("weighted", X, RATINGS, None, {}, r"row block 0 \(rows 0-299\) differs in sample_weight"),
+    "the chunking": ("regressor", X, RATINGS, None, {"chunks": 250},
+                     r"row block 0 holds rows 0-299 in the checkpoint but rows 0-249 now: the row chunking is "
+                     r"part of the fingerprint"),
+    "rows appended": ("regressor", np.vstack([X, X[:100]]), np.concatenate([RATINGS, RATINGS[:100]]), None, {},
+                      r"row block 5 \(rows 1500-1599\) is not in the checkpoint: .* \(rows were added\)"),
+    "the last row removed": ("regressor", X[:-1], RATINGS[:-1], None, {},
+                             r"row block 4 holds rows 1200-1499 in the checkpoint but rows 1200-1498 now: the data "
+                             r"now have 1499 rows, the checkpoint's 1500"),
+}
+
+
+@pytest.mark.parametrize("change", list(CHANGES))
+def test_changed_data_are_refused_with_the_block_named(change, saved, tmp_path):
+    import shutil
+
+    key, Xc, yc, wc, params, words = CHANGES[change]
+    ckpt = Path(shutil.copytree(saved[key], tmp_path / "ck"))
+    before = (ckpt / CHECKPOINT_FILE).read_bytes()
+    model, _ = _make("classifier" if key == "classifier" else "regressor")
+    model.set_params(**params)
+    with pytest.raises(CheckpointError, match=rf"belongs to a different fit: .*{words}.*; it is left as it is"):
+        model.fit(Xc, yc, sample_weight=wc, checkpoint=ckpt, resume=True)
+    assert (ckpt / CHECKPOINT_FILE).read_bytes() == before  # kept: the right data can still resume it
+
+
+def test_the_same_data_in_another_array_type_resume(saved, tmp_path):
+    """The digests are of the values, not of the container: a dask array with the same chunks resumes."""
+    import shutil
+
+    import dask.array as da
+
+    ckpt = Path(shutil.copytree(saved["regressor"], tmp_path / "ck"))
+    model, _ = _make("regressor")
+    model.set_params(max_iter=6)
+    model.fit(da.from_array(X, chunks=(CHUNK, D)), da.from_array(RATINGS, chunks=CHUNK), checkpoint=ckpt,
+              resume=True)
+    assert _meta(ckpt)["iteration"] == 6
+
+
+def test_the_statistics_of_the_interrupted_fit_are_reused(saved, tmp_path, monkeypatch):
+    """Issue 36, item 2: another cluster's tree sums the target mean to other last bits; the resumed
+    fit takes the saved statistics instead of refusing or mixing them with the saved state."""
+    import shutil
+
+    from daskkrr.data import Standardizer
+
+    ckpt = Path(shutil.copytree(saved["regressor"], tmp_path / "ck"))
+    stats = _meta(ckpt)["statistics"]
+    fit = Standardizer.fit
+
+    def off_in_the_last_bits(self, *args, **kwargs):
+        fit(self, *args, **kwargs)
+        self.y_mean_ = np.nextafter(self.y_mean_, np.inf)  # as another reduction tree's sum
+        self.mean_ = np.nextafter(self.mean_, np.inf)
+        return self
+
+    monkeypatch.setattr(Standardizer, "fit", off_in_the_last_bits)
+    model, _ = _make("regressor")
+    model.set_params(max_iter=6)
+    model.fit(X, RATINGS, checkpoint=ckpt, resume=True)
+    np.testing.assert_array_equal(model.y_mean_, stats["y_mean"])
+    np.testing.assert_array_equal(model.scaler_.mean_, stats["mean"])
+    np.testing.assert_array_equal(model.scaler_.scale_, stats["scale"])
+
+
+# ---------------------------------------------------------------- the CLI: a killed client, resumed elsewhere
+def _daskkrr(*args: str) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+    return subprocess.Popen([sys.executable, "-m", "daskkrr.cli", *args, "-q"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+
+
+def _wait_for(ckpt: Path, proc: subprocess.Popen, reached, timeout: float = 600.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not ((ckpt / CHECKPOINT_FILE).exists() and reached(_meta(ckpt))):
+        if proc.poll() is not None:
+            return  # finished first: the checkpoint holds the end of the fit, a point like any other
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError(f"timed out waiting for a checkpoint in {ckpt}")
+        time.sleep(0.02)
+
+
+POINTS = {
+    "sampled": lambda meta: True,  # the first save is the centers'
+    "mid": lambda meta: meta.get("stage") == "cg" and meta.get("iteration", 0) >= 4,
+    "end": lambda meta: meta.get("stage") == "cg" and meta.get("iteration", 0) >= 8,
+}
+CLI_FAST = [(signal.SIGKILL, "mid", 1, 3, "float32")]
+CLI_FULL = [(s, p, a, b, t) for s in (signal.SIGTERM, signal.SIGKILL) for p in POINTS for a, b in ((1, 2), (3, 1))
+            for t in ("float64", "float32") if (s, p, a, b, t) not in CLI_FAST]
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    return write_zarr(X, RATINGS, tmp_path_factory.mktemp("cli") / "train.zarr", chunk_rows=CHUNK)
+
+
+def _cli_case(store, tmp_path, signum, point, first_workers, resume_workers, dtype):
+    ckpt, out = tmp_path / "ck", tmp_path / "model"
+    config = tmp_path / "model.toml"
+    # FALKON's own preconditioner (no row sketch): more CG iterations, so the points lie apart.
+    config.write_text(f'[model]\npreconditioner_rows = "none"\ndtype = "{dtype}"\n')
+    flags = ["--centers", "60", "--penalty", "1e-3", "--sigma", "2.0", "--tol", str(TOL[dtype]), "--max-iter", "80",
+             "--seed", "0", "--config", str(config)]
+    fit = ["fit", "--data", str(store), *flags, "--checkpoint", str(ckpt), "--checkpoint-every", "1"]
+    proc = _daskkrr(*fit, "--out", str(tmp_path / "interrupted"), "--workers", str(first_workers))
+    _wait_for(ckpt, proc, POINTS[point])
+    if proc.poll() is None:  # else it finished first: it is resumed from its final checkpoint all the same
+        proc.send_signal(signum)
+    proc.communicate(timeout=120)
+    resumed = _daskkrr(*fit, "--out", str(out), "--workers", str(resume_workers), "--resume")
+    _, err = resumed.communicate(timeout=600)
+    assert resumed.returncode == 0, err
+    model = daskkrr.load(out)
+    reference = FalkonRegressor(n_centers=60, penalty=1e-3, sigma=2.0, tol=TOL[dtype], max_iter=80, random_state=0,
+                                preconditioner_rows=None, dtype=dtype).fit(store)
+    np.testing.assert_array_equal(model.center_indices_, reference.center_indices_)
+    assert abs(model.n_iter_ - reference.n_iter_) <= 1, (model.n_iter_, reference.n_iter_)
+    assert _relative(model.coef_, reference.coef_) <= RTOL[dtype]
+
+
+@pytest.mark.slow  # two command-line fits, each with its own local cluster
+@pytest.mark.parametrize("signum, point, first_workers, resume_workers, dtype", CLI_FAST)
+def test_a_killed_cli_fit_resumes_on_another_cluster(store, tmp_path, signum, point, first_workers, resume_workers,
+                                                     dtype):
+    _cli_case(store, tmp_path, signum, point, first_workers, resume_workers, dtype)
+
+
+@pytest.mark.slow
+@FULL_MATRIX
+@pytest.mark.parametrize("signum, point, first_workers, resume_workers, dtype", CLI_FULL)
+def test_every_cli_interruption_resumes(store, tmp_path, signum, point, first_workers, resume_workers, dtype):
+    _cli_case(store, tmp_path, signum, point, first_workers, resume_workers, dtype)
