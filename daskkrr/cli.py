@@ -363,7 +363,9 @@ def _parser() -> argparse.ArgumentParser:
 
 def _cmd_convert(args: argparse.Namespace) -> None:
     from daskkrr.data import convert_table
+    from daskkrr.utils.output_paths import check_paths
 
+    check_paths(inputs={"input": args.input}, outputs={"output": args.output}, overwrite=args.overwrite)
     summary = convert_table(args.input, args.output, target=args.target, chunk_rows=args.chunk_rows,
                             sep=args.sep, overwrite=args.overwrite)
     print(f"wrote {args.output}: {summary['rows']} rows x {summary['features']} features, target {args.target!r}")
@@ -372,9 +374,9 @@ def _cmd_convert(args: argparse.Namespace) -> None:
 def _cmd_generate(args: argparse.Namespace) -> None:
     from daskkrr.data import write_classification_zarr, write_regression_zarr
     from daskkrr.parallel import cluster_client
-    from daskkrr.utils.atomic import check_destination
+    from daskkrr.utils.output_paths import check_paths
 
-    check_destination(args.output, args.overwrite)  # fail before starting a cluster
+    check_paths(outputs={"output": args.output}, overwrite=args.overwrite)  # fail before starting a cluster
     with cluster_client(args.scheduler, n_workers=args.workers):  # blocks are generated on the workers
         if args.classes:
             write_classification_zarr(args.output, args.n, args.d, n_classes=args.classes,
@@ -388,9 +390,11 @@ def _cmd_generate(args: argparse.Namespace) -> None:
 def _cmd_fit(args: argparse.Namespace) -> None:
     from daskkrr.config import read_config
     from daskkrr.parallel import cluster_client
-    from daskkrr.utils.atomic import check_destination
+    from daskkrr.utils.output_paths import check_paths
 
-    check_destination(args.out, args.overwrite)  # fail before the work, not after
+    # Fail before the work, not after: --out over --data or --checkpoint, unwritable, existing.
+    check_paths(inputs={"--data": args.data, "--config": args.config}, outputs={"--out": args.out},
+                states={"--checkpoint": args.checkpoint}, overwrite=args.overwrite)
     config = read_config(args.config) if args.config else {}
     if args.estimator:
         config["estimator"] = args.estimator
@@ -419,11 +423,11 @@ def _cmd_tune(args: argparse.Namespace) -> None:
     from daskkrr.parallel import cluster_client
     from daskkrr.tune import BKBSearchCV
     from daskkrr.tune.outputs import read_training_data, write_history
-    from daskkrr.utils.atomic import check_destination
+    from daskkrr.utils.output_paths import check_paths
 
     history = args.history or f"{str(args.out).rstrip('/')}.history.csv"
-    check_destination(args.out, args.overwrite)  # fail before the work, not after
-    check_destination(history, args.overwrite)
+    check_paths(inputs={"--data": args.data, "--config": args.config},  # fail before the work, not after
+                outputs={"--out": args.out, "--history": history}, overwrite=args.overwrite)
     if args.budget_seconds is not None and not args.budget_seconds > 0:
         raise UsageError(f"--budget-seconds must be > 0; got {args.budget_seconds!r}")
     config = read_config(args.config) if args.config else {}
@@ -579,9 +583,10 @@ def _cmd_predict(args: argparse.Namespace) -> None:
     from daskkrr.data import write_array_zarr
     from daskkrr.models.loading import load_model
     from daskkrr.parallel import cluster_client
-    from daskkrr.utils.atomic import check_destination
+    from daskkrr.utils.output_paths import check_paths
 
-    check_destination(args.out, args.overwrite)
+    check_paths(inputs={"--data": args.data, "--model": args.model}, outputs={"--out": args.out},
+                overwrite=args.overwrite)
     model = load_model(args.model)
     name = _predict_output(model, args.output)
     _check_before_start(model, args.data, features_only=True)
@@ -642,12 +647,11 @@ def _cmd_unsupervised(args: argparse.Namespace) -> None:
     from daskkrr.models.loading import load_model
     from daskkrr.models.registry import UNSUPERVISED
     from daskkrr.parallel import cluster_client
-    from daskkrr.utils.atomic import check_destination
+    from daskkrr.utils.output_paths import check_paths
 
     cls = UNSUPERVISED["kpca" if args.command == "embed" else "kmeans"]
-    check_destination(args.out, args.overwrite)  # fail before the work, not after
-    if args.save_model:
-        check_destination(args.save_model, args.overwrite)
+    check_paths(inputs={"--data": args.data, "--model": args.model},  # fail before the work, not after
+                outputs={"--out": args.out, "--save-model": args.save_model}, overwrite=args.overwrite)
     flags = _model_overrides(args, {"model": cls})
     if args.model:
         if flags:

@@ -153,7 +153,10 @@ def atomic_directory(path: str | os.PathLike, overwrite: bool = False) -> Iterat
         If ``path`` exists and ``overwrite`` is False (checked before and after
         writing).
     """
+    from daskkrr.utils.output_paths import check_writable  # imports this module
+
     path = check_destination(path, overwrite)
+    check_writable(path)  # a read-only place: one clear error naming the path, not the temporary's
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = temporary_sibling(path)
     try:

@@ -176,6 +176,22 @@ def _execute(config: dict[str, Any], run: rd.RunDirectory) -> dict[str, Any]:
     }
 
 
+def check_run_paths(config: dict[str, Any], runs: Path) -> None:
+    """Refuse, before the run, a runs_dir at or inside the data it reads, and a [data] cache over its table.
+
+    A store kept inside runs_dir (an earlier run's cache) is read and never
+    replaced, so only runs_dir at or inside an input is refused.
+    """
+    from daskkrr.utils.output_paths import check_paths
+
+    data = config["data"]
+    inputs = {f"[data] {key}": data.get(key) for key in ("store", "table")}
+    outside = {k: v for k, v in inputs.items() if v is None or runs.resolve() not in Path(v).resolve().parents}
+    check_paths(inputs=outside, states={"[workflow] runs_dir": runs})
+    if data.get("table") and data.get("cache"):
+        check_paths(inputs={"[data] table": data["table"]}, states={"[data] cache": data["cache"]})
+
+
 @contextlib.contextmanager
 def _client_for(config: dict[str, Any], client: Any, scheduler: str | None, n_workers: int | None):
     """The client given, else a connection to the configured scheduler, else a local cluster."""
@@ -244,6 +260,7 @@ def run_workflow(
     if runs_dir is not None:
         config["workflow"]["runs_dir"] = str(Path(runs_dir).resolve())
     runs = Path(config["workflow"]["runs_dir"])
+    check_run_paths(config, runs)
 
     from daskkrr.progress import report
 

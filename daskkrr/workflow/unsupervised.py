@@ -51,7 +51,7 @@ import numpy as np
 import daskkrr
 from daskkrr.workflow import rundir as rd
 from daskkrr.workflow.data import resolve_store
-from daskkrr.workflow.runner import RunResult, WorkflowRunError, _client_for
+from daskkrr.workflow.runner import RunResult, WorkflowRunError, _client_for, check_run_paths
 from daskkrr.workflow.spec import WorkflowError, apply_overrides
 
 logger = logging.getLogger("daskkrr")
@@ -234,6 +234,7 @@ def run_unsupervised_workflow(
     if runs_dir is not None:
         config["workflow"]["runs_dir"] = str(Path(runs_dir).resolve())
     runs = Path(config["workflow"]["runs_dir"])
+    check_run_paths(config, runs)
     from daskkrr.progress import report
 
     with rd.workflow_lock(runs):
