@@ -34,6 +34,8 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
+from daskkrr.signals import Interrupted, interrupt_on_signals  # light: the standard library only
+
 logger = logging.getLogger("daskkrr")
 
 
@@ -714,7 +716,26 @@ _COMMANDS = {
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``daskkrr`` console script; returns the exit code (see the module docstring)."""
+    """Entry point of the ``daskkrr`` console script; returns the exit code (see the module docstring).
+
+    Ctrl-C (or SIGTERM/SIGHUP, under :func:`_entry`) at any moment, the imports and the
+    parsing before the command included, prints the documented line and returns 130
+    (128 + the signal's number), without a traceback.
+    """
+    try:
+        return _main(argv)
+    except KeyboardInterrupt as exc:  # before or after the command: nothing was written
+        return _interrupted(exc)
+
+
+def _interrupted(exc: KeyboardInterrupt) -> int:
+    """Say that the command was interrupted; the exit code: 130 for Ctrl-C, 128 + the signal's number."""
+    why = f" ({exc})" if isinstance(exc, Interrupted) else ""
+    print(f"daskkrr: interrupted{why}; no partial output was left", file=sys.stderr)
+    return 128 + exc.signum if isinstance(exc, Interrupted) else 130
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = _parser()
     try:
         args = parser.parse_args(argv)
@@ -733,24 +754,19 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         dask.config.refresh()
         logging.getLogger("distributed").setLevel(logging.ERROR)
-    from daskkrr.signals import Interrupted, interrupt_on_signals
-
     try:
         # SIGTERM/SIGHUP unwind like Ctrl-C: temporary outputs are removed, local clusters closed.
         with interrupt_on_signals():
             _COMMANDS[args.command](args)
     except KeyboardInterrupt as exc:
-        why = f" ({exc})" if isinstance(exc, Interrupted) else ""
-        print(f"daskkrr: interrupted{why}; no partial output was left", file=sys.stderr)
-        return 128 + exc.signum if isinstance(exc, Interrupted) else 130
+        return _interrupted(exc)
     except UsageError as exc:
         print(f"daskkrr: error: {_one_line(exc)}; see 'daskkrr {args.command} --help'", file=sys.stderr)
         return 2
     except Exception as exc:  # one line, no traceback, for any failure
         interrupt = _interruption(exc)
         if interrupt is not None:  # the signal landed inside clean-up code, which then failed
-            print(f"daskkrr: interrupted ({interrupt}); no partial output was left", file=sys.stderr)
-            return 128 + interrupt.signum if isinstance(interrupt, Interrupted) else 130
+            return _interrupted(interrupt)
         if args.verbose:
             logger.exception("command failed")
         message = cli_message(_one_line(exc) or type(exc).__name__)
@@ -794,9 +810,16 @@ def cli_message(message: str) -> str:
     return re.sub(r"\b(raise|use) (" + names + r")\b", lambda m: f"{m.group(1)} {flags[m.group(2)]}", message)
 
 
-def _entry() -> Any:  # pragma: no cover - console-script shim
-    sys.exit(main())
+def _entry() -> Any:
+    """The console script (and ``python -m daskkrr.cli``): SIGTERM and SIGHUP, like Ctrl-C, end even the
+    start-up (the imports, before the command runs) with the documented line and code."""
+    try:
+        with interrupt_on_signals():
+            code = main()
+    except KeyboardInterrupt as exc:  # landed between the handlers' set-up and main's own guard
+        code = _interrupted(exc)
+    sys.exit(code)
 
 
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    _entry()
