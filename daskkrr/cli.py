@@ -83,6 +83,14 @@ def _add_scheduler(p: argparse.ArgumentParser) -> None:
                    help="Dask scheduler address (default: $DASK_SCHEDULER_ADDRESS, else a local cluster)")
     p.add_argument("--workers", type=_positive_int, default=None,
                    help="workers of the local cluster (default: one per core)")
+    p.add_argument("--tls-ca-file", metavar="FILE", default=None,
+                   help="a tls:// --scheduler: PEM file of the authority that signed its certificate (default: "
+                        "Dask's distributed.comm.tls config)")
+    p.add_argument("--tls-cert", metavar="FILE", default=None,
+                   help="a tls:// --scheduler: this client's certificate (PEM, signed by an authority the "
+                        "scheduler trusts; may hold the key too; default: Dask's distributed.comm.tls config)")
+    p.add_argument("--tls-key", metavar="FILE", default=None,
+                   help="the private key of --tls-cert (PEM; default: in --tls-cert)")
 
 
 def _positive_int(text: str) -> int:
@@ -379,7 +387,8 @@ def _cmd_generate(args: argparse.Namespace) -> None:
     from daskkrr.utils.output_paths import check_paths
 
     check_paths(outputs={"output": args.output}, overwrite=args.overwrite)  # fail before starting a cluster
-    with cluster_client(args.scheduler, n_workers=args.workers):  # blocks are generated on the workers
+    # The blocks are generated on the workers.
+    with cluster_client(args.scheduler, n_workers=args.workers, security=args.security):
         if args.classes:
             write_classification_zarr(args.output, args.n, args.d, n_classes=args.classes,
                                       chunk_rows=args.chunk_rows, random_state=args.seed, overwrite=args.overwrite)
@@ -410,7 +419,8 @@ def _cmd_fit(args: argparse.Namespace) -> None:
             raise UsageError(f"--sample-weight: {type(model).__name__} takes no sample weights")
         _check_weight_variable(args.data, args.sample_weight)
         fit_kwargs["sample_weight"] = args.sample_weight
-    with cluster_client(args.scheduler, n_workers=args.workers) as client:  # the fit's current client
+    # The fit's current client.
+    with cluster_client(args.scheduler, n_workers=args.workers, security=args.security) as client:
         t0 = time.perf_counter()
         with _fit_progress(args, client):
             model.fit(args.data, **fit_kwargs)
@@ -446,7 +456,7 @@ def _cmd_tune(args: argparse.Namespace) -> None:
                          profile_penalty=False if args.no_penalty_path else "auto")
     if search.param_space is not None and search.ard and "sigma" not in space:
         raise UsageError("--ard tunes sigma per feature: give --sigma-range")
-    with cluster_client(args.scheduler, n_workers=args.workers):  # the fits' cluster
+    with cluster_client(args.scheduler, n_workers=args.workers, security=args.security):  # the fits' cluster
         t0 = time.perf_counter()
         search.fit(X, y)
         search.best_estimator_.save(args.out, overwrite=args.overwrite)
@@ -514,6 +524,10 @@ def _cmd_run(args: argparse.Namespace) -> None:
     from daskkrr.workflow import run_workflow
     from daskkrr.workflow.unsupervised import is_unsupervised, run_unsupervised_workflow
 
+    # --tls-* override the workflow's [cluster] keys (paths relative to here, not to the file).
+    args.overrides = [*args.overrides, *(f"cluster.{key}={os.path.abspath(value)}" for key, value in (
+        ("tls_ca_file", args.tls_ca_file), ("tls_cert", args.tls_cert), ("tls_key", args.tls_key)) if value)]
+
     try:
         with open(args.workflow, "rb") as fh:
             unsupervised = is_unsupervised(tomllib.load(fh))
@@ -521,7 +535,7 @@ def _cmd_run(args: argparse.Namespace) -> None:
         unsupervised = False  # run_workflow reports the problem
     if unsupervised:
         done = run_unsupervised_workflow(args.workflow, overrides=args.overrides, runs_dir=args.runs_dir,
-                                         scheduler=args.scheduler, n_workers=args.workers,
+                                         scheduler=args.scheduler, n_workers=args.workers, security=args.security,
                                          progress=_progress_bar(args))
         parts = [f"{name}: " + ", ".join(f"{k} {v:.4g}" for k, v in done.metrics[name].items()
                                          if k in ("inertia", "ari", "nmi", "seconds") and isinstance(v, float))
@@ -530,7 +544,7 @@ def _cmd_run(args: argparse.Namespace) -> None:
               f"wrote {done.run_dir}")
         return
     result = run_workflow(args.workflow, overrides=args.overrides, runs_dir=args.runs_dir,
-                          scheduler=args.scheduler, n_workers=args.workers,
+                          scheduler=args.scheduler, n_workers=args.workers, security=args.security,
                           progress=_progress_bar(args))
     m = result.metrics
     figures = ", ".join(f"{k} {v:.4g}" for k, v in m.get("metrics", {}).items()
@@ -592,7 +606,7 @@ def _cmd_predict(args: argparse.Namespace) -> None:
     model = load_model(args.model)
     name = _predict_output(model, args.output)
     _check_before_start(model, args.data, features_only=True)
-    with cluster_client(args.scheduler, n_workers=args.workers):
+    with cluster_client(args.scheduler, n_workers=args.workers, security=args.security):
         if name == "proba":
             pred = model.predict_proba(args.data)
         else:
@@ -626,7 +640,7 @@ def _cmd_score(args: argparse.Namespace) -> None:
     model = load_model(args.model)
     _check_before_start(model, args.data, features_only=True)
     X, y = open_dataset(args.data, y="y")  # metadata only; refuses a store without y
-    with cluster_client(args.scheduler, n_workers=args.workers):
+    with cluster_client(args.scheduler, n_workers=args.workers, security=args.security):
         metrics = score_metrics(model, X, y)
     print(json.dumps(metrics, sort_keys=True))
 
@@ -670,7 +684,7 @@ def _cmd_unsupervised(args: argparse.Namespace) -> None:
         model._check_n_features(X.shape)
     else:
         model._check_data_size(int(X.shape[0]))  # n_clusters > n: refused before a cluster starts
-    with cluster_client(args.scheduler, n_workers=args.workers) as client:
+    with cluster_client(args.scheduler, n_workers=args.workers, security=args.security) as client:
         t0 = time.perf_counter()
         if not args.model:
             with _fit_progress(args, client):
@@ -698,7 +712,7 @@ def _cmd_quickstart(args: argparse.Namespace) -> None:
 
     with report(bar=ProgressBar() if _progress_bar(args) else False):  # the fit's progress on stderr
         run_quickstart(n=args.n, d=args.d, n_centers=args.centers, max_iter=args.max_iter, seed=args.seed,
-                       scheduler=args.scheduler, n_workers=args.workers)
+                       scheduler=args.scheduler, n_workers=args.workers, security=args.security)
 
 
 _COMMANDS = {
@@ -757,6 +771,7 @@ def _main(argv: Sequence[str] | None) -> int:
     try:
         # SIGTERM/SIGHUP unwind like Ctrl-C: temporary outputs are removed, local clusters closed.
         with interrupt_on_signals():
+            args.security = _security(args)  # TLS settings checked before any work
             _COMMANDS[args.command](args)
     except KeyboardInterrupt as exc:
         return _interrupted(exc)
@@ -773,6 +788,18 @@ def _main(argv: Sequence[str] | None) -> int:
         print(f"daskkrr: error: {message}", file=sys.stderr)
         return 1
     return 0
+
+
+def _security(args: argparse.Namespace) -> Any:
+    """The TLS of a command's --scheduler (None for a local cluster or plain TCP); bad flags are usage errors."""
+    if not hasattr(args, "scheduler") or args.command == "run":  # run: the workflow's [cluster] has the say
+        return None
+    from daskkrr.parallel.client import tls_security
+
+    try:
+        return tls_security(args.scheduler, args.tls_ca_file, args.tls_cert, args.tls_key)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _interruption(exc: BaseException) -> KeyboardInterrupt | None:

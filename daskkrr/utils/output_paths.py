@@ -110,8 +110,8 @@ def check_paths(
         An output exists and ``overwrite`` is False.
     """
     written = {**dict(outputs or {}), **dict(states or {})}
-    named = [(label, _local(path), path) for label, path in {**dict(inputs or {}), **written}.items()]
-    named = [entry for entry in named if entry[1] is not None]
+    named = [(label, resolved, path) for label, path in {**dict(inputs or {}), **written}.items()
+             if (resolved := _local(path)) is not None]
     for i, first in enumerate(named):
         for second in named[i + 1:]:
             if first[0] not in written and second[0] not in written:
