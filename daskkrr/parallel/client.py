@@ -103,7 +103,8 @@ def tls_security(
             raise ValueError(f"{name} {path}: no such readable file")
     from distributed.security import Security
 
-    return Security(tls_ca_file=os.fspath(ca_file), tls_client_cert=None if cert is None else os.fspath(cert),
+    # ca_file and cert are given (checked above); Security takes file names as text.
+    return Security(tls_ca_file=os.fspath(ca_file or ""), tls_client_cert=os.fspath(cert or ""),
                     tls_client_key=None if key is None else os.fspath(key), require_encryption=True)
 
 
