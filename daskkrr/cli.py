@@ -34,6 +34,8 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
+from daskkrr.signals import Interrupted, interrupt_on_signals  # light: the standard library only
+
 logger = logging.getLogger("daskkrr")
 
 
@@ -81,6 +83,14 @@ def _add_scheduler(p: argparse.ArgumentParser) -> None:
                    help="Dask scheduler address (default: $DASK_SCHEDULER_ADDRESS, else a local cluster)")
     p.add_argument("--workers", type=_positive_int, default=None,
                    help="workers of the local cluster (default: one per core)")
+    p.add_argument("--tls-ca-file", metavar="FILE", default=None,
+                   help="a tls:// --scheduler: PEM file of the authority that signed its certificate (default: "
+                        "Dask's distributed.comm.tls config)")
+    p.add_argument("--tls-cert", metavar="FILE", default=None,
+                   help="a tls:// --scheduler: this client's certificate (PEM, signed by an authority the "
+                        "scheduler trusts; may hold the key too; default: Dask's distributed.comm.tls config)")
+    p.add_argument("--tls-key", metavar="FILE", default=None,
+                   help="the private key of --tls-cert (PEM; default: in --tls-cert)")
 
 
 def _positive_int(text: str) -> int:
@@ -363,7 +373,9 @@ def _parser() -> argparse.ArgumentParser:
 
 def _cmd_convert(args: argparse.Namespace) -> None:
     from daskkrr.data import convert_table
+    from daskkrr.utils.output_paths import check_paths
 
+    check_paths(inputs={"input": args.input}, outputs={"output": args.output}, overwrite=args.overwrite)
     summary = convert_table(args.input, args.output, target=args.target, chunk_rows=args.chunk_rows,
                             sep=args.sep, overwrite=args.overwrite)
     print(f"wrote {args.output}: {summary['rows']} rows x {summary['features']} features, target {args.target!r}")
@@ -372,10 +384,11 @@ def _cmd_convert(args: argparse.Namespace) -> None:
 def _cmd_generate(args: argparse.Namespace) -> None:
     from daskkrr.data import write_classification_zarr, write_regression_zarr
     from daskkrr.parallel import cluster_client
-    from daskkrr.utils.atomic import check_destination
+    from daskkrr.utils.output_paths import check_paths
 
-    check_destination(args.output, args.overwrite)  # fail before starting a cluster
-    with cluster_client(args.scheduler, n_workers=args.workers):  # blocks are generated on the workers
+    check_paths(outputs={"output": args.output}, overwrite=args.overwrite)  # fail before starting a cluster
+    # The blocks are generated on the workers.
+    with cluster_client(args.scheduler, n_workers=args.workers, security=args.security):
         if args.classes:
             write_classification_zarr(args.output, args.n, args.d, n_classes=args.classes,
                                       chunk_rows=args.chunk_rows, random_state=args.seed, overwrite=args.overwrite)
@@ -388,9 +401,11 @@ def _cmd_generate(args: argparse.Namespace) -> None:
 def _cmd_fit(args: argparse.Namespace) -> None:
     from daskkrr.config import read_config
     from daskkrr.parallel import cluster_client
-    from daskkrr.utils.atomic import check_destination
+    from daskkrr.utils.output_paths import check_paths
 
-    check_destination(args.out, args.overwrite)  # fail before the work, not after
+    # Fail before the work, not after: --out over --data or --checkpoint, unwritable, existing.
+    check_paths(inputs={"--data": args.data, "--config": args.config}, outputs={"--out": args.out},
+                states={"--checkpoint": args.checkpoint}, overwrite=args.overwrite)
     config = read_config(args.config) if args.config else {}
     if args.estimator:
         config["estimator"] = args.estimator
@@ -404,7 +419,8 @@ def _cmd_fit(args: argparse.Namespace) -> None:
             raise UsageError(f"--sample-weight: {type(model).__name__} takes no sample weights")
         _check_weight_variable(args.data, args.sample_weight)
         fit_kwargs["sample_weight"] = args.sample_weight
-    with cluster_client(args.scheduler, n_workers=args.workers) as client:  # the fit's current client
+    # The fit's current client.
+    with cluster_client(args.scheduler, n_workers=args.workers, security=args.security) as client:
         t0 = time.perf_counter()
         with _fit_progress(args, client):
             model.fit(args.data, **fit_kwargs)
@@ -419,11 +435,11 @@ def _cmd_tune(args: argparse.Namespace) -> None:
     from daskkrr.parallel import cluster_client
     from daskkrr.tune import BKBSearchCV
     from daskkrr.tune.outputs import read_training_data, write_history
-    from daskkrr.utils.atomic import check_destination
+    from daskkrr.utils.output_paths import check_paths
 
     history = args.history or f"{str(args.out).rstrip('/')}.history.csv"
-    check_destination(args.out, args.overwrite)  # fail before the work, not after
-    check_destination(history, args.overwrite)
+    check_paths(inputs={"--data": args.data, "--config": args.config},  # fail before the work, not after
+                outputs={"--out": args.out, "--history": history}, overwrite=args.overwrite)
     if args.budget_seconds is not None and not args.budget_seconds > 0:
         raise UsageError(f"--budget-seconds must be > 0; got {args.budget_seconds!r}")
     config = read_config(args.config) if args.config else {}
@@ -440,7 +456,7 @@ def _cmd_tune(args: argparse.Namespace) -> None:
                          profile_penalty=False if args.no_penalty_path else "auto")
     if search.param_space is not None and search.ard and "sigma" not in space:
         raise UsageError("--ard tunes sigma per feature: give --sigma-range")
-    with cluster_client(args.scheduler, n_workers=args.workers):  # the fits' cluster
+    with cluster_client(args.scheduler, n_workers=args.workers, security=args.security):  # the fits' cluster
         t0 = time.perf_counter()
         search.fit(X, y)
         search.best_estimator_.save(args.out, overwrite=args.overwrite)
@@ -508,6 +524,10 @@ def _cmd_run(args: argparse.Namespace) -> None:
     from daskkrr.workflow import run_workflow
     from daskkrr.workflow.unsupervised import is_unsupervised, run_unsupervised_workflow
 
+    # --tls-* override the workflow's [cluster] keys (paths relative to here, not to the file).
+    args.overrides = [*args.overrides, *(f"cluster.{key}={os.path.abspath(value)}" for key, value in (
+        ("tls_ca_file", args.tls_ca_file), ("tls_cert", args.tls_cert), ("tls_key", args.tls_key)) if value)]
+
     try:
         with open(args.workflow, "rb") as fh:
             unsupervised = is_unsupervised(tomllib.load(fh))
@@ -515,7 +535,7 @@ def _cmd_run(args: argparse.Namespace) -> None:
         unsupervised = False  # run_workflow reports the problem
     if unsupervised:
         done = run_unsupervised_workflow(args.workflow, overrides=args.overrides, runs_dir=args.runs_dir,
-                                         scheduler=args.scheduler, n_workers=args.workers,
+                                         scheduler=args.scheduler, n_workers=args.workers, security=args.security,
                                          progress=_progress_bar(args))
         parts = [f"{name}: " + ", ".join(f"{k} {v:.4g}" for k, v in done.metrics[name].items()
                                          if k in ("inertia", "ari", "nmi", "seconds") and isinstance(v, float))
@@ -524,7 +544,7 @@ def _cmd_run(args: argparse.Namespace) -> None:
               f"wrote {done.run_dir}")
         return
     result = run_workflow(args.workflow, overrides=args.overrides, runs_dir=args.runs_dir,
-                          scheduler=args.scheduler, n_workers=args.workers,
+                          scheduler=args.scheduler, n_workers=args.workers, security=args.security,
                           progress=_progress_bar(args))
     m = result.metrics
     figures = ", ".join(f"{k} {v:.4g}" for k, v in m.get("metrics", {}).items()
@@ -579,13 +599,14 @@ def _cmd_predict(args: argparse.Namespace) -> None:
     from daskkrr.data import write_array_zarr
     from daskkrr.models.loading import load_model
     from daskkrr.parallel import cluster_client
-    from daskkrr.utils.atomic import check_destination
+    from daskkrr.utils.output_paths import check_paths
 
-    check_destination(args.out, args.overwrite)
+    check_paths(inputs={"--data": args.data, "--model": args.model}, outputs={"--out": args.out},
+                overwrite=args.overwrite)
     model = load_model(args.model)
     name = _predict_output(model, args.output)
     _check_before_start(model, args.data, features_only=True)
-    with cluster_client(args.scheduler, n_workers=args.workers):
+    with cluster_client(args.scheduler, n_workers=args.workers, security=args.security):
         if name == "proba":
             pred = model.predict_proba(args.data)
         else:
@@ -619,7 +640,7 @@ def _cmd_score(args: argparse.Namespace) -> None:
     model = load_model(args.model)
     _check_before_start(model, args.data, features_only=True)
     X, y = open_dataset(args.data, y="y")  # metadata only; refuses a store without y
-    with cluster_client(args.scheduler, n_workers=args.workers):
+    with cluster_client(args.scheduler, n_workers=args.workers, security=args.security):
         metrics = score_metrics(model, X, y)
     print(json.dumps(metrics, sort_keys=True))
 
@@ -642,12 +663,11 @@ def _cmd_unsupervised(args: argparse.Namespace) -> None:
     from daskkrr.models.loading import load_model
     from daskkrr.models.registry import UNSUPERVISED
     from daskkrr.parallel import cluster_client
-    from daskkrr.utils.atomic import check_destination
+    from daskkrr.utils.output_paths import check_paths
 
     cls = UNSUPERVISED["kpca" if args.command == "embed" else "kmeans"]
-    check_destination(args.out, args.overwrite)  # fail before the work, not after
-    if args.save_model:
-        check_destination(args.save_model, args.overwrite)
+    check_paths(inputs={"--data": args.data, "--model": args.model},  # fail before the work, not after
+                outputs={"--out": args.out, "--save-model": args.save_model}, overwrite=args.overwrite)
     flags = _model_overrides(args, {"model": cls})
     if args.model:
         if flags:
@@ -664,7 +684,7 @@ def _cmd_unsupervised(args: argparse.Namespace) -> None:
         model._check_n_features(X.shape)
     else:
         model._check_data_size(int(X.shape[0]))  # n_clusters > n: refused before a cluster starts
-    with cluster_client(args.scheduler, n_workers=args.workers) as client:
+    with cluster_client(args.scheduler, n_workers=args.workers, security=args.security) as client:
         t0 = time.perf_counter()
         if not args.model:
             with _fit_progress(args, client):
@@ -692,7 +712,7 @@ def _cmd_quickstart(args: argparse.Namespace) -> None:
 
     with report(bar=ProgressBar() if _progress_bar(args) else False):  # the fit's progress on stderr
         run_quickstart(n=args.n, d=args.d, n_centers=args.centers, max_iter=args.max_iter, seed=args.seed,
-                       scheduler=args.scheduler, n_workers=args.workers)
+                       scheduler=args.scheduler, n_workers=args.workers, security=args.security)
 
 
 _COMMANDS = {
@@ -710,7 +730,26 @@ _COMMANDS = {
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``daskkrr`` console script; returns the exit code (see the module docstring)."""
+    """Entry point of the ``daskkrr`` console script; returns the exit code (see the module docstring).
+
+    Ctrl-C (or SIGTERM/SIGHUP, under :func:`_entry`) at any moment, the imports and the
+    parsing before the command included, prints the documented line and returns 130
+    (128 + the signal's number), without a traceback.
+    """
+    try:
+        return _main(argv)
+    except KeyboardInterrupt as exc:  # before or after the command: nothing was written
+        return _interrupted(exc)
+
+
+def _interrupted(exc: KeyboardInterrupt) -> int:
+    """Say that the command was interrupted; the exit code: 130 for Ctrl-C, 128 + the signal's number."""
+    why = f" ({exc})" if isinstance(exc, Interrupted) else ""
+    print(f"daskkrr: interrupted{why}; no partial output was left", file=sys.stderr)
+    return 128 + exc.signum if isinstance(exc, Interrupted) else 130
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = _parser()
     try:
         args = parser.parse_args(argv)
@@ -729,30 +768,38 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         dask.config.refresh()
         logging.getLogger("distributed").setLevel(logging.ERROR)
-    from daskkrr.signals import Interrupted, interrupt_on_signals
-
     try:
         # SIGTERM/SIGHUP unwind like Ctrl-C: temporary outputs are removed, local clusters closed.
         with interrupt_on_signals():
+            args.security = _security(args)  # TLS settings checked before any work
             _COMMANDS[args.command](args)
     except KeyboardInterrupt as exc:
-        why = f" ({exc})" if isinstance(exc, Interrupted) else ""
-        print(f"daskkrr: interrupted{why}; no partial output was left", file=sys.stderr)
-        return 128 + exc.signum if isinstance(exc, Interrupted) else 130
+        return _interrupted(exc)
     except UsageError as exc:
         print(f"daskkrr: error: {_one_line(exc)}; see 'daskkrr {args.command} --help'", file=sys.stderr)
         return 2
     except Exception as exc:  # one line, no traceback, for any failure
         interrupt = _interruption(exc)
         if interrupt is not None:  # the signal landed inside clean-up code, which then failed
-            print(f"daskkrr: interrupted ({interrupt}); no partial output was left", file=sys.stderr)
-            return 128 + interrupt.signum if isinstance(interrupt, Interrupted) else 130
+            return _interrupted(interrupt)
         if args.verbose:
             logger.exception("command failed")
         message = cli_message(_one_line(exc) or type(exc).__name__)
         print(f"daskkrr: error: {message}", file=sys.stderr)
         return 1
     return 0
+
+
+def _security(args: argparse.Namespace) -> Any:
+    """The TLS of a command's --scheduler (None for a local cluster or plain TCP); bad flags are usage errors."""
+    if not hasattr(args, "scheduler") or args.command == "run":  # run: the workflow's [cluster] has the say
+        return None
+    from daskkrr.parallel.client import tls_security
+
+    try:
+        return tls_security(args.scheduler, args.tls_ca_file, args.tls_cert, args.tls_key)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _interruption(exc: BaseException) -> KeyboardInterrupt | None:
@@ -790,9 +837,16 @@ def cli_message(message: str) -> str:
     return re.sub(r"\b(raise|use) (" + names + r")\b", lambda m: f"{m.group(1)} {flags[m.group(2)]}", message)
 
 
-def _entry() -> Any:  # pragma: no cover - console-script shim
-    sys.exit(main())
+def _entry() -> Any:
+    """The console script (and ``python -m daskkrr.cli``): SIGTERM and SIGHUP, like Ctrl-C, end even the
+    start-up (the imports, before the command runs) with the documented line and code."""
+    try:
+        with interrupt_on_signals():
+            code = main()
+    except KeyboardInterrupt as exc:  # landed between the handlers' set-up and main's own guard
+        code = _interrupted(exc)
+    sys.exit(code)
 
 
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    _entry()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import dask.array as da
 
@@ -22,6 +23,7 @@ def run_quickstart(
     scheduler: str | None = None,
     n_workers: int | None = None,
     print_fn=print,
+    security: Any = None,
 ) -> dict:
     """Fit on ``n`` synthetic rows (80/20 split by rows) and print the figures; return them."""
     from daskkrr import FalkonRegressor, open_dataset
@@ -30,7 +32,7 @@ def run_quickstart(
 
     with tempfile.TemporaryDirectory(prefix="daskkrr-quickstart-") as tmp:
         store = Path(tmp) / "data.zarr"
-        with cluster_client(scheduler, n_workers=n_workers) as client:
+        with cluster_client(scheduler, n_workers=n_workers, security=security) as client:
             print_fn(f"Dask dashboard: {client.dashboard_link}")
             t0 = time.perf_counter()
             write_regression_zarr(store, n, d, chunk_rows=max(1000, n // 20), random_state=seed)

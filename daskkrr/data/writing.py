@@ -154,9 +154,60 @@ def _write_arrays(
     with atomic_directory(path, overwrite) as tmp:
         group = create_store(tmp, arrays, rows, attrs)
         targets = [cast(zarr.Array, group[key]) for key in arrays]  # create_store made them arrays
-        # dask types the targets as array-likes; it only needs __setitem__, which zarr arrays have.
-        da.store(list(arrays.values()), targets, lock=False, compute=True)  # type: ignore[arg-type]
+        _store(list(arrays.values()), targets)
     return Path(path)
+
+
+def _store(sources: list[da.Array], targets: list[zarr.Array]) -> None:
+    """``da.store`` the blocks; on a failure, return only once no worker still writes one of them.
+
+    Tasks already running when one fails (a full disk) go on writing their chunks after the
+    error reaches here; removing the temporary store before they end would let them create it
+    again. So the computation is cancelled and its running tasks are waited for.
+    """
+    import dask
+
+    from daskkrr.parallel import current_client
+
+    # dask types the targets as array-likes; it only needs __setitem__, which zarr arrays have.
+    stored = da.store(sources, targets, lock=False, compute=False)  # type: ignore[arg-type]
+    parts = list(stored) if isinstance(stored, (tuple, list)) else [stored]  # one or one per array
+    client = current_client()
+    if client is None:
+        dask.compute(*parts)
+        return
+    futures = client.compute(parts)
+    try:
+        client.gather(futures)
+    except BaseException:
+        keys = [key for part in parts for key in part.__dask_graph__()]
+        client.cancel(futures, force=True)
+        _wait_until_idle(client, keys)
+        raise
+
+
+#: Worker task states in which a task may still run, or start, and write.
+_BUSY_STATES = frozenset({"waiting", "ready", "constrained", "executing", "long-running", "cancelled", "resumed"})
+
+
+def _wait_until_idle(client: Any, keys: list[Any], timeout: float = 60.0) -> None:
+    """Wait (up to ``timeout`` seconds) until no worker holds one of ``keys`` running or about to run."""
+    import time
+
+    wanted = set(keys)
+
+    def busy(dask_worker: Any) -> int:
+        tasks = dask_worker.state.tasks
+        return sum(1 for key in wanted if key in tasks and tasks[key].state in _BUSY_STATES)
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if not any(client.run(busy, on_error="ignore").values()):
+                return
+        except Exception:  # a lost connection: nothing more to wait for from here  # noqa: BLE001
+            return
+        time.sleep(0.05)
 
 
 def create_store(

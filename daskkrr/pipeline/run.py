@@ -14,6 +14,7 @@ from daskkrr.parallel import Executor
 from daskkrr.pipeline.context import FitContext
 from daskkrr.pipeline.stages import Stage
 from daskkrr.progress import fit_progress
+from daskkrr.utils.output_paths import check_paths
 
 logger = logging.getLogger("daskkrr")
 
@@ -50,6 +51,9 @@ def run_fit(
     progress estimate. ``sample_weight`` is ``fit``'s, checked by
     :func:`daskkrr.models.weights.check_sample_weight`; the statistics stage opens it.
     """
+    # A checkpoint over the data it fits, or where nothing can be written: refused before any work.
+    # (y and sample_weight given as text name arrays of X's store, not paths.)
+    check_paths(inputs={"X": X}, states={"checkpoint": checkpoint})
     # Checks its arguments and refuses an existing checkpoint without resume, before any work.
     store = FitCheckpoint(checkpoint, every=checkpoint_every, resume=resume)
     bus = ev.EventBus()

@@ -17,6 +17,7 @@ directory after it, so the new content survives a power loss or an OS crash
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import secrets
 import shutil
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 __all__ = [
+    "DiskFullError",
     "atomic_directory",
     "atomic_symlink",
     "atomic_write",
@@ -34,6 +36,41 @@ __all__ = [
     "fsync_directory",
     "temporary_sibling",
 ]
+
+
+class DiskFullError(OSError):
+    """An output could not be written: its file system is full. Nothing was left behind.
+
+    The message names the output, says "no space left on device" and what to do;
+    ``errno`` is ``ENOSPC``, as for the ``OSError`` it replaces (its ``__cause__``).
+    """
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        where = Path(path)
+        try:
+            free = f"{shutil.disk_usage(where.parent).free / 2**20:.1f} MiB free there now"
+        except OSError:  # pragma: no cover - the parent vanished
+            free = "its free space unknown"
+        self.message = (f"{where}: no space left on device while writing it ({free}); nothing was written "
+                        f"and no temporary was left; free space on that file system or write elsewhere")
+        super().__init__(errno.ENOSPC, self.message)
+
+    def __str__(self) -> str:
+        return self.message  # not OSError's "[Errno 28] ..."
+
+
+def disk_full(exc: BaseException) -> bool:
+    """Whether ``exc``, or an error it came from, is "no space left on device" (from any process)."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, OSError) and cause.errno == errno.ENOSPC:
+            return True
+        if "No space left on device" in str(cause):  # re-raised by a worker without its errno
+            return True
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    return False
 
 
 def temporary_sibling(path: str | os.PathLike, tag: str = "tmp") -> Path:
@@ -91,8 +128,10 @@ def atomic_write(
                 fh.flush()
                 os.fsync(fh.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         tmp.unlink(missing_ok=True)
+        if disk_full(exc) and not isinstance(exc, DiskFullError):
+            raise DiskFullError(path) from exc
         raise
     if durable:
         fsync_directory(path.parent)
@@ -153,15 +192,20 @@ def atomic_directory(path: str | os.PathLike, overwrite: bool = False) -> Iterat
         If ``path`` exists and ``overwrite`` is False (checked before and after
         writing).
     """
+    from daskkrr.utils.output_paths import check_writable  # imports this module
+
     path = check_destination(path, overwrite)
+    check_writable(path)  # a read-only place: one clear error naming the path, not the temporary's
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = temporary_sibling(path)
     try:
         tmp.mkdir()  # inside: an interruption right after the mkdir still removes it
         yield tmp
         _move_into_place(tmp, path, overwrite)
-    except BaseException:
+    except BaseException as exc:
         _remove(tmp)
+        if disk_full(exc) and not isinstance(exc, DiskFullError):
+            raise DiskFullError(path) from exc
         raise
 
 

@@ -176,9 +176,40 @@ def _execute(config: dict[str, Any], run: rd.RunDirectory) -> dict[str, Any]:
     }
 
 
+def check_run_paths(config: dict[str, Any], runs: Path) -> None:
+    """Refuse, before the run, a runs_dir at or inside the data it reads, and a [data] cache over its table.
+
+    A store kept inside runs_dir (an earlier run's cache) is read and never
+    replaced, so only runs_dir at or inside an input is refused.
+    """
+    from daskkrr.utils.output_paths import check_paths
+
+    data = config["data"]
+    inputs = {f"[data] {key}": data.get(key) for key in ("store", "table")}
+    outside = {k: v for k, v in inputs.items() if v is None or runs.resolve() not in Path(v).resolve().parents}
+    check_paths(inputs=outside, states={"[workflow] runs_dir": runs})
+    if data.get("table") and data.get("cache"):
+        check_paths(inputs={"[data] table": data["table"]}, states={"[data] cache": data["cache"]})
+
+
+def workflow_security(config: dict[str, Any], scheduler: str | None) -> Any:
+    """The TLS of the run's scheduler from [cluster] tls_ca_file/tls_cert/tls_key, or None; refused before the run."""
+    from daskkrr.parallel.client import tls_security
+    from daskkrr.workflow.spec import TLS_KEYS
+
+    cluster = config["cluster"]
+    try:
+        return tls_security(scheduler or cluster["scheduler"], *(cluster.get(key) for key in TLS_KEYS),
+                            names=tuple(f"[cluster] {key}" for key in TLS_KEYS))  # type: ignore[arg-type]
+    except ValueError as exc:
+        raise WorkflowError(str(exc)) from None
+
+
 @contextlib.contextmanager
-def _client_for(config: dict[str, Any], client: Any, scheduler: str | None, n_workers: int | None):
-    """The client given, else a connection to the configured scheduler, else a local cluster."""
+def _client_for(config: dict[str, Any], client: Any, scheduler: str | None, n_workers: int | None,
+                security: Any = None):
+    """The client given, else a connection to the configured scheduler (with ``security``'s TLS), else a
+    local cluster."""
     if client is not None:
         with client.as_current():  # dask computations in the run (metrics, writes) use it too
             yield client
@@ -187,7 +218,7 @@ def _client_for(config: dict[str, Any], client: Any, scheduler: str | None, n_wo
 
     address = scheduler or config["cluster"]["scheduler"]
     workers = n_workers or config["cluster"]["workers"]
-    with cluster_client(address, n_workers=workers) as c:
+    with cluster_client(address, n_workers=workers, security=security) as c:
         yield c
 
 
@@ -200,6 +231,7 @@ def run_workflow(
     scheduler: str | None = None,
     n_workers: int | None = None,
     progress: bool = False,
+    security: Any = None,
 ) -> RunResult:
     """Run a workflow once, in a new run directory.
 
@@ -219,6 +251,9 @@ def run_workflow(
         Size of that local cluster (default: ``[cluster] workers``, else one per core).
     progress : bool
         Show a progress bar for each fit.
+    security : distributed.security.Security, optional
+        TLS of the connection to a ``tls://`` scheduler (default: from ``[cluster]
+        tls_ca_file``, ``tls_cert`` and ``tls_key``; see :func:`daskkrr.parallel.client.tls_security`).
 
     Returns
     -------
@@ -244,6 +279,8 @@ def run_workflow(
     if runs_dir is not None:
         config["workflow"]["runs_dir"] = str(Path(runs_dir).resolve())
     runs = Path(config["workflow"]["runs_dir"])
+    check_run_paths(config, runs)
+    security = security or (None if client is not None else workflow_security(config, scheduler))
 
     from daskkrr.progress import report
 
@@ -257,7 +294,7 @@ def run_workflow(
             logger.info("run %s of workflow %s started in %s", run.run_id, config["workflow"]["name"], run.path)
             t0 = time.perf_counter()
             try:
-                with _client_for(config, client, scheduler, n_workers) as c, report(bar=progress):
+                with _client_for(config, client, scheduler, n_workers, security) as c, report(bar=progress):
                     from daskkrr.dashboard import dashboard_url
 
                     logger.info("Dask dashboard: %s", getattr(c, "dashboard_link", None))

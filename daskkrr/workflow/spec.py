@@ -45,6 +45,9 @@
     [cluster]
     scheduler = "tcp://host:8786"     # default: $DASK_SCHEDULER_ADDRESS, else a local cluster
     workers = 2                       # local cluster size
+    # tls_ca_file = "ca.pem"          # a tls:// scheduler: the authority that signed its certificate,
+    # tls_cert = "client.pem"         #   this client's certificate and key, if it requires one
+    # tls_key = "client.key"          #   (PEM files; the daskkrr run --tls-* flags override them)
 
 Paths are relative to the workflow file. Unknown tables and keys are errors that
 name the key; the [model] table is checked by :func:`daskkrr.config.check_model_config`.
@@ -68,6 +71,8 @@ REGRESSION_METRICS = ("rmse", "mae", "r2")
 CLASSIFICATION_METRICS = ("accuracy",)
 HIGHER_IS_BETTER = {"r2", "accuracy"}
 MAX_VARIANTS = 64
+#: The [cluster] keys of a tls:// scheduler's certificates (paths relative to the workflow file).
+TLS_KEYS = ("tls_ca_file", "tls_cert", "tls_key")
 
 # table -> key -> (types, default). A default of ... means "required or resolved later".
 _SCHEMA: dict[str, dict[str, tuple[tuple[type, ...], Any]]] = {
@@ -108,6 +113,9 @@ _SCHEMA: dict[str, dict[str, tuple[tuple[type, ...], Any]]] = {
     "cluster": {
         "scheduler": ((str,), None),
         "workers": ((int,), None),
+        "tls_ca_file": ((str,), None),
+        "tls_cert": ((str,), None),
+        "tls_key": ((str,), None),
     },
 }
 _GENERATE = {"n": (int,), "d": (int,), "seed": (int,), "chunk_rows": (int,), "classes": (int,), "noise": (float, int)}
@@ -256,6 +264,8 @@ def resolve(raw: dict[str, Any], *, base_dir: str | os.PathLike, default_name: s
         raise WorkflowError(f"{where}: [outputs] predictions needs [evaluation] method = \"holdout\"")
     if out["cluster"]["workers"] is not None and out["cluster"]["workers"] < 1:
         raise WorkflowError(f"{where}: [cluster] workers must be >= 1")
+    for key in TLS_KEYS:
+        out["cluster"][key] = _resolve_path(base_dir, out["cluster"][key])
     return out
 
 

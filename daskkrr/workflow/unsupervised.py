@@ -51,8 +51,8 @@ import numpy as np
 import daskkrr
 from daskkrr.workflow import rundir as rd
 from daskkrr.workflow.data import resolve_store
-from daskkrr.workflow.runner import RunResult, WorkflowRunError, _client_for
-from daskkrr.workflow.spec import WorkflowError, apply_overrides
+from daskkrr.workflow.runner import RunResult, WorkflowRunError, _client_for, check_run_paths, workflow_security
+from daskkrr.workflow.spec import TLS_KEYS, WorkflowError, apply_overrides
 
 logger = logging.getLogger("daskkrr")
 
@@ -61,7 +61,7 @@ _TABLES: dict[str, dict[str, Any]] = {
     "data": {"store": None, "table": None, "target": None, "sep": None, "cache": None, "generate": None},
     "preprocess": {"max_rows": None, "chunk_rows": None},
     "outputs": {"model": True, "embedding": True, "labels": True, "latest": True},
-    "cluster": {"scheduler": None, "workers": None},
+    "cluster": {"scheduler": None, "workers": None, "tls_ca_file": None, "tls_cert": None, "tls_key": None},
 }
 _MODELS = {"kpca": "NystromKernelPCA", "kmeans": "NystromKernelKMeans"}
 
@@ -141,6 +141,9 @@ def resolve_unsupervised(raw: dict[str, Any], *, base_dir: str | os.PathLike, de
     for key in ("store", "table", "cache"):
         if data[key] is not None:
             data[key] = str((base_dir / os.path.expanduser(data[key])).resolve())
+    for key in TLS_KEYS:
+        if out["cluster"][key] is not None:
+            out["cluster"][key] = str((base_dir / os.path.expanduser(out["cluster"][key])).resolve())
     return out
 
 
@@ -218,6 +221,7 @@ def run_unsupervised_workflow(
     scheduler: str | None = None,
     n_workers: int | None = None,
     progress: bool = False,
+    security: Any = None,
 ) -> RunResult:
     """Run an unsupervised workflow file once, in a new run directory (see the module docstring).
 
@@ -234,6 +238,8 @@ def run_unsupervised_workflow(
     if runs_dir is not None:
         config["workflow"]["runs_dir"] = str(Path(runs_dir).resolve())
     runs = Path(config["workflow"]["runs_dir"])
+    check_run_paths(config, runs)
+    security = security or (None if client is not None else workflow_security(config, scheduler))
     from daskkrr.progress import report
 
     with rd.workflow_lock(runs):
@@ -243,7 +249,7 @@ def run_unsupervised_workflow(
         with rd.run_log(run.file(rd.LOG_FILE)):
             t0 = time.perf_counter()
             try:
-                with _client_for(config, client, scheduler, n_workers), report(bar=progress):
+                with _client_for(config, client, scheduler, n_workers, security), report(bar=progress):
                     metrics = _execute(config, run)
                 metrics["seconds"] = round(time.perf_counter() - t0, 3)
                 rd.write_json(run.file(rd.METRICS_FILE), metrics)
