@@ -71,3 +71,26 @@ def test_unknown_chunk_sizes_are_refused_with_the_fix(where):
     # what the message says to do works
     Xk, yk = Xd[keep].compute_chunk_sizes(), yd[keep].compute_chunk_sizes()
     assert model.fit(Xk, yk).predict(Xk).shape == (int((X[:, 0] > 0).sum()),)
+
+
+@pytest.mark.slow  # two batches of a few hundred landmarks on the cluster: about 15 s on a shared 2-core host
+def test_online_batches_send_the_dictionary_by_scatter_not_inside_graphs(cluster2):
+    from daskkrr import OnlineKernelRidge
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(1500, 3))
+    y = np.sin(X[:, 0]) + 0.05 * rng.normal(size=1500)
+    Xd, yd = da.from_array(X, chunks=250), da.from_array(y, chunks=250)  # 3 blocks per batch
+    params = dict(penalty=1.0, c=4.0, batch_size=750, random_state=0)
+    # After the first batch the dictionary has about 300 landmarks: its two m x m factors are
+    # about 0.7 MB each, so a batch graph carrying them in its 3 block tasks would be over 2 MB.
+    with cluster2.as_current(), dask.config.set({"distributed.admin.large-graph-warning-threshold": "500kB"}):
+        with warnings.catch_warnings():
+            warnings.filterwarnings("error", message=".*large graph.*", category=UserWarning)
+            on_cluster = OnlineKernelRidge(**params).fit(Xd, yd)
+    assert on_cluster.n_landmarks_ > 250
+    local = OnlineKernelRidge(**params).fit(Xd, yd)
+    np.testing.assert_array_equal(on_cluster.center_indices_, local.center_indices_)
+    # the same blocks through the same functions: only BLAS's summation order may differ,
+    # a few ulps amplified by the basis factor's conditioning
+    np.testing.assert_allclose(on_cluster.predict(X), local.predict(X), rtol=1e-8, atol=1e-8)
