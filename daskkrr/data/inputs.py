@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any
 
@@ -9,6 +10,7 @@ import dask.array as da
 import numpy as np
 import scipy.sparse as sp
 
+from daskkrr.data.chunking import auto_chunk_rows
 from daskkrr.data.loading import open_dataset
 
 
@@ -33,7 +35,18 @@ def is_store(X: Any) -> bool:
 
 
 def load_training_data(X: Any, y: Any, chunks: int | None) -> tuple[da.Array, da.Array]:
-    """Open ``(X, y)`` from anything :func:`daskkrr.data.open_dataset` takes."""
+    """Open ``(X, y)`` from anything :func:`daskkrr.data.open_dataset` takes.
+
+    numpy ``X`` under a distributed client is split into one block per task slot (at
+    most about 64 MiB each, or ``chunks`` rows) and scattered to the workers once
+    (:meth:`~daskkrr.parallel.backends.DistributedBackend.scatter_rows`), with the rows of a numpy ``y``.
+    """
+    refuse_unknown_chunks(X, "X")
+    refuse_unknown_chunks(y, "y")
+    backend = _scatter_backend(X)
+    if backend is not None:
+        X = np.asarray(X)
+        chunks = chunks or rows_per_slot(X, backend.n_slots())
     if is_store(X):
         Xd, yd = open_dataset(X, y="y" if y is None else y, chunks=chunks)
     else:
@@ -42,10 +55,49 @@ def load_training_data(X: Any, y: Any, chunks: int | None) -> tuple[da.Array, da
         Xd, yd = open_dataset(X, y=y, chunks=chunks)
     if yd is None:
         raise ValueError("the training data has no target y")
+    if backend is not None:
+        Xd = backend.scatter_rows(X, Xd.chunks[0])
+        if isinstance(y, np.ndarray) or is_in_memory(y):
+            yd = backend.scatter_rows(np.asarray(y), Xd.chunks[0])
     return Xd, yd
 
 
 def load_features(X: Any, chunks: int | None = None) -> da.Array:
     """Open features only (for predict)."""
+    refuse_unknown_chunks(X, "X")
     Xd, _ = open_dataset(X, y=None, chunks=chunks)
     return Xd
+
+
+def refuse_unknown_chunks(a: Any, name: str) -> None:
+    """ValueError for a dask array whose row count is unknown (after boolean masking, say).
+
+    The passes need every block's row count (to place the rows and size the graphs), and
+    finding them reads all the data once: that read is left to the user, who may persist
+    the result instead of computing it twice.
+    """
+    if isinstance(a, da.Array) and any(math.isnan(c) for c in a.chunks[0]):
+        raise ValueError(
+            f"{name} is a dask array with unknown chunk sizes along its rows (shape {a.shape}), as after "
+            f"boolean masking; daskkrr needs the row count of every block: call {name}.compute_chunk_sizes() "
+            f"(or {name}.persist().compute_chunk_sizes() to read the data once) before fit or predict"
+        )
+
+
+def _scatter_backend(X: Any) -> Any:
+    """The distributed backend the fit will run on when ``X`` is in memory; None otherwise."""
+    if not is_in_memory(X) or sp.issparse(X):
+        return None
+    from daskkrr.parallel.backends import backend_for
+
+    backend = backend_for()
+    return backend if backend.is_distributed else None
+
+
+def rows_per_slot(X: np.ndarray, n_slots: int) -> int:
+    """Rows per block for in-memory ``X`` on a cluster of ``n_slots`` task slots: one block per
+    slot so that every pass keeps every slot busy, and at most about 64 MiB per block."""
+    n = max(int(X.shape[0]), 1)
+    d = int(np.prod(X.shape[1:], dtype=np.int64)) if X.ndim > 1 else 1
+    cap = auto_chunk_rows(d, max(X.dtype.itemsize, 1), n_rows=n)
+    return max(1, min(cap, math.ceil(n / max(n_slots, 1))))

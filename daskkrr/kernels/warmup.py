@@ -52,6 +52,7 @@ _ready = False
 _last_check = -_RECHECK_SECONDS
 _started = False
 _start_lock = threading.Lock()  # engine_for runs in many Dask threads at once
+_check_lock = threading.Lock()  # one look for the marker at a time; the others wait for its answer
 
 
 def background_allowed() -> bool:
@@ -118,11 +119,14 @@ def fused_ready() -> bool:
     global _ready, _last_check
     if _ready:
         return True
-    now = time.monotonic()
-    if now - _last_check >= _RECHECK_SECONDS:
-        _last_check = now
-        _ready = _marker_valid(marker_path())
-    return _ready
+    # Under the lock, and the answer before the time of the look: a thread that read a
+    # fresh timestamp beside a stale False would run its block on the BLAS engine and
+    # start a needless background compile while the marker was being read.
+    with _check_lock:
+        if not _ready and time.monotonic() - _last_check >= _RECHECK_SECONDS:
+            _ready = _marker_valid(marker_path())
+            _last_check = time.monotonic()
+        return _ready
 
 
 def start_background() -> bool:

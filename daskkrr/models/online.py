@@ -372,8 +372,11 @@ class _Source:
         if isinstance(self.X, np.ndarray):
             Xb, Yb = self.X[start:stop], self.Y[start:stop]
             return Xb, Yb, batch_projections(Xb, *args) if unbounded else None
+        # The dictionary and its factors (m x m, growing with the stream) go to the workers once
+        # per batch: as task arguments they were pickled into every block task of the graph.
         parts = self.executor.passes(self.X[start:stop], self.Y[start:stop]).map(
-            _block_with_projections, unbounded, *args, name="onlinescores", with_y=True)
+            _block_with_projections, unbounded, *[self.executor.broadcast(a) for a in args], name="onlinescores",
+            with_y=True)
         Xb = np.concatenate([p[0] for p in parts]).astype(np.float64)
         Yb = np.concatenate([p[1] for p in parts]).astype(np.float64)
         return Xb, Yb.reshape(len(Yb), -1), Projections.concat([p[2] for p in parts]) if unbounded else None

@@ -357,12 +357,45 @@ class DistributedBackend(Backend):
 
     def _persist_rows(self, arr: Any) -> Any:
         """A row-blocked dask array held on the workers, its row blocks spread over the task slots."""
-        import dask.array as da
-
         futures = self._placed(list(arr.to_delayed().ravel()))
-        parts = [da.from_delayed(delayed(f), shape=(rows, *arr.shape[1:]), dtype=arr.dtype, meta=arr._meta)
-                 for f, rows in zip(futures, arr.chunks[0], strict=True)]
-        return parts[0] if len(parts) == 1 else da.concatenate(parts, axis=0)
+        return _rows_of_futures(futures, arr.chunks[0], arr.shape[1:], arr.dtype, arr._meta)
+
+    def n_slots(self) -> int:
+        """Task slots of the cluster (worker threads, all workers)."""
+        return len(self._slots())
+
+    def scatter_rows(self, a: Any, rows: Sequence[int]) -> Any:
+        """The in-memory array ``a`` as a dask array of row blocks ``rows``, each sent to a worker once.
+
+        Block ``i`` goes to task slot ``i`` as :meth:`_placed` puts block tasks, so the blocks of
+        ``X`` and ``y`` of the same rows share a worker, and the passes' graphs name the blocks
+        (keys) instead of carrying the data: embedded, every graph of every pass would ship it
+        and the one block would run on one worker.
+        """
+        import numpy as np
+
+        slots = self._slots()
+        bounds = np.concatenate([[0], np.cumsum(rows)]).astype(np.int64)
+        blocks = [a[bounds[i]:bounds[i + 1]] for i in range(len(rows))]
+        by_worker: dict[str, list[int]] = {}
+        for i in range(len(blocks)):
+            by_worker.setdefault(slots[i % len(slots)] if slots else "", []).append(i)
+        futures: list[Any] = [None] * len(blocks)
+        for worker, ids in by_worker.items():
+            sent = self.client.scatter([blocks[i] for i in ids], workers=[worker] if worker else None, hash=False)
+            for i, f in zip(ids, sent, strict=True):
+                futures[i] = f
+        return _rows_of_futures(futures, tuple(rows), a.shape[1:], a.dtype, a[:0])
+
+
+def _rows_of_futures(futures: Sequence[Any], rows: Sequence[int], tail: tuple[int, ...], dtype: Any,
+                     meta: Any) -> Any:
+    """One dask array of the row blocks held by ``futures`` (``rows[i]`` rows each)."""
+    import dask.array as da
+
+    parts = [da.from_delayed(delayed(f), shape=(n, *tail), dtype=dtype, meta=meta)
+             for f, n in zip(futures, rows, strict=True)]
+    return parts[0] if len(parts) == 1 else da.concatenate(parts, axis=0)
 
 
 def _row_blocked(arr: Any) -> bool:

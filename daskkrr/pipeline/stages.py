@@ -28,7 +28,7 @@ from sklearn.exceptions import ConvergenceWarning
 from daskkrr import events as ev
 from daskkrr.data import Standardizer
 from daskkrr.data.feature_names import fitted_feature_names
-from daskkrr.data.inputs import is_in_memory, load_training_data
+from daskkrr.data.inputs import is_in_memory, load_training_data, refuse_unknown_chunks
 from daskkrr.data.sample_weight import open_sample_weight
 from daskkrr.guards import check_quadratic, quadratic_cost
 from daskkrr.parallel.sketch_pass import WorkerRowSketch
@@ -397,6 +397,7 @@ def exact_guard(ctx: FitContext, n: int, d: int) -> None:
 
 def training_shape(X: Any, y: Any, chunks: int | None) -> tuple[int, int]:
     """``(n, d)`` of the training features, from their metadata (a store is opened lazily)."""
+    refuse_unknown_chunks(X, "X")
     if hasattr(X, "shape") and (isinstance(X, da.Array) or is_in_memory(X)):
         shape = tuple(X.shape)
     else:
