@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import os
 import tomllib
+import warnings
 from typing import Any
 
+from daskkrr.models.online import OnlineKernelRidge
 from daskkrr.models.registry import DEFAULT_ESTIMATOR, ESTIMATORS
 from daskkrr.models.schema import config_specs
 
@@ -52,21 +54,61 @@ def read_config(path: str | os.PathLike) -> dict[str, Any]:
     model = raw.get("model", {})
     if not isinstance(model, dict):
         raise ConfigError(f"{path}: 'model' must be a table")
-    return check_model_config(model, where=str(path))
+    return check_model_config(model, where=str(path), from_file=True)
 
 
-def check_model_config(model: dict[str, Any], where: str = "config") -> dict[str, Any]:
+#: ``[model]`` key of an online table that says how its ``penalty`` is read.
+PENALTY_CONVENTION_KEY = "penalty_convention"
+
+
+def _convert_online_penalty(model: dict[str, Any], where: str) -> dict[str, Any]:
+    """An online ``[model]`` table in the normalised penalty convention (FutureWarning if converted).
+
+    Files written before the convention changed have ``penalty`` as the fixed
+    ridge ``lam`` of ``sum_i (y_i - f(x_i))^2 + lam ||f||^2`` (of both sampler and
+    regression) and no ``penalty_convention`` key. That ``lam`` becomes the
+    sampler's ``gamma`` (the same dictionary), and ``penalty`` the normalised
+    default, since the row count that would convert it is not known here.
+    """
+    model = dict(model)
+    convention = model.pop(PENALTY_CONVENTION_KEY, None)
+    if convention == "normalised" or (convention is None and "penalty" not in model):
+        return model
+    if convention not in (None, "unnormalised"):
+        raise ConfigError(f"{where}: {PENALTY_CONVENTION_KEY} must be \"normalised\" or \"unnormalised\"; got "
+                          f"{convention!r}")
+    if "gamma" in model:
+        raise ConfigError(f"{where}: an unnormalised online penalty is also the sampler's ridge, so it cannot be "
+                          f"given with gamma; write {PENALTY_CONVENTION_KEY} = \"normalised\" with penalty and gamma")
+    lam = model.pop("penalty")
+    model["gamma"] = lam
+    warnings.warn(
+        f"{where}: online penalty = {lam!r} is read in the old unnormalised convention (the ridge lam of "
+        "sum_i (y_i - f(x_i))^2 + lam ||f||^2), because the table has no "
+        f"{PENALTY_CONVENTION_KEY} = \"normalised\": converted to gamma = {lam!r} (the sampler's ridge, the same "
+        "dictionary) and the default normalised penalty of every daskkrr estimator, (1/n) sum_i (y_i - f(x_i))^2 + "
+        f"penalty ||f||^2. Write {PENALTY_CONVENTION_KEY} = \"normalised\", penalty and gamma to silence this",
+        FutureWarning, stacklevel=3,
+    )
+    return model
+
+
+def check_model_config(model: dict[str, Any], where: str = "config", from_file: bool = False) -> dict[str, Any]:
     """Check keys, types and values of a model config dict against the chosen estimator.
 
     The keys and types come from the estimator's parameter declarations (see
     :mod:`daskkrr.models.schema`); ``"none"`` stands for None wherever None is
     accepted. Values are then checked by the estimator's own parameter checks.
     Returns ``{"estimator": name, **params}`` with the values converted.
+    With ``from_file``, an online table's ``penalty`` is read by its
+    ``penalty_convention`` key (see :func:`_convert_online_penalty`).
     """
     model = dict(model)
     name = model.pop("estimator", DEFAULT_ESTIMATOR)
     if not isinstance(name, str) or name not in ESTIMATORS:
         raise ConfigError(f"{where}: unknown estimator {name!r}; choose one of {sorted(ESTIMATORS)}")
+    if from_file and ESTIMATORS[name] is OnlineKernelRidge:
+        model = _convert_online_penalty(model, where)
     specs = config_specs(ESTIMATORS[name], exclude=frozenset())
     params = {}
     for key, value in model.items():

@@ -23,6 +23,11 @@ from daskkrr.solvers.online import OnlineState, online_step, state_projections, 
 SEEDS = range(30)
 KERNEL = make_kernel("gaussian", sigma=1.0)
 LAM = 1.0
+#: Normalised penalty of the model tests: ridge penalty * n of about 0.1 on their 100 to 300 rows.
+PENALTY = 1e-3
+#: Raw feature units: with standardize=True the length scales follow the first call's rows, so a stream
+#: equals fit() over the same rows only when its first call is the same (see test_online_penalty_convention).
+RAW = {"penalty": PENALTY, "standardize": False}
 
 
 def guarantee_deviation(K: np.ndarray, lam: float, probs: np.ndarray, kept: np.ndarray) -> float:
@@ -58,7 +63,7 @@ def test_online_sampling_meets_the_spectral_guarantee_at_every_step_and_the_samp
     for seed in SEEDS:
         X, y = _stream(seed, n)
         K = KERNEL(X, X)
-        state = OnlineState.empty(LAM, c, None, X.shape[1], 1)
+        state = OnlineState.empty(LAM, c, 1e-6, None, X.shape[1], 1)
         state, info = online_step(state, X, y[:, None], state_projections(state, X, KERNEL), KERNEL,
                                   np.random.default_rng(seed))
         worst = max(guarantee_deviation(K[:i, :i], LAM, info.probs[:i], info.kept[:i]) for i in range(1, n + 1))
@@ -77,7 +82,7 @@ def test_sliding_window_meets_the_spectral_guarantee_on_every_window_and_the_sam
     met, constants, kept_fraction = 0, [], []
     for seed in SEEDS:
         X, y = _stream(seed, n)
-        state = OnlineState.empty(lam, c, W, X.shape[1], 1)
+        state = OnlineState.empty(lam, c, 1e-6, W, X.shape[1], 1)
         rng = np.random.default_rng(seed)
         worst, ratio = 0.0, 0.0
         for end in range(step, n + 1, step):  # Algorithm 1 once per batch of `step` rows
@@ -105,11 +110,12 @@ def test_sliding_window_meets_the_spectral_guarantee_on_every_window_and_the_sam
 # ------------------------------------------------------------------------ exactness
 def test_every_point_kept_gives_exact_krr_on_all_rows():
     X, y = _stream(0, 150)
-    lam = 0.1
+    penalty = 0.1 / len(X)  # the same normalised penalty as the exact model's
     Xt = np.random.default_rng(1).normal(size=(40, 3))
-    exact = ExactKernelRidge(sigma=1.0, penalty=lam / len(X), standardize=False).fit(X, y)
+    exact = ExactKernelRidge(sigma=1.0, penalty=penalty, standardize=False).fit(X, y)
     for batch_size in (1, 37, 150):
-        model = OnlineKernelRidge(sigma=1.0, penalty=lam, c=1e12, batch_size=batch_size, random_state=0).fit(X, y)
+        model = OnlineKernelRidge(sigma=1.0, standardize=False, penalty=penalty, c=1e12, batch_size=batch_size,
+                                  random_state=0).fit(X, y)
         assert model.n_landmarks_ == len(X)
         np.testing.assert_allclose(model.predict(Xt), exact.predict(Xt), atol=1e-8, rtol=0)
         np.testing.assert_allclose(model.predict(X), exact.predict(X), atol=1e-8, rtol=0)
@@ -117,12 +123,12 @@ def test_every_point_kept_gives_exact_krr_on_all_rows():
 
 def test_every_point_kept_with_a_window_gives_exact_krr_on_the_last_rows():
     X, y = _stream(1, 130)
-    lam, W = 0.1, 45
+    penalty, W = 0.1 / 45, 45
     Xt = np.random.default_rng(2).normal(size=(40, 3))
-    exact = ExactKernelRidge(sigma=1.0, penalty=lam / W, standardize=False).fit(X[-W:], y[-W:])
+    exact = ExactKernelRidge(sigma=1.0, penalty=penalty, standardize=False).fit(X[-W:], y[-W:])
     for batch_size in (1, 20, 130):
-        model = OnlineKernelRidge(sigma=1.0, penalty=lam, window=W, c=1e12, batch_size=batch_size,
-                                  random_state=0).fit(X, y)
+        model = OnlineKernelRidge(sigma=1.0, standardize=False, penalty=penalty, window=W, c=1e12,
+                                  batch_size=batch_size, random_state=0).fit(X, y)
         assert sorted(model.state_.landmark_rows) == list(range(130 - W, 130))
         np.testing.assert_allclose(model.predict(Xt), exact.predict(Xt), atol=1e-8, rtol=0)
 
@@ -130,7 +136,8 @@ def test_every_point_kept_with_a_window_gives_exact_krr_on_the_last_rows():
 def test_window_model_is_exact_nystrom_krr_on_the_window_with_its_landmarks():
     X, y = _stream(2, 200)
     W, lam = 80, 5.0
-    model = OnlineKernelRidge(sigma=1.0, penalty=lam, window=W, batch_size=25, random_state=0).fit(X, y)
+    model = OnlineKernelRidge(sigma=1.0, standardize=False, penalty=lam / W, gamma=lam, window=W, batch_size=25,
+                              random_state=0).fit(X, y)
     Z = model.centers_
     assert model.n_landmarks_ < W  # sampled, not every row
     alpha = nystrom_lstsq_coefficients(KERNEL(X[-W:], Z), KERNEL(Z, Z), y[-W:], lam / W)
@@ -141,7 +148,8 @@ def test_window_model_is_exact_nystrom_krr_on_the_window_with_its_landmarks():
 def test_unbounded_model_is_ridge_on_rows_projected_at_arrival():
     """With sampled landmarks each row counts through its projection on the span when it arrived."""
     X, y = _stream(3, 160)
-    model = OnlineKernelRidge(sigma=1.0, penalty=LAM, batch_size=40, random_state=0).fit(X, y)
+    model = OnlineKernelRidge(sigma=1.0, standardize=False, penalty=LAM / len(X), gamma=LAM, batch_size=40,
+                              random_state=0).fit(X, y)
     rows = model.state_.landmark_rows[model.state_.basis]
     Z = X[rows]
     # Projection of row i onto span{z : z arrived at or before i}, in the basis of all centers.
@@ -152,7 +160,7 @@ def test_unbounded_model_is_ridge_on_rows_projected_at_arrival():
             P[i, live] = np.linalg.solve(KERNEL(Z[live], Z[live]), KERNEL(Z[live], X[i:i + 1]))[:, 0]
     Kzz = KERNEL(Z, Z)
     F = P @ Kzz  # <phi(z_j), P_i phi(x_i)>: the row as the model sees it
-    alpha = np.linalg.solve(F.T @ F + LAM * Kzz, F.T @ y)
+    alpha = np.linalg.solve(F.T @ F + LAM / len(X) * len(X) * Kzz, F.T @ y)  # ridge penalty * n
     Xt = np.random.default_rng(4).normal(size=(30, 3))
     np.testing.assert_allclose(model.predict(Xt), KERNEL(Xt, Z) @ alpha, atol=1e-6, rtol=0)
 
@@ -160,19 +168,19 @@ def test_unbounded_model_is_ridge_on_rows_projected_at_arrival():
 # ------------------------------------------------------------- fit, batches, resume
 def test_fit_equals_partial_fit_over_the_rows_in_order():
     X, y = _stream(4, 230)
-    fitted = OnlineKernelRidge(penalty=LAM, batch_size=50, random_state=3).fit(X, y)
-    stream = OnlineKernelRidge(penalty=LAM, batch_size=50, random_state=3)
+    fitted = OnlineKernelRidge(**RAW, batch_size=50, random_state=3).fit(X, y)
+    stream = OnlineKernelRidge(**RAW, batch_size=50, random_state=3)
     for start in (0, 50, 100, 150, 200):  # the same batches
         stream.partial_fit(X[start:start + 50], y[start:start + 50])
     np.testing.assert_array_equal(stream.coef_, fitted.coef_)
-    other = OnlineKernelRidge(penalty=LAM, batch_size=50, random_state=3)
+    other = OnlineKernelRidge(**RAW, batch_size=50, random_state=3)
     bounds = (0, 7, 90, 91, 173, 230)  # other batches: the unbounded model does not depend on them
     for start, stop in zip(bounds[:-1], bounds[1:]):
         other.partial_fit(X[start:stop], y[start:stop])
     np.testing.assert_array_equal(other.state_.landmark_rows, fitted.state_.landmark_rows)
     np.testing.assert_allclose(other.predict(X), fitted.predict(X), atol=1e-10)
-    windowed = OnlineKernelRidge(penalty=LAM, window=80, batch_size=50, random_state=3).fit(X, y)
-    stream = OnlineKernelRidge(penalty=LAM, window=80, batch_size=50, random_state=3)
+    windowed = OnlineKernelRidge(**RAW, window=80, batch_size=50, random_state=3).fit(X, y)
+    stream = OnlineKernelRidge(**RAW, window=80, batch_size=50, random_state=3)
     for start in range(0, 230, 100):  # multiples of batch_size: the same Algorithm 1 steps
         stream.partial_fit(X[start:start + 100], y[start:start + 100])
     np.testing.assert_array_equal(stream.coef_, windowed.coef_)
@@ -182,7 +190,7 @@ def test_fit_equals_partial_fit_over_the_rows_in_order():
 def test_a_resumed_stream_continues_bit_for_bit(tmp_path, window):
     X, y = _stream(5, 300)
     X2 = np.random.default_rng(6).normal(size=(2, 3))
-    model = OnlineKernelRidge(penalty=LAM, window=window, batch_size=40, random_state=1)
+    model = OnlineKernelRidge(penalty=PENALTY, window=window, batch_size=40, random_state=1)
     model.partial_fit(X[:150], y[:150])
     model.save(tmp_path / "model")
     resumed = load(tmp_path / "model")
@@ -194,7 +202,7 @@ def test_a_resumed_stream_continues_bit_for_bit(tmp_path, window):
         np.testing.assert_array_equal(getattr(resumed.state_, name), value, err_msg=name)
     np.testing.assert_array_equal(resumed.coef_, model.coef_)
     assert resumed.rng_.bit_generator.state == model.rng_.bit_generator.state
-    uninterrupted = OnlineKernelRidge(penalty=LAM, window=window, batch_size=40, random_state=1)
+    uninterrupted = OnlineKernelRidge(penalty=PENALTY, window=window, batch_size=40, random_state=1)
     uninterrupted.partial_fit(X[:150], y[:150]).partial_fit(X[150:], y[150:])
     np.testing.assert_array_equal(uninterrupted.coef_, resumed.coef_)
 
@@ -204,7 +212,7 @@ def test_partial_fit_on_a_growing_store_reads_only_the_new_rows(tmp_path):
     X, y = _stream(7, 600)
     path = tmp_path / "stream.zarr"
     write_zarr(X[:250], y[:250], path, chunk_rows=100)
-    model = OnlineKernelRidge(penalty=LAM, batch_size=100, random_state=0)
+    model = OnlineKernelRidge(**RAW, batch_size=100, random_state=0)
     model.partial_fit(path)
     assert model.n_rows_seen_ == 250
     append_rows(path, X[250:400], y[250:400])
@@ -213,7 +221,7 @@ def test_partial_fit_on_a_growing_store_reads_only_the_new_rows(tmp_path):
     append_rows(path, X[400:], y[400:])
     model.partial_fit(path)
     assert model.n_rows_seen_ == 600
-    reference = OnlineKernelRidge(penalty=LAM, batch_size=100, random_state=0).fit(X, y)
+    reference = OnlineKernelRidge(**RAW, batch_size=100, random_state=0).fit(X, y)
     np.testing.assert_array_equal(model.state_.landmark_rows, reference.state_.landmark_rows)
     np.testing.assert_allclose(model.predict(X[:50]), reference.predict(X[:50]), atol=1e-10)
 
@@ -237,7 +245,7 @@ def _assert_unchanged(model: OnlineKernelRidge, before: dict) -> None:
 @pytest.mark.parametrize("window", [None, 50])
 def test_bad_batches_are_refused_and_leave_the_state_unchanged(tmp_path, window):
     X, y = _stream(8, 200)
-    model = OnlineKernelRidge(penalty=LAM, window=window, batch_size=50, random_state=0).fit(X[:100], y[:100])
+    model = OnlineKernelRidge(penalty=PENALTY, window=window, batch_size=50, random_state=0).fit(X[:100], y[:100])
     before = _snapshot(model)
     with pytest.raises(ValueError, match="3 features"):
         model.partial_fit(X[100:150, :2], y[100:150])
@@ -255,7 +263,7 @@ def test_bad_batches_are_refused_and_leave_the_state_unchanged(tmp_path, window)
     model.set_params(penalty=2.0)
     with pytest.raises(ValueError, match="penalty changed since the stream began"):
         model.partial_fit(X[100:150], y[100:150])
-    model.set_params(penalty=LAM)
+    model.set_params(penalty=PENALTY)
     _assert_unchanged(model, before)
 
 
@@ -272,7 +280,7 @@ def test_a_store_that_shrank_or_holds_nan_is_refused_with_the_state_unchanged(tm
     X, y = _stream(10, 300)
     path = tmp_path / "s.zarr"
     write_zarr(X, y, path, chunk_rows=100)
-    model = OnlineKernelRidge(penalty=LAM, batch_size=100, random_state=0).fit(path)
+    model = OnlineKernelRidge(penalty=PENALTY, batch_size=100, random_state=0).fit(path)
     before = _snapshot(model)
     write_zarr(X[:200], y[:200], path, chunk_rows=100, overwrite=True)
     with pytest.raises(ValueError, match="has 200 rows but this model has already seen 300: it shrank"):
@@ -290,7 +298,7 @@ def test_predict_works_at_any_time_and_before_fit_is_refused():
     from sklearn.exceptions import NotFittedError
 
     X, y = _stream(11, 120)
-    model = OnlineKernelRidge(penalty=LAM, random_state=0)
+    model = OnlineKernelRidge(penalty=PENALTY, random_state=0)
     with pytest.raises(NotFittedError):
         model.predict(X)
     errors = []
@@ -298,14 +306,15 @@ def test_predict_works_at_any_time_and_before_fit_is_refused():
         model.partial_fit(X[start:start + 30], y[start:start + 30])
         errors.append(float(np.mean((model.predict(X) - y) ** 2)))
     assert errors[-1] < errors[0]
-    multi = OnlineKernelRidge(penalty=LAM, random_state=0).fit(X, np.column_stack([y, -y]))
+    multi = OnlineKernelRidge(penalty=PENALTY, random_state=0).fit(X, np.column_stack([y, -y]))
     assert multi.predict(X).shape == (120, 2)
-    np.testing.assert_allclose(multi.predict(X)[:, 1], -model.predict(X), atol=1e-10)
+    single = OnlineKernelRidge(penalty=PENALTY, random_state=0).fit(X, y)  # same first call: same feature scale
+    np.testing.assert_allclose(multi.predict(X)[:, 1], -single.predict(X), atol=1e-10)
 
 
 def test_state_fields_round_trip():
     X, y = _stream(12, 80)
-    model = OnlineKernelRidge(penalty=LAM, window=40, random_state=0).fit(X, y)
+    model = OnlineKernelRidge(penalty=PENALTY, window=40, random_state=0).fit(X, y)
     state = OnlineState.from_saved(model.state_.scalars(), model.state_.arrays())
     for field in dataclasses.fields(OnlineState):
         value = getattr(state, field.name)
@@ -347,7 +356,8 @@ def test_incremental_nightly_workflow_over_three_nights(threaded_client, tmp_pat
             assert metrics["evaluation"] == "prequential" and metrics["metrics"]["r2"] > 0.5
     assert seen == [(300, 300), (300, 600), (300, 900)]
     final = load(runs / "latest" / "model")
-    reference = OnlineKernelRidge(penalty=1.0, c=4.0, batch_size=300, random_state=0).fit(X, y)
+    reference = OnlineKernelRidge(penalty=1e-6, gamma=10.0, c=4.0, batch_size=300, random_state=0).fit(X[:300], y[:300])
+    reference.partial_fit(X[300:], y[300:])  # the same first call (300 rows): the same feature scale
     np.testing.assert_array_equal(final.state_.landmark_rows, reference.state_.landmark_rows)
     np.testing.assert_allclose(final.predict(X[:50]), reference.predict(X[:50]), atol=1e-10)
     write_zarr(X[:100], y[:100], store, chunk_rows=100, overwrite=True)  # the store shrank

@@ -50,6 +50,18 @@ class FalkonClassifier(ClassifierMixin, NystromModelBase):
     feature_names_in_ : ndarray of shape (n_features,) of str
         Names of the features seen in fit, when ``X`` carried them; checked at predict.
     Other fitted attributes as for :class:`FalkonRegressor`.
+
+    Notes
+    -----
+    There is deliberately no ``predict_proba``: the decision values are
+    least-squares fits of the ``+-1`` codes, not log-odds, and a calibration
+    (Platt's sigmoid or a softmax temperature) fitted on the training rows'
+    own scores would inherit their optimism (a kernel fit is closer to its
+    training codes than to new rows), so an honest one needs held-out scores,
+    i.e. further fits on splits. scikit-learn's ``CalibratedClassifierCV``
+    does exactly that on in-memory data (see the user guide, "Calibrated
+    least squares"); :class:`LogisticFalkonClassifier` gives probabilities
+    from one out-of-core fit.
     """
 
     _solver = "falkon"

@@ -1,13 +1,16 @@
 """Kernel ridge regression on an online dictionary, from sufficient statistics (numpy only).
 
-The model after ``n`` rows minimises ``sum_i (y_i - f(x_i))^2 + lam ||f||^2`` over
-``f`` in the span of the dictionary's landmarks (the poster's KRR with a fixed
-``lam``). It is kept in the coordinates of an orthonormal basis of that span:
+The model after ``n`` rows minimises ``(1/n) sum_i (y_i - f(x_i))^2 + penalty ||f||^2``
+over ``f`` in the span of the dictionary's landmarks: the normalised objective of
+every daskkrr estimator, i.e. the unnormalised ridge ``penalty * n`` (``n`` the rows
+in the model: all rows seen, or the window). The sampler keeps its own ridge
+``lam`` fixed for the whole stream, as in the poster. The model is kept in the
+coordinates of an orthonormal basis of that span:
 ``K_BB = L L^T`` (``B`` the landmarks that add to the span, :data:`SPAN_TOL`),
 ``psi(x) = L^{-1} k_B(x)``; the statistics are ``G = sum psi psi^T`` and
 ``H = sum psi y^T`` (``L^{-1} K_BN K_NB L^{-T}`` and ``L^{-1} K_BN y``: the
 ``K_DN K_ND`` and ``K_DN y`` of the issue in orthonormal coordinates), and
-``f = k_B(.)^T L^{-T} (G + lam I)^{-1} H``.
+``f = k_B(.)^T L^{-T} (G + penalty n I)^{-1} H``.
 
 Unbounded stream: what happens when a landmark enters
     Past rows are not stored, so the kernel row ``k(z_new, x_j)`` of a new
@@ -58,6 +61,10 @@ from daskkrr.sampling.online_rls import (
 #: Window rows turned into coordinates at a time when the statistics are rebuilt.
 REBUILD_ROWS = 8192
 
+#: How ``penalty`` is read, recorded in saved models: ``penalty * n`` is the regression's ridge.
+#: Files without the record are from before it (``lam`` the ridge of both sampler and regression).
+PENALTY_CONVENTION = "normalised"
+
 #: Array fields of :class:`OnlineState`, in the order they are saved.
 STATE_ARRAYS = ("landmarks", "landmark_rows", "landmark_probs", "sampler_factor", "basis", "basis_factor",
                 "gram", "rhs", "window_X", "window_y")
@@ -70,7 +77,9 @@ class OnlineState:
     Attributes
     ----------
     lam, c : float
-        Ridge and oversampling constant of the sampler (and ``lam`` of the regression).
+        Ridge (kernel-matrix units, fixed for the stream) and oversampling constant of the sampler.
+    penalty : float
+        Normalised ridge of the regression: its unnormalised ridge is ``penalty * n_model``.
     window : int or None
         Rows of the sliding window, None for the unbounded stream.
     n_seen : int
@@ -92,6 +101,7 @@ class OnlineState:
 
     lam: float
     c: float
+    penalty: float
     window: int | None
     landmarks: np.ndarray
     landmark_rows: np.ndarray
@@ -106,10 +116,11 @@ class OnlineState:
     n_seen: int = 0
 
     @classmethod
-    def empty(cls, lam: float, c: float, window: int | None, n_features: int, n_targets: int) -> OnlineState:
+    def empty(cls, lam: float, c: float, penalty: float, window: int | None, n_features: int,
+              n_targets: int) -> OnlineState:
         """The state before the first row."""
         return cls(
-            lam=float(lam), c=float(c), window=window,
+            lam=float(lam), c=float(c), penalty=float(penalty), window=window,
             landmarks=np.zeros((0, n_features)), landmark_rows=np.zeros(0, dtype=np.int64),
             landmark_probs=np.zeros(0), sampler_factor=np.zeros((0, 0)), basis=np.zeros(0, dtype=np.int64),
             basis_factor=np.zeros((0, 0)), gram=np.zeros((0, 0)), rhs=np.zeros((0, n_targets)),
@@ -124,19 +135,34 @@ class OnlineState:
     def n_targets(self) -> int:
         return int(self.rhs.shape[1])
 
+    @property
+    def n_model(self) -> int:
+        """Rows the regression is over: all rows seen, or those in the window."""
+        return self.n_seen if self.window is None else min(self.n_seen, self.window)
+
+    @property
+    def ridge(self) -> float:
+        """The regression's unnormalised ridge, ``penalty * n_model``."""
+        return self.penalty * self.n_model
+
     def arrays(self) -> dict[str, np.ndarray]:
         """The array fields by name (for saving)."""
         return {name: getattr(self, name) for name in STATE_ARRAYS}
 
     def scalars(self) -> dict[str, Any]:
         """The scalar fields (JSON-ready)."""
-        return {"lam": self.lam, "c": self.c, "window": self.window, "n_seen": self.n_seen}
+        return {"lam": self.lam, "c": self.c, "penalty": self.penalty, "penalty_convention": PENALTY_CONVENTION,
+                "window": self.window, "n_seen": self.n_seen}
 
     @classmethod
     def from_saved(cls, scalars: dict[str, Any], arrays: dict[str, np.ndarray]) -> OnlineState:
-        """Rebuild a state from :meth:`scalars` and :meth:`arrays` (checked shapes)."""
+        """Rebuild a state from :meth:`scalars` and :meth:`arrays` (checked shapes).
+
+        ``scalars`` in the unnormalised convention (no ``penalty_convention``)
+        must be converted by :func:`normalise_saved_scalars` first.
+        """
         state = cls(
-            lam=float(scalars["lam"]), c=float(scalars["c"]),
+            lam=float(scalars["lam"]), c=float(scalars["c"]), penalty=float(scalars["penalty"]),
             window=None if scalars["window"] is None else int(scalars["window"]),
             n_seen=int(scalars["n_seen"]), **{name: np.asarray(arrays[name]) for name in STATE_ARRAYS},
         )
@@ -154,6 +180,30 @@ class OnlineState:
               and (r == 0 or (self.basis.min() >= 0 and self.basis.max() < m)))
         if not ok:
             raise ValueError("the online state's arrays do not fit together (damaged or edited)")
+
+
+def normalise_saved_scalars(scalars: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+    """Saved state scalars in the normalised convention, and a note of the conversion (None if none).
+
+    Before the convention was recorded, one fixed ``lam`` was the ridge of both the
+    sampler and the regression ``sum_i (y_i - f(x_i))^2 + lam ||f||^2``. The sampler
+    keeps ``lam``; the regression's ``penalty`` becomes ``lam / n_model``, the
+    normalised penalty with the same ridge now, so the converted model predicts
+    exactly as saved (later rows then grow the ridge as ``penalty * n``).
+    """
+    if scalars.get("penalty_convention") == PENALTY_CONVENTION:
+        return scalars, None
+    if "penalty_convention" in scalars:
+        raise ValueError(f"unknown penalty_convention {scalars['penalty_convention']!r} in the online state; "
+                         f"this version writes {PENALTY_CONVENTION!r}: save the model again with it")
+    lam, n_seen, window = float(scalars["lam"]), int(scalars["n_seen"]), scalars["window"]
+    n_model = max(1, n_seen if window is None else min(n_seen, int(window)))
+    penalty = lam / n_model
+    note = (f"the model was saved with the unnormalised online penalty lam={lam:g} (ridge of "
+            f"sum_i (y_i - f(x_i))^2 + lam ||f||^2); converted to the normalised convention of every daskkrr "
+            f"estimator: penalty={penalty:g} (= lam / {n_model} rows) and gamma={lam:g} (the sampler's ridge). "
+            "Save the model again to record the conversion")
+    return {**scalars, "penalty": penalty, "penalty_convention": PENALTY_CONVENTION}, note
 
 
 @dataclasses.dataclass
@@ -297,21 +347,23 @@ def window_statistics(kernel: Kernel, Zb: np.ndarray, basis_factor: np.ndarray, 
 
 
 def ridge_coefficients(state: OnlineState) -> np.ndarray:
-    """Coefficients over the basis landmarks: ``L^{-T} (G + lam I)^{-1} H``, shape (r, t)."""
+    """Coefficients over the basis landmarks: ``L^{-T} (G + penalty n I)^{-1} H``, shape (r, t)."""
     r = state.basis.size
     if r == 0:
         return np.zeros((0, state.n_targets))
-    A = state.gram + state.lam * np.eye(r)
+    A = state.gram + state.ridge * np.eye(r)
     w = sla.cho_solve(sla.cho_factor(A, lower=True, check_finite=False), state.rhs, check_finite=False)
     return sla.solve_triangular(state.basis_factor, w, lower=True, trans="T", check_finite=False)
 
 
 __all__ = [
+    "PENALTY_CONVENTION",
     "OnlineState",
     "Projections",
     "StepInfo",
     "batch_projections",
     "online_step",
+    "normalise_saved_scalars",
     "ridge_coefficients",
     "state_projections",
     "window_statistics",

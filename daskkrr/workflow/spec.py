@@ -240,7 +240,7 @@ def resolve(raw: dict[str, Any], *, base_dir: str | os.PathLike, default_name: s
     for key in ("client", "verbose"):
         if key in model:
             raise WorkflowError(f"{where}: [model] {key} is set by the run, not the workflow file; remove it")
-    out["model"] = _check_model(model, where=f"{where} [model]")
+    out["model"] = _check_model(model, where=f"{where} [model]", from_file=True)
 
     sweep = raw.get("sweep", {})
     if not isinstance(sweep, dict):
@@ -269,10 +269,14 @@ def resolve(raw: dict[str, Any], *, base_dir: str | os.PathLike, default_name: s
     return out
 
 
-def _check_model(model: dict[str, Any], where: str) -> dict[str, Any]:
-    """:func:`daskkrr.config.check_model_config`, raising :class:`WorkflowError`."""
+def _check_model(model: dict[str, Any], where: str, from_file: bool = False) -> dict[str, Any]:
+    """:func:`daskkrr.config.check_model_config`, raising :class:`WorkflowError`.
+
+    ``from_file``: the file's own ``[model]`` table (an old online penalty is converted);
+    the sweep's variants are built from the table once converted.
+    """
     try:
-        return check_model_config(model, where=where)
+        return check_model_config(model, where=where, from_file=from_file)
     except WorkflowError:
         raise
     except ConfigError as exc:

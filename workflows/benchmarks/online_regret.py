@@ -77,7 +77,10 @@ def regret_rows(n: int, lam: float, sigma: float, seed: int) -> tuple[list[dict]
     logdet = float(np.sum(np.log1p(e / lam)))
     curves, rows = {}, []
     for name, c in (("exact online (c=1e12)", 1e12), ("sampled (c=4)", 4.0)):
-        model = OnlineKernelRidge(sigma=sigma, penalty=lam, c=c, batch_size=1, random_state=seed)
+        # The poster's fixed lam is the sampler's gamma; the regression reaches ridge lam at row n
+        # (normalised penalty lam / n, ridge lam t / n after t rows).
+        model = OnlineKernelRidge(sigma=sigma, penalty=lam / n, gamma=lam, standardize=False, c=c, batch_size=1,
+                                  random_state=seed)
         t0 = time.perf_counter()
         with PeakMemory() as mem:
             losses = prequential(model, X, y, 1)
@@ -104,7 +107,8 @@ def drift_rows(n: int, window: int, lam: float, sigma: float, batch: int, seed: 
     y = np.concatenate([target(X[:half], 0), target(X[half:], 1)]) + 0.2 * rng.normal(size=n)
     rows, curves = [], {}
     for name, w in (("unbounded", None), (f"window W={window}", window)):
-        model = OnlineKernelRidge(sigma=sigma, penalty=lam, window=w, batch_size=batch, random_state=seed)
+        model = OnlineKernelRidge(sigma=sigma, penalty=lam / (w or n), gamma=lam, standardize=False, window=w,
+                                  batch_size=batch, random_state=seed)
         t0 = time.perf_counter()
         with PeakMemory() as mem:
             losses = prequential(model, X, y, batch)

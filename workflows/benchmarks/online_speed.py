@@ -59,7 +59,9 @@ def child_online(args: argparse.Namespace) -> None:
 
     X, y = stream(args.n)
     Xt, yt = stream(20000, seed=99)
-    model = OnlineKernelRidge(sigma=SIGMA, penalty=args.lam, batch_size=args.batch, random_state=0)
+    # --lam is the sampler's fixed ridge and the regression's ridge after the whole stream (penalty * n)
+    model = OnlineKernelRidge(sigma=SIGMA, penalty=args.lam / args.n, gamma=args.lam, standardize=False,
+                              batch_size=args.batch, random_state=0)
     per_batch = []
     t0 = time.perf_counter()
     for start in range(0, args.n, args.batch):
