@@ -41,7 +41,6 @@ uninterrupted fit: the CG continues from the saved state exactly.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from collections.abc import Callable
@@ -55,6 +54,7 @@ from daskkrr.sampling.base import CenterDictionary
 from daskkrr.solvers.cg import CGState
 from daskkrr.utils.atomic import atomic_write
 from daskkrr.utils.jsonable import dumps_strict, jsonable
+from daskkrr.utils.safe_files import parse_json_bounded, read_npz
 
 __all__ = ["CHECKPOINT_FILE", "CheckpointError", "FitCheckpoint", "first_block_difference"]
 
@@ -252,9 +252,9 @@ class FitCheckpoint:
     def _load(self) -> None:
         fix = f"delete {self.path} to start the fit over"
         try:
-            with np.load(self.file, allow_pickle=False) as npz:
-                arrays = {k: npz[k] for k in npz.files}
-            meta = json.loads(str(arrays.pop("meta")))
+            # Bounded reads (no pickle, sizes checked before allocation); the metadata is text ("U").
+            arrays = read_npz(self.file, kinds="biufU")
+            meta = parse_json_bounded(str(arrays.pop("meta")), self.file, "meta")
         except (OSError, ValueError, KeyError, EOFError) as exc:
             raise CheckpointError(f"checkpoint {self.file} cannot be read ({exc}); {fix}") from exc
         if not isinstance(meta, dict) or meta.get("format") != FORMAT_NAME:

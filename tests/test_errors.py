@@ -164,6 +164,9 @@ _SIGMA = r"sigma must be a float in the range \(0.0, inf\), an array-like or Non
         ({"kernel": "polynomial", "kernel_params": {"gamma": -2.0}}, ValueError, "gamma must be > 0"),
         ({"kernel": "matern", "kernel_params": {"nu": 3.0}}, ValueError, "nu must be one of 0.5, 1.5, 2.5"),
         ({"kernel": "nope"}, ValueError, r"unknown kernel 'nope'; choose one of \['gaussian'"),
+        # A misspelt name is unknown (not "takes no sigma"), with the closest known name suggested.
+        ({"kernel": "gausian", "sigma": 1.0}, ValueError, r"unknown kernel 'gausian'; choose one of \['gaussian', "
+                                                        r"'laplacian', .*\]; did you mean 'gaussian'\?"),
         ({"kernel": "gaussian", "kernel_params": {"degree": 2}}, ValueError,
          r"kernel 'gaussian' does not take parameter\(s\) \['degree'\]"),
         ({"kernel": "linear", "sigma": 1.0}, ValueError, r"kernel 'linear' takes no sigma; pass sigma=None"),

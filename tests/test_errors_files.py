@@ -194,8 +194,8 @@ def _edit_meta(path: Path, edit) -> None:
 def test_model_of_another_format_version(saved_model, tmp_path):
     path = _copy(saved_model, tmp_path)
     _edit_meta(path, lambda m: m.update(format_version=2, library_version="9.9"))
-    with pytest.raises(ModelFormatError, match=r"model format version 2; this daskkrr .* reads version 1\. "
-                                               r"Re-fit the model or load it with the daskkrr version .*9.9"):
+    with pytest.raises(ModelFormatError, match=r"format_version: model format version 2; this daskkrr .* reads "
+                                               r"version 1; re-fit the model or load it with .*9.9"):
         daskkrr.load(path)
 
 
@@ -206,9 +206,9 @@ def test_model_of_another_format_version(saved_model, tmp_path):
         (lambda m: m.update(estimator="os.system"), r"unknown estimator 'os.system'; expected one of"),
         (lambda m: m.update(estimator=["list"]), "unknown estimator"),
         (lambda m: m["params"].update(evil="x"), r"unknown parameter\(s\) \['evil'\]"),
-        (lambda m: m.update(kernel={"name": "nope"}), "not a valid daskkrr model .*unknown kernel 'nope'"),
-        (lambda m: m["fitted"].update(n_features_in_=5), r"centers have shape \(20, 3\), expected \(M, 5\)"),
-        (lambda m: m["fitted"].pop("n_features_in_"), "'fitted.n_features_in_' is missing"),
+        (lambda m: m.update(kernel={"name": "nope"}), "json: kernel: unknown kernel 'nope'"),
+        (lambda m: m["fitted"].update(n_features_in_=5), r"kernel: .* contradicts .* for 5 features"),
+        (lambda m: m["fitted"].pop("n_features_in_"), "fitted.n_features_in_: is missing"),
     ],
 )
 def test_damaged_model_metadata(saved_model, tmp_path, edit, match):
@@ -229,7 +229,7 @@ def test_model_json_and_arrays_damaged(saved_model, tmp_path):
         daskkrr.load(path)
     path = _copy(saved_model, tmp_path / "c")
     (path / "arrays.npz").unlink()
-    with pytest.raises(ModelFormatError, match="arrays.npz cannot be read"):
+    with pytest.raises(ModelFormatError, match="arrays.npz: file: cannot be read"):
         daskkrr.load(path)
     with pytest.raises(FileNotFoundError, match="is not a daskkrr model directory"):
         daskkrr.load(tmp_path / "nothing")

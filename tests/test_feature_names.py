@@ -101,7 +101,7 @@ def test_a_model_saved_without_names_still_loads(frame, tmp_path):
     assert not hasattr(load(tmp_path / "m"), "feature_names_in_")
     meta["feature_names"] = ["a"]  # damaged: one name for three features
     (tmp_path / "m" / METADATA_FILE).write_text(json.dumps(meta))
-    with pytest.raises(ValueError, match="'feature_names' must be a list of 3 strings"):
+    with pytest.raises(ValueError, match="feature_names: must be a list of 3 strings"):
         load(tmp_path / "m")
 
 

@@ -17,6 +17,7 @@ heavy: it runs inside the scheduler process.
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any
 
 from distributed.diagnostics.plugin import SchedulerPlugin
@@ -47,10 +48,18 @@ def prune(root: dict[str, Any], keep: int = KEEP_FITS) -> None:
     fits = root.get("fits", {})
     if len(fits) <= keep:
         return
-    order = sorted(fits, key=lambda k: (fits[k] or {}).get("updated", 0), reverse=True)
+    order = sorted(fits, key=lambda k: updated_at(fits[k]), reverse=True)
     for fit_id in order[keep:]:
         fits.pop(fit_id, None)
         root.get("blocks", {}).pop(fit_id, None)
+
+
+def updated_at(record: Any) -> float:
+    """A record's ``updated`` time; 0 for a record without a finite number there (any client can publish one)."""
+    value = record.get("updated", 0.0) if isinstance(record, dict) else 0.0
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return 0.0
+    return float(value)
 
 
 def add_routes(scheduler: Any) -> bool:

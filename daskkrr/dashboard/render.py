@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import html
+import logging
 import time
 from typing import Any
 from urllib.parse import quote
 
+from daskkrr.dashboard.plugin import updated_at
 from daskkrr.dashboard.svg import line_chart, progress_bar
 from daskkrr.progress.bar import STATUS_COLORS, status_label
 from daskkrr.progress.state import FitProgress
+
+logger = logging.getLogger("daskkrr.dashboard")
 
 REFRESH_MS = 1000
 
@@ -21,11 +25,21 @@ def choose_fit(fits: dict[str, dict[str, Any]], wanted: str | None = None) -> st
     if not fits:
         return None
 
-    def key(fid: str) -> tuple[int, float]:
-        rec = fits[fid] or {}
-        return (rec.get("status") == "running", rec.get("updated", 0.0))
+    def key(fid: str) -> tuple[bool, float]:
+        rec = fits[fid] if isinstance(fits[fid], dict) else {}
+        return (rec.get("status") == "running", updated_at(rec))
 
     return max(fits, key=key)
+
+
+#: What a malformed record raises while it is read or drawn (wrong types, missing or odd values).
+_MALFORMED = (TypeError, ValueError, KeyError, AttributeError, IndexError, OverflowError)
+
+
+def _published(fits: dict[Any, Any]) -> dict[str, dict[str, Any]]:
+    """The records that look like fit records: a dict under a text id, with its ``fit_id`` a string."""
+    return {fid: rec for fid, rec in fits.items()
+            if isinstance(fid, str) and isinstance(rec, dict) and isinstance(rec.get("fit_id"), str)}
 
 
 def _row(name: str, value: Any, ident: str) -> str:
@@ -47,15 +61,33 @@ def _status_of(record: dict[str, Any]) -> str:
 
 
 def render_fragment(fits: dict[str, dict[str, Any]], counts: dict[str, dict[str, int]], wanted: str | None) -> str:
-    """The live part of the page (refreshed by the page's script)."""
-    fit_id = choose_fit(fits, wanted)
-    if fit_id is None:
-        return (
-            '<div id="daskkrr-fit" data-status="none"><p id="daskkrr-empty">No daskkrr fit has run on this '
-            "cluster yet. Fit a model with a client connected to this scheduler, e.g. "
-            "<code>daskkrr fit --scheduler ADDRESS ...</code> or "
-            "<code>FalkonRegressor().fit(...)</code> with <code>Client(ADDRESS)</code> active.</p></div>"
-        )
+    """The live part of the page (refreshed by the page's script).
+
+    Any client of the scheduler can publish a record, so a malformed one (not a
+    dict, no ``fit_id``, fields of the wrong type) is skipped and logged, never
+    allowed to break the page for everyone.
+    """
+    fits = _published(fits)
+    while fits:
+        fit_id = choose_fit(fits, wanted)
+        if fit_id is None:
+            break
+        try:
+            return _render_fit(fits, counts, fit_id)
+        except _MALFORMED as exc:
+            logger.warning("daskkrr dashboard: skipping the malformed fit record %r (%s: %s)",
+                           fit_id, type(exc).__name__, exc)
+            fits = {fid: rec for fid, rec in fits.items() if fid != fit_id}
+    return (
+        '<div id="daskkrr-fit" data-status="none"><p id="daskkrr-empty">No daskkrr fit has run on this '
+        "cluster yet. Fit a model with a client connected to this scheduler, e.g. "
+        "<code>daskkrr fit --scheduler ADDRESS ...</code> or "
+        "<code>FalkonRegressor().fit(...)</code> with <code>Client(ADDRESS)</code> active.</p></div>"
+    )
+
+
+def _render_fit(fits: dict[str, dict[str, Any]], counts: dict[str, dict[str, int]], fit_id: str) -> str:
+    """The fragment showing ``fit_id``; one of :data:`_MALFORMED` when its record is not a fit record."""
     p = FitProgress.from_dict(fits[fit_id])
     p.apply_counts(counts.get(fit_id, {}))
     status = status_label(p)  # an unconverged fit is "done (not converged)", not green
@@ -97,7 +129,7 @@ def render_fragment(fits: dict[str, dict[str, Any]], counts: dict[str, dict[str,
         f'<li><a href="?fit={quote(fid)}">{html.escape(fid)}</a> '
         f'{html.escape(str((fits[fid] or {}).get("estimator", "")))}'
         f' - {html.escape(_status_of(fits[fid] or {}))}</li>'
-        for fid in sorted(fits, key=lambda k: (fits[k] or {}).get("updated", 0), reverse=True)[:10]
+        for fid in sorted(fits, key=lambda k: updated_at(fits[k]), reverse=True)[:10]
     )
     return (
         f'<div id="daskkrr-fit" data-fit="{html.escape(fit_id)}" data-status="{html.escape(p.status)}">'

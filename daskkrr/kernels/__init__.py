@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from typing import Any
 
 from daskkrr.kernels.base import Kernel, squared_distances
@@ -40,10 +41,8 @@ def make_kernel(kernel: str | Kernel | dict[str, Any], **params: Any) -> Kernel:
         return make_kernel(name, **spec, **params)
     if not isinstance(kernel, str):
         raise TypeError(f"kernel must be a name, a dict or a Kernel; got {type(kernel).__name__}")
-    key = _ALIASES.get(kernel.lower(), kernel.lower())
-    if key not in KERNELS:
-        raise ValueError(f"unknown kernel {kernel!r}; choose one of {sorted(KERNELS)}")
-    cls = KERNELS[key]
+    cls = KERNELS[kernel_key(kernel)]
+    key = cls.name
     accepted = {f.name for f in dataclasses.fields(cls)}  # not the ClassVars
     given = {k: v for k, v in params.items() if v is not None}
     extra = sorted(set(given) - accepted)
@@ -52,6 +51,20 @@ def make_kernel(kernel: str | Kernel | dict[str, Any], **params: Any) -> Kernel:
             f"kernel {key!r} does not take parameter(s) {extra}; it takes {sorted(accepted) or 'none'}"
         )
     return cls(**given)
+
+
+def kernel_key(kernel: str) -> str:
+    """The registered name of the kernel ``kernel`` names (aliases and case resolved).
+
+    ValueError for an unknown name, listing the known ones and suggesting the closest
+    (``'gausian'`` -> ``'gaussian'``).
+    """
+    key = _ALIASES.get(kernel.lower(), kernel.lower())
+    if key not in KERNELS:
+        close = difflib.get_close_matches(kernel.lower(), [*KERNELS, *_ALIASES], n=1)
+        hint = f"; did you mean {_ALIASES.get(close[0], close[0])!r}?" if close else ""
+        raise ValueError(f"unknown kernel {kernel!r}; choose one of {sorted(KERNELS)}{hint}")
+    return key
 
 
 def kernel_from_dict(spec: dict[str, Any]) -> Kernel:
@@ -73,6 +86,7 @@ __all__ = [
     "PolynomialKernel",
     "engine_for",
     "kernel_from_dict",
+    "kernel_key",
     "make_kernel",
     "squared_distances",
 ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
@@ -24,6 +25,24 @@ def _one_vs_all(yb: np.ndarray, classes: np.ndarray) -> np.ndarray:
     if len(classes) == 2:
         return np.where(yb == classes[1], 1.0, -1.0)[:, None]
     return np.where(yb[:, None] == classes[None, :], 1.0, -1.0)
+
+
+def _refuse_missing_labels(labels: np.ndarray, start: int) -> None:
+    """ValueError naming the first row (``start`` + index) whose label is NaN or None, if any."""
+    if labels.dtype.kind == "f":
+        missing = np.isnan(labels)
+    elif labels.dtype.kind == "O":
+        missing = np.fromiter((v is None or (isinstance(v, float) and math.isnan(v)) for v in labels), bool,
+                              count=labels.size)
+    else:
+        return
+    if missing.any():
+        rows = np.flatnonzero(missing)
+        raise ValueError(
+            f"y has a missing label (NaN or None) in row {start + int(rows[0])}"
+            + (f" and {rows.size - 1} more row(s)" if rows.size > 1 else "")
+            + "; every row needs a class label: drop those rows or label them before fit"
+        )
 
 
 def _labels(scores: np.ndarray, classes: np.ndarray) -> np.ndarray:
@@ -146,6 +165,8 @@ class FalkonClassifier(ClassifierMixin, NystromModelBase):
         sample_weight = check_sample_weight(sample_weight, X)
         refuse_weighted_std(self, sample_weight)
         self._labels = None
+        if y is not None and is_in_memory(y):
+            _refuse_missing_labels(np.asarray(y).reshape(-1), 0)
         if y is not None and is_in_memory(y) and np.asarray(y).dtype.kind not in "biuf":
             # Text labels become integer codes; classes_ maps them back.
             self._labels, y = np.unique(np.asarray(y).reshape(-1), return_inverse=True)
@@ -187,6 +208,9 @@ class FalkonClassifier(ClassifierMixin, NystromModelBase):
             raise ValueError(f"y must hold one label per row; got shape {y.shape}")
         y = y.reshape(-1) if y.ndim == 2 else y
         classes = np.unique(np.asarray(da.unique(y).compute()))
+        if classes.dtype.kind == "f" and np.isnan(classes).any():  # a lazy target: find the rows (error path only)
+            first = int(da.argmax(da.isnan(y)).compute())
+            _refuse_missing_labels(np.asarray(y[first:first + 1].compute()), first)
         # scikit-learn's type_of_target on the distinct labels: a continuous target (e.g. a
         # regression target) is refused with its message, not fitted as thousands of classes.
         check_classification_targets(classes)

@@ -31,7 +31,7 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 
 from daskkrr.data.feature_names import check_feature_names
 from daskkrr.data.inputs import is_in_memory, load_features
-from daskkrr.kernels import Kernel, make_kernel
+from daskkrr.kernels import Kernel, kernel_key, make_kernel
 from daskkrr.kernels.engine import engine_for
 from daskkrr.solvers.variance import posterior_from_model, predict_with_std
 
@@ -153,6 +153,8 @@ class KernelModelBase(BaseEstimator):
         name = self.kernel if isinstance(self.kernel, str) else None
         if isinstance(self.kernel, Kernel):
             return self.kernel
+        if name is not None:
+            kernel_key(name)  # an unknown (misspelt) name is named as such, not as a kernel taking no sigma
         if name is not None and name.lower() in ("gaussian", "rbf", "laplacian", "laplace", "matern"):
             # None: the median-distance heuristic for standardised features (squared distances ~ 2 d).
             params.setdefault("sigma", length_scale(self.sigma, n_features))

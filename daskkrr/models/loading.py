@@ -2,25 +2,21 @@
 
 from __future__ import annotations
 
-import json
 import os
-import zipfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from sklearn.base import ClassifierMixin
 
-import daskkrr
+from daskkrr.models.model_files import ModelFile
 from daskkrr.models.persistence import (
     _ARRAYS,
     _OPTIONAL_ARRAYS,
     _SCALARS,
-    ARRAYS_FILE,
-    FORMAT_NAME,
-    FORMAT_VERSION,
-    METADATA_FILE,
     POSTERIOR_PREFIX,
     STATE_PREFIX,
+    ModelFileError,
     ModelFormatError,
 )
 from daskkrr.models.registry import UNSUPERVISED, classes_by_class_name
@@ -36,164 +32,129 @@ def _estimator_classes() -> dict[str, type]:
 def load_model(path: str | os.PathLike) -> Any:
     """Read a model written by :func:`save_model`. Runs no code from the file.
 
+    The folder is checked as a whole before the estimator is returned (see
+    :mod:`daskkrr.models.model_files`): parameters, kernel, scaling, finiteness,
+    shapes, class list, sizes and paths.
+
     Raises
     ------
     FileNotFoundError
         If ``path`` is not a model directory.
-    ModelFormatError
-        If the files are of another format version, hold pickled objects, or are
-        damaged or inconsistent.
+    ModelFileError
+        (a :class:`ModelFormatError`) If the files are of another format version, hold
+        pickled objects, or are damaged or inconsistent; it names the file and the field.
     """
     path = Path(path)
-    meta_path = path / METADATA_FILE
-    if not meta_path.is_file():
-        raise FileNotFoundError(f"{path} is not a daskkrr model directory (no {METADATA_FILE})")
-    try:
-        meta = json.loads(meta_path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ModelFormatError(f"{meta_path} is not valid JSON: {exc}") from exc
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT_NAME:
-        raise ModelFormatError(f"{meta_path} is not a daskkrr model file")
-    version = meta.get("format_version")
-    if version != FORMAT_VERSION:
-        raise ModelFormatError(
-            f"{path} has model format version {version!r}; this daskkrr ({daskkrr.__version__}) reads "
-            f"version {FORMAT_VERSION}. Re-fit the model or load it with the daskkrr version that wrote it "
-            f"({meta.get('library_version', 'unknown')})"
-        )
     classes = _estimator_classes()
-    name = meta.get("estimator")
-    if not isinstance(name, str) or name not in classes:
-        raise ModelFormatError(f"{path}: unknown estimator {name!r}; expected one of {sorted(classes)}")
-    try:
-        with np.load(path / ARRAYS_FILE, allow_pickle=False) as npz:
-            arrays = {k: npz[k] for k in npz.files}
-    except ValueError as exc:  # object arrays need pickle: refused
-        raise ModelFormatError(
-            f"{path / ARRAYS_FILE} holds pickled objects or is damaged ({exc}); refusing to load it. "
-            "daskkrr never writes pickles: save the model again from a fitted estimator"
-        ) from exc
-    except (OSError, EOFError, zipfile.BadZipFile) as exc:
-        raise ModelFormatError(f"{path / ARRAYS_FILE} cannot be read: {exc}") from exc
+    model_file = ModelFile.read(path, classes)
+    name = model_file.meta["estimator"]
     try:
         if name in UNSUPERVISED_NAMES:
-            model = load_unsupervised(classes[name], meta, arrays, path)
-        else:
-            model = _build(classes[name], meta, arrays, path)
+            return load_unsupervised(classes[name], model_file)
+        return _build(classes[name], model_file)
     except ModelFormatError:
         raise
     except (TypeError, ValueError, KeyError) as exc:
-        raise ModelFormatError(
-            f"{path} is not a valid daskkrr model ({type(exc).__name__}: {exc}); the file is damaged "
-            "or was edited: save the model again from a fitted estimator"
-        ) from exc
-    return model
+        raise ModelFileError(path, "model", f"is not a valid daskkrr model ({type(exc).__name__}: {exc})") from exc
 
 
-def _build(cls: type, meta: dict[str, Any], arrays: dict[str, np.ndarray], path: Path) -> Any:
+#: Parameters older files lack, with the value their models were fitted with.
+_OLD_DEFAULTS = {
+    "fit_intercept": False,  # written before the parameter existed: no intercept was fitted
+    "multi_class": "ovr",  # logistic models written before the parameter were one-vs-rest
+}
+
+
+def _build(cls: type, mf: ModelFile) -> Any:
     """The estimator described by checked metadata and arrays (no code from the file runs)."""
-    from daskkrr.data import Standardizer
-    from daskkrr.kernels import kernel_from_dict
-
-    params = meta.get("params", {})
-    if not isinstance(params, dict):
-        raise ModelFormatError(f"{path / METADATA_FILE}: 'params' must be a JSON object")
-    accepted = set(cls().get_params())
-    # Models saved while ``client`` was a parameter may carry it (null): where a fit runs
-    # is Dask's context now, not the model's.
-    params = {k: v for k, v in params.items() if k != "client"}
-    unknown = sorted(set(params) - accepted)
-    if unknown:
-        raise ModelFormatError(
-            f"{path / METADATA_FILE}: unknown parameter(s) {unknown} for {cls.__name__}; "
-            "the file was written by another daskkrr version or edited"
-        )
-    if "fit_intercept" in accepted and "fit_intercept" not in params:
-        params["fit_intercept"] = False  # written before the parameter existed: no intercept was fitted
-    if "multi_class" in accepted and "multi_class" not in params:
-        params["multi_class"] = "ovr"  # logistic models written before the parameter were one-vs-rest
-    model = cls(**params)
-    model.kernel_ = kernel_from_dict(meta["kernel"])
-    model.scaler_ = None if meta.get("scaler") is None else Standardizer.from_dict(meta["scaler"])
+    model = mf.estimator(cls, _OLD_DEFAULTS)
     for key in (*_ARRAYS, *_OPTIONAL_ARRAYS):
         short = key.rstrip("_")
-        value = arrays.get(short)
-        if value is None:
-            if key not in _OPTIONAL_ARRAYS:
-                raise ModelFormatError(f"{path / ARRAYS_FILE} lacks the array {short!r}")
+        if short not in mf.arrays and key in _OPTIONAL_ARRAYS:
             value = _OPTIONAL_ARRAYS[key](model)  # the required arrays are set by now
-        elif value.dtype.kind not in "biuf":
-            raise ModelFormatError(f"{path / ARRAYS_FILE}: array {short!r} has dtype {value.dtype}, not numeric")
+        else:
+            value = mf.array(short)
         setattr(model, key, value)
-    fitted = meta.get("fitted", {})
-    for key, value in fitted.items():
+    for key, value in mf.section("fitted").items():
         if key in _SCALARS:
             setattr(model, key, value)
-    _check_shapes(model, path)
-    model.posterior_ = _posterior(meta, arrays, model, path)
-    names = meta.get("feature_names")  # absent in models fitted without names (and older files)
-    if names is not None:
-        if not (isinstance(names, list) and len(names) == model.n_features_in_
-                and all(isinstance(n, str) for n in names)):
-            raise ModelFormatError(
-                f"{path / METADATA_FILE}: 'feature_names' must be a list of {model.n_features_in_} strings"
-            )
-        model.feature_names_in_ = np.asarray(names, dtype=object)
-    model.sampler_info_ = meta.get("sampler_info", {})
-    if "class_weight" in arrays:
-        model.class_weight_ = arrays["class_weight"]
+    _check_shapes(model, mf)
+    model.posterior_ = _posterior(mf, model)
+    if "class_weight" in mf.arrays:
+        model.class_weight_ = mf.arrays["class_weight"]
     restore = getattr(model, "_restore_saved_state", None)
     if restore is not None:
-        if not isinstance(meta.get("state"), dict):
-            raise ModelFormatError(f"{path / METADATA_FILE}: {cls.__name__} needs its stream 'state'")
-        restore(meta["state"], {k[len(STATE_PREFIX):]: v for k, v in arrays.items() if k.startswith(STATE_PREFIX)})
-    if "classes" in arrays:
-        model.classes_ = arrays["classes"]
-    elif "classes" in meta:
-        model.classes_ = np.asarray(meta["classes"])
+        state = mf.meta.get("state")
+        if not isinstance(state, dict):
+            raise mf.meta_error("state", f"{cls.__name__} needs its stream 'state' (a JSON object)")
+        try:
+            restore(state, {k[len(STATE_PREFIX):]: v for k, v in mf.arrays.items() if k.startswith(STATE_PREFIX)})
+        except (KeyError, ValueError, TypeError) as exc:
+            raise mf.meta_error("state", f"the stream state cannot be restored ({type(exc).__name__}: {exc})") from exc
+    if issubclass(cls, ClassifierMixin):
+        model.classes_ = _classes(mf, model)
     return model
 
 
-def _posterior(meta: dict[str, Any], arrays: dict[str, np.ndarray], model: Any, path: Path) -> Any:
+def _classes(mf: ModelFile, model: Any) -> np.ndarray:
+    """A classifier's class list: sorted, distinct, at least two, one coefficient column each (one for two)."""
+    if "classes" in mf.arrays:
+        classes, error = mf.arrays["classes"], mf.array_error
+    elif "classes" in mf.meta:
+        raw = mf.meta["classes"]
+        if not (isinstance(raw, list) and all(isinstance(c, str) for c in raw)):
+            raise mf.meta_error("classes", "must be a list of strings (numeric classes are stored as an array)")
+        classes, error = np.asarray(raw), mf.meta_error
+    else:
+        raise mf.meta_error("classes", "a classifier's file needs its class list (the array or the JSON field)")
+    if classes.ndim != 1 or classes.size < 2 or not np.array_equal(np.unique(classes), classes):
+        raise error("classes", f"must be at least two distinct labels in sorted order; got {classes.tolist()!r}")
+    columns = 1 if classes.size == 2 else classes.size
+    coef = model.coef_
+    if coef.ndim != 2 or coef.shape[1] != columns:
+        raise error("classes", f"{classes.size} classes need {columns} coefficient column(s), but coef has shape "
+                               f"{coef.shape}: the class list does not match the coefficients")
+    weight = getattr(model, "class_weight_", None)
+    if weight is not None:
+        mf.check_shape("class_weight", weight, (classes.size,), "one weight per class")
+        if (weight < 0).any():
+            raise mf.array_error("class_weight", "holds negative weights; class weights are >= 0")
+    return classes
+
+
+def _posterior(mf: ModelFile, model: Any) -> Any:
     """The saved ``posterior_`` (None when the model was fitted without compute_std, or saved before it)."""
     from daskkrr.solvers.variance import PosteriorVariance
 
-    if not meta.get("posterior"):
+    if not mf.meta.get("posterior"):
         return None
-    parts = {k[len(POSTERIOR_PREFIX):]: v for k, v in arrays.items() if k.startswith(POSTERIOR_PREFIX)}
+    parts = {k[len(POSTERIOR_PREFIX):]: v for k, v in mf.arrays.items() if k.startswith(POSTERIOR_PREFIX)}
     missing = sorted({"factor", "scale", "shift", "prior_variance", "numbers"} - set(parts))
     if missing:
-        raise ModelFormatError(f"{path / ARRAYS_FILE} lacks the posterior array(s) {missing}")
-    post = PosteriorVariance.from_arrays(parts)
+        raise mf.array_error(POSTERIOR_PREFIX + missing[0], f"the archive lacks the posterior array(s) {missing}")
+    try:
+        post = PosteriorVariance.from_arrays(parts)
+    except (KeyError, ValueError, TypeError) as exc:
+        raise mf.array_error("posterior", f"the posterior arrays do not fit together ({exc})") from exc
     targets = 1 if model.coef_.ndim == 1 else model.coef_.shape[1]
     if post.n_centers != model.centers_.shape[0] or post.prior_variance.shape != (targets,):
-        raise ModelFormatError(
-            f"{path} is inconsistent: the posterior has {post.n_centers} centers and "
-            f"{post.prior_variance.size} targets, the model {model.centers_.shape[0]} and {targets}"
-        )
+        raise mf.array_error(
+            "posterior_prior_variance", f"the posterior has {post.n_centers} centers and "
+            f"{post.prior_variance.size} targets, the model {model.centers_.shape[0]} and {targets}")
     return post
 
 
-def _check_shapes(model: Any, path: Path) -> None:
-    """Centers, coefficients, scaling and target means must fit together."""
-    d = getattr(model, "n_features_in_", None)
-    if not isinstance(d, int) or d < 1:
-        raise ModelFormatError(f"{path / METADATA_FILE}: 'fitted.n_features_in_' is missing or invalid ({d!r})")
-    Z, coef = model.centers_, model.coef_
-    problems = []
-    if Z.ndim != 2 or Z.shape[1] != d:
-        problems.append(f"centers have shape {Z.shape}, expected (M, {d})")
-    elif coef.ndim not in (1, 2) or coef.shape[0] != Z.shape[0]:
-        problems.append(f"coef has shape {coef.shape}, expected ({Z.shape[0]},) or ({Z.shape[0]}, t)")
-    elif model.y_mean_.shape != (1 if coef.ndim == 1 else coef.shape[1],):
-        problems.append(f"y_mean has shape {model.y_mean_.shape} for coef of shape {coef.shape}")
-    elif model.intercept_.shape != model.y_mean_.shape:
-        problems.append(f"intercept has shape {model.intercept_.shape}, y_mean {model.y_mean_.shape}")
-    scales = getattr(model.kernel_, "sigma", None)
-    if isinstance(scales, tuple) and len(scales) != d:
-        problems.append(f"the kernel has {len(scales)} length scales (sigma), expected {d}")
-    if model.scaler_ is not None and model.scaler_.n_features_in_ != d:
-        problems.append(f"the scaler has {model.scaler_.n_features_in_} features, expected {d}")
-    if problems:
-        raise ModelFormatError(f"{path} is inconsistent: {'; '.join(problems)}; save the model again")
-
+def _check_shapes(model: Any, mf: ModelFile) -> None:
+    """Centers, coefficients, center indices and weights, target means and intercepts must fit together."""
+    d = model.n_features_in_ = mf.n_features()
+    mf.check_shape("centers", model.centers_, (None, d), "M centers of fitted.n_features_in_ features")
+    m = model.centers_.shape[0]
+    if model.coef_.ndim == 1:
+        mf.check_shape("coef", model.coef_, (m,), "one coefficient per center")
+    else:
+        mf.check_shape("coef", model.coef_, (m, None), "one row per center")
+    targets = 1 if model.coef_.ndim == 1 else model.coef_.shape[1]
+    mf.check_shape("center_indices", model.center_indices_, (m,), "one per center")
+    mf.check_shape("center_weights", model.center_weights_, (m,), "one per center")
+    mf.check_shape("y_mean", model.y_mean_, (targets,), "one per coefficient column")
+    mf.check_shape("intercept", model.intercept_, (targets,), "one per coefficient column")

@@ -25,6 +25,7 @@ import numpy as np
 import daskkrr
 from daskkrr.utils.atomic import atomic_directory
 from daskkrr.utils.jsonable import dumps_strict, jsonable_params
+from daskkrr.utils.safe_files import FileFieldError
 
 FORMAT_NAME = "daskkrr-model"
 FORMAT_VERSION = 1
@@ -47,6 +48,12 @@ _SCALARS = ("n_features_in_", "n_iter_", "converged_", "jitter_", "n_data_passes
 
 class ModelFormatError(ValueError):
     """The path does not hold a daskkrr model this version can read."""
+
+
+class ModelFileError(ModelFormatError, FileFieldError):
+    """A model file refused at load; ``file`` and ``field`` (e.g. ``params.penalty``, ``coef``) say where."""
+
+    fix = "the file is damaged or was edited: save the model again from a fitted estimator"
 
 
 def save_model(model: Any, path: str | os.PathLike, *, overwrite: bool = False) -> Path:

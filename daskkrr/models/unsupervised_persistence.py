@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 import daskkrr
-from daskkrr.models.persistence import ARRAYS_FILE, FORMAT_NAME, FORMAT_VERSION, METADATA_FILE, ModelFormatError
+from daskkrr.models.persistence import ARRAYS_FILE, FORMAT_NAME, FORMAT_VERSION, METADATA_FILE
 from daskkrr.utils.atomic import atomic_directory
 from daskkrr.utils.jsonable import dumps_strict, jsonable_params
+
+if TYPE_CHECKING:
+    from daskkrr.models.model_files import ModelFile
 
 
 def save_unsupervised(model: Any, path: str | os.PathLike, *, overwrite: bool = False) -> Path:
@@ -46,38 +49,36 @@ def save_unsupervised(model: Any, path: str | os.PathLike, *, overwrite: bool = 
     return Path(path)
 
 
-def load_unsupervised(cls: Any, meta: dict[str, Any], arrays: dict[str, np.ndarray], path: Path) -> Any:
-    """The estimator of class ``cls`` from checked metadata and arrays (no code from the file runs)."""
-    from daskkrr.data import Standardizer
-    from daskkrr.kernels import kernel_from_dict
-
-    params = meta.get("params", {})
-    if not isinstance(params, dict):
-        raise ModelFormatError(f"{path / METADATA_FILE}: 'params' must be a JSON object")
-    unknown = sorted(set(params) - set(cls().get_params()))
-    if unknown:
-        raise ModelFormatError(f"{path / METADATA_FILE}: unknown parameter(s) {unknown} for {cls.__name__}")
-    model = cls(**params)
-    model.kernel_ = kernel_from_dict(meta["kernel"])
-    model.scaler_ = None if meta.get("scaler") is None else Standardizer.from_dict(meta["scaler"])
+def load_unsupervised(cls: Any, mf: ModelFile) -> Any:
+    """The estimator of class ``cls`` from a read :class:`ModelFile`, checked as a whole (no code from it runs)."""
+    model = mf.estimator(cls)
     for key in cls._saved_arrays:
-        value = arrays.get(key.rstrip("_"))
-        if value is None:
-            raise ModelFormatError(f"{path / ARRAYS_FILE} lacks the array {key.rstrip('_')!r}")
-        if value.dtype.kind not in "biuf":
-            raise ModelFormatError(f"{path / ARRAYS_FILE}: array {key.rstrip('_')!r} is not numeric")
-        setattr(model, key, value)
-    for key, value in meta.get("fitted", {}).items():
+        setattr(model, key, mf.array(key.rstrip("_")))
+    for key, value in mf.section("fitted").items():
         if key in cls._saved_scalars:
             setattr(model, key, value)
-    d = getattr(model, "n_features_in_", None)
-    Z, P = model.centers_, model.basis_
-    if not isinstance(d, int) or Z.ndim != 2 or Z.shape[1] != d or P.ndim != 2 or P.shape[0] != Z.shape[0]:
-        raise ModelFormatError(f"{path} is inconsistent: centers {Z.shape}, basis {P.shape}, n_features {d!r}")
-    names = meta.get("feature_names")
-    if names is not None:
-        if not (isinstance(names, list) and len(names) == d and all(isinstance(n, str) for n in names)):
-            raise ModelFormatError(f"{path / METADATA_FILE}: 'feature_names' must be a list of {d} strings")
-        model.feature_names_in_ = np.asarray(names, dtype=object)
-    model.sampler_info_ = meta.get("sampler_info", {})
+    d = model.n_features_in_ = mf.n_features()
+    mf.check_shape("centers", model.centers_, (None, d), "M centers of fitted.n_features_in_ features")
+    m = model.centers_.shape[0]
+    mf.check_shape("center_indices", model.center_indices_, (m,), "one per center")
+    mf.check_shape("center_weights", model.center_weights_, (m,), "one per center")
+    mf.check_shape("basis", model.basis_, (m, None), "one row per center")
+    _check_fitted_arrays(mf, model, model.basis_.shape[1])
     return model
+
+
+def _check_fitted_arrays(mf: ModelFile, model: Any, r: int) -> None:
+    """Kernel PCA's projection and spectrum, or k-means' centroids, against the basis' ``r`` columns."""
+    m = model.centers_.shape[0]
+    if "cluster_centers_" in model._saved_arrays:  # NystromKernelKMeans
+        mf.check_shape("cluster_centers", model.cluster_centers_, (model.n_clusters, r),
+                       "params.n_clusters centroids of the basis' columns")
+        return
+    k = mf.scalar("n_components_", int)
+    if mf.scalar("rank_", int) != r:
+        raise mf.meta_error("fitted.rank_", f"is {model.rank_}; the basis has {r} columns")
+    if not 1 <= k <= r:
+        raise mf.meta_error("fitted.n_components_", f"is {k}; expected 1 to rank_={r}")
+    mf.check_shape("coef", model.coef_, (m, k), "centers x fitted.n_components_")
+    for name in ("intercept", "eigenvalues", "explained_variance_ratio"):
+        mf.check_shape(name, getattr(model, name + "_"), (k,), "one per component")

@@ -1,0 +1,231 @@
+"""A model folder read and checked as a whole before an estimator is built from it.
+
+Shared by the supervised loader (:mod:`daskkrr.models.loading`) and the
+unsupervised one (:mod:`daskkrr.models.unsupervised_persistence`). What a file
+holds is checked against itself: the parameters through the estimator's own
+``_parameter_constraints``, the kernel against the kernel those parameters give,
+the feature scaling (finite, positive scales), every float array finite, and
+the arrays' shapes against each other and the recorded number of features. Each
+refusal is a :class:`~daskkrr.models.persistence.ModelFileError` naming the file
+and the field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from sklearn.utils._param_validation import InvalidParameterError
+
+import daskkrr
+from daskkrr.models.persistence import ARRAYS_FILE, FORMAT_NAME, FORMAT_VERSION, METADATA_FILE, ModelFileError
+from daskkrr.utils.safe_files import contained_file, read_json_object, read_npz
+
+#: Top-level fields of ``daskkrr-model.json``; any other is refused (format version 1 has exactly these).
+KNOWN_FIELDS = frozenset({"format", "format_version", "library_version", "estimator", "params", "kernel", "scaler",
+                          "fitted", "sampler_info", "feature_names", "posterior", "classes", "state"})
+
+
+@dataclasses.dataclass
+class ModelFile:
+    """The metadata and arrays of one model folder, read with bounds (see :mod:`daskkrr.utils.safe_files`)."""
+
+    folder: Path
+    meta: dict[str, Any]
+    arrays: dict[str, np.ndarray]
+
+    @property
+    def meta_path(self) -> Path:
+        return self.folder / METADATA_FILE
+
+    @property
+    def arrays_path(self) -> Path:
+        return self.folder / ARRAYS_FILE
+
+    @classmethod
+    def read(cls, folder: Path, estimators: dict[str, type]) -> ModelFile:
+        """Read ``folder``: its JSON (format, version, known fields, a registered estimator) and its arrays."""
+        meta_path = contained_file(folder, METADATA_FILE, ModelFileError)
+        if not meta_path.is_file():
+            raise FileNotFoundError(f"{folder} is not a daskkrr model directory (no {METADATA_FILE})")
+        meta = read_json_object(meta_path, ModelFileError)
+        if meta.get("format") != FORMAT_NAME:
+            raise ModelFileError(meta_path, "format", f"is {meta.get('format')!r}, not {FORMAT_NAME!r}: this is "
+                                 "not a daskkrr model file", fix="pass the folder daskkrr's save() wrote")
+        version = meta.get("format_version")
+        if version != FORMAT_VERSION:
+            raise ModelFileError(
+                meta_path, "format_version",
+                f"model format version {version!r}; this daskkrr ({daskkrr.__version__}) reads version "
+                f"{FORMAT_VERSION}",
+                fix="re-fit the model or load it with the daskkrr version that wrote it "
+                    f"({meta.get('library_version', 'unknown')})")
+        unknown = sorted(set(meta) - KNOWN_FIELDS)
+        if unknown:
+            raise ModelFileError(meta_path, unknown[0], f"unknown field(s) {unknown}; a version-{FORMAT_VERSION} "
+                                 f"model file has only {sorted(KNOWN_FIELDS)}")
+        name = meta.get("estimator")
+        if not isinstance(name, str) or name not in estimators:
+            raise ModelFileError(meta_path, "estimator", f"unknown estimator {name!r}; expected one of "
+                                 f"{sorted(estimators)}")
+        arrays = read_npz(contained_file(folder, ARRAYS_FILE, ModelFileError), ModelFileError)
+        model_file = cls(folder, meta, arrays)
+        for key, value in arrays.items():
+            model_file.check_finite(key, value)
+        return model_file
+
+    # ------------------------------------------------------------------ errors
+    def meta_error(self, field: str, problem: str) -> ModelFileError:
+        return ModelFileError(self.meta_path, field, problem)
+
+    def array_error(self, field: str, problem: str) -> ModelFileError:
+        return ModelFileError(self.arrays_path, field, problem)
+
+    def check_finite(self, name: str, value: np.ndarray) -> None:
+        """Refuse NaN or inf in a float array (a model holding them predicts NaN), naming the first."""
+        if value.dtype.kind != "f" or np.isfinite(value).all():
+            return
+        bad = np.flatnonzero(~np.isfinite(value.reshape(-1)))
+        where = tuple(int(i) for i in np.unravel_index(int(bad[0]), value.shape))
+        raise self.array_error(name, f"holds {bad.size} NaN or inf value(s), the first at index {where}; "
+                                     "a model holding them predicts NaN")
+
+    def check_shape(self, name: str, value: np.ndarray, expected: tuple[int | None, ...], why: str) -> None:
+        """``value.shape`` must be ``expected`` (None: any length); ``why`` says where the lengths come from."""
+        if value.ndim != len(expected) or any(e is not None and s != e for s, e in zip(value.shape, expected)):
+            shown = "(" + ", ".join("*" if e is None else str(e) for e in expected) + ("," if len(expected) == 1
+                                                                                      else "") + ")"
+            raise self.array_error(name, f"has shape {value.shape}, expected {shown} ({why})")
+
+    # ------------------------------------------------------------------ fields
+    def section(self, key: str) -> dict[str, Any]:
+        """A JSON object field (``{}`` when absent)."""
+        value = self.meta.get(key, {})
+        if not isinstance(value, dict):
+            raise self.meta_error(key, f"must be a JSON object; it is a JSON {type(value).__name__}")
+        return value
+
+    def array(self, name: str) -> np.ndarray:
+        """A required array."""
+        if name not in self.arrays:
+            raise self.array_error(name, f"the archive lacks the array {name!r}")
+        return self.arrays[name]
+
+    def n_features(self) -> int:
+        """``fitted.n_features_in_``: a positive int, the length every per-feature field is checked against."""
+        d = self.section("fitted").get("n_features_in_")
+        if type(d) is not int or d < 1:
+            raise self.meta_error("fitted.n_features_in_", f"is missing or invalid ({d!r}); expected a positive "
+                                  "integer, the number of features the model was fitted on")
+        return d
+
+    def scalar(self, key: str, kind: type) -> Any:
+        """``fitted.KEY`` of type ``kind`` (bools are not ints)."""
+        value = self.section("fitted").get(key)
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            raise self.meta_error(f"fitted.{key}", f"is {value!r}; expected {kind.__name__}")
+        return value
+
+    def estimator(self, cls: type, defaults: dict[str, Any] | None = None) -> Any:
+        """An unfitted ``cls`` from ``params`` checked by its own validation, with the kernel and scaling set.
+
+        ``defaults`` fill parameters older files lack (they must be accepted parameters of ``cls``).
+        """
+        params = {k: v for k, v in self.section("params").items() if k != "client"}  # was a parameter once
+        accepted = set(cls().get_params())
+        unknown = sorted(set(params) - accepted)
+        if unknown:
+            raise self.meta_error(f"params.{unknown[0]}", f"unknown parameter(s) {unknown} for {cls.__name__}; "
+                                  "the file was written by another daskkrr version or edited")
+        for key, value in (defaults or {}).items():
+            if key in accepted:
+                params.setdefault(key, value)
+        model = cls(**params)
+        try:
+            model._validate_params()
+        except (InvalidParameterError, ValueError, TypeError) as exc:
+            name = getattr(exc, "parameter", None) or _named_parameter(str(exc), params)
+            raise self.meta_error(f"params.{name}" if name else "params", str(exc)) from exc
+        d = self.n_features()
+        model.kernel_ = self.kernel(model, d)
+        model.scaler_ = self.scaler(d)
+        names = self.feature_names(d)
+        if names is not None:
+            model.feature_names_in_ = names
+        sampler_info = self.meta.get("sampler_info", {})
+        if not isinstance(sampler_info, dict):
+            raise self.meta_error("sampler_info", "must be a JSON object")
+        model.sampler_info_ = sampler_info
+        return model
+
+    def kernel(self, model: Any, d: int) -> Any:
+        """The saved kernel, refused unless it is the kernel the saved parameters give for ``d`` features."""
+        from daskkrr.kernels import kernel_from_dict
+
+        spec = self.meta.get("kernel")
+        if not isinstance(spec, dict):
+            raise self.meta_error("kernel", f"must be a JSON object such as {{\"name\": \"gaussian\", \"sigma\": "
+                                  f"1.0}}; got {spec!r}")
+        for key, value in spec.items():
+            numbers = value if isinstance(value, list) else [value]
+            if any(isinstance(v, float) and not math.isfinite(v) for v in numbers):
+                raise self.meta_error(f"kernel.{key}", f"is {value!r}; kernel parameters must be finite")
+        try:
+            saved = kernel_from_dict(spec)
+        except (ValueError, TypeError) as exc:
+            raise self.meta_error("kernel", str(exc)) from exc
+        try:
+            expected = model._make_kernel(d)
+        except (ValueError, TypeError) as exc:
+            raise self.meta_error(f"params.{getattr(exc, 'parameter', None) or 'kernel'}", str(exc)) from exc
+        if saved.to_dict() != expected.to_dict():
+            raise self.meta_error(
+                "kernel", f"{saved.to_dict()} contradicts the saved parameters (kernel={model.kernel!r}, "
+                          f"sigma={model.sigma!r}, kernel_params={model.kernel_params!r}), which give "
+                          f"{expected.to_dict()} for {d} features")
+        return saved
+
+    def scaler(self, d: int) -> Any:
+        """The saved feature scaling (None without one): ``d`` features, finite means, finite positive scales."""
+        from daskkrr.data import Standardizer
+
+        state = self.meta.get("scaler")
+        if state is None:
+            return None
+        if not isinstance(state, dict):
+            raise self.meta_error("scaler", "must be a JSON object or null")
+        try:
+            scaler = Standardizer.from_dict(state)
+        except (KeyError, ValueError, TypeError) as exc:
+            raise self.meta_error("scaler", str(exc)) from exc
+        if scaler.n_features_in_ != d:
+            raise self.meta_error("scaler.n_features", f"is {scaler.n_features_in_}; the model has {d} features")
+        for key, values in (("mean", scaler.mean_), ("scale", scaler.scale_)):
+            if values is not None and not np.isfinite(values).all():
+                raise self.meta_error(f"scaler.{key}", "holds NaN or inf; every feature's value must be finite")
+        if scaler.scale_ is not None and (scaler.scale_ <= 0).any():
+            first = int(np.flatnonzero(scaler.scale_ <= 0)[0])
+            raise self.meta_error("scaler.scale", f"is {scaler.scale_[first]!r} for feature {first}; every "
+                                  "feature's scale must be > 0 (scaling divides by it)")
+        return scaler
+
+    def feature_names(self, d: int) -> np.ndarray | None:
+        """``feature_names`` (absent in models fitted without names): ``d`` strings."""
+        names = self.meta.get("feature_names")
+        if names is None:
+            return None
+        if not (isinstance(names, list) and len(names) == d and all(isinstance(n, str) for n in names)):
+            got = f"a list of {len(names)}" if isinstance(names, list) else f"a JSON {type(names).__name__}"
+            raise self.meta_error("feature_names", f"must be a list of {d} strings (one per feature); got {got}")
+        return np.asarray(names, dtype=object)
+
+
+def _named_parameter(message: str, params: dict[str, Any]) -> str | None:
+    """The parameter a scikit-learn message names (``The 'x' parameter of ...``), if any."""
+    for name in params:
+        if f"'{name}'" in message or message.startswith(f"{name} "):
+            return name
+    return None
