@@ -35,11 +35,13 @@ import time
 from numbers import Integral, Real
 from typing import Any, ClassVar
 
+import dask
 import numpy as np
 from sklearn.utils import Tags
 from sklearn.utils._param_validation import Interval
 from sklearn.utils.validation import validate_data
 
+from daskkrr.data.extremes import check_feature_magnitudes, check_target_magnitudes
 from daskkrr.data.inputs import is_in_memory, is_store, load_training_data
 from daskkrr.models.kernel_model import KernelModelBase, positive
 from daskkrr.models.regressors import PARAM_DOCS, _RegressorMixin
@@ -346,6 +348,8 @@ class _Source:
             raise ValueError(f"X or y has NaN or inf in the new rows (first in block {_first(bad)}); the "
                              "batch was refused before any update: clean or impute the rows")
         Y = yd[:, None] if yd.ndim == 1 else yd
+        if Xd.shape[0]:
+            _check_stream_magnitudes(*dask.compute(abs(Xd).max(axis=0), abs(Y).max(axis=0)), Xd.dtype)
         return cls(Xd, Y, int(Xd.shape[0]), int(Xd.shape[1]), int(Y.shape[1]), yd.ndim == 1, executor)
 
     @classmethod
@@ -362,6 +366,8 @@ class _Source:
             raise ValueError(f"X or y has NaN or inf in {bad.size} row(s) of the batch, the first at row "
                              f"{int(bad[0])}; the batch was refused before any update: clean or impute the rows")
         Y = yn.reshape(len(yn), -1)
+        if len(Xn):
+            _check_stream_magnitudes(np.abs(Xn).max(axis=0), np.abs(Y).max(axis=0), Xn.dtype)
         return cls(Xn, Y, Xn.shape[0], Xn.shape[1], Y.shape[1], yn.ndim == 1, executor)
 
     def batch(self, start: int, stop: int, kernel: Any, state: OnlineState) -> tuple[np.ndarray, np.ndarray,
@@ -377,6 +383,14 @@ class _Source:
         Xb = np.concatenate([p[0] for p in parts]).astype(np.float64)
         Yb = np.concatenate([p[1] for p in parts]).astype(np.float64)
         return Xb, Yb.reshape(len(Yb), -1), Projections.concat([p[2] for p in parts]) if unbounded else None
+
+
+def _check_stream_magnitudes(x_absmax: np.ndarray, y_absmax: np.ndarray, dtype: Any) -> None:
+    """Refuse a batch whose raw features (the stream has no standardisation) or targets have
+    magnitudes the kernel or the ridge solve cannot represent, before any update."""
+    check_feature_magnitudes(np.asarray(x_absmax, dtype=np.float64), standardize=False, fit_dtype=np.float64,
+                             input_dtype=dtype)
+    check_target_magnitudes(np.asarray(y_absmax, dtype=np.float64))
 
 
 def _block_with_projections(Xb: np.ndarray, Yb: np.ndarray, unbounded: bool, *args: Any) -> tuple[Any, Any, Any]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import logging
+import math
 import time
 import warnings
 from collections.abc import Callable
@@ -27,6 +28,7 @@ from sklearn.exceptions import ConvergenceWarning
 
 from daskkrr import events as ev
 from daskkrr.data import Standardizer
+from daskkrr.data.extremes import check_fit_magnitudes
 from daskkrr.data.feature_names import fitted_feature_names
 from daskkrr.data.inputs import is_in_memory, load_training_data
 from daskkrr.data.sample_weight import open_sample_weight
@@ -92,6 +94,11 @@ def statistics(ctx: FitContext) -> None:
         w = row_weights(yd, w)
     scaler.fit(Xd, Y, sample_weight=w)  # one pass: statistics and finiteness of X, Y and the weights
     ctx.events.emit(ev.PassDone("statistics", Xd.numblocks[0]))
+    # Extreme magnitudes are refused (or weights renormalised) before any kernel is evaluated.
+    weight_exponent = check_fit_magnitudes(scaler.magnitudes_, standardize=p.standardize,
+                                           fit_dtype=p._feature_dtype(), input_dtype=Xd.dtype, scale=scaler.scale_)
+    if w is not None and weight_exponent:  # w * 2**k: exact; the model depends on the weights' ratios only
+        w = np.ldexp(w, weight_exponent)
     logger.info("statistics pass over %d rows in %.2fs", n, time.perf_counter() - t0)
     fits_intercept = bool(getattr(p, "fit_intercept", False))
     centre_y = p.standardize or fits_intercept
@@ -102,7 +109,7 @@ def statistics(ctx: FitContext) -> None:
     ctx.X = Xs.astype(p._feature_dtype())
     ctx.Y = Y - ctx.y_mean if centre_y else Y
     ctx.sample_weight = w
-    ctx.weight_sum = float(scaler.weight_sum_)
+    ctx.weight_sum = math.ldexp(float(scaler.weight_sum_), weight_exponent)
     ctx.one_d = yd.ndim == 1 and getattr(p, "_squeeze_single_target", True)
     ctx.kernel = p._make_kernel(d)
     ctx.fitted.update(
