@@ -261,7 +261,7 @@ def test_online_refuses_extreme_targets_and_features_before_any_update(data):
 
 
 @pytest.mark.parametrize("name", list(REGRESSORS) + ["falkon_classifier"])
-@pytest.mark.parametrize("factor", [2.0**1000, 2.0**-1000, 1e300, 1e-300])
+@pytest.mark.parametrize("factor", [2.0**1000, 1e300, 1e-300])
 def test_uniformly_scaled_weights_give_the_same_model(data, name, factor):
     X, y = data
     make = {**REGRESSORS, **CLASSIFIERS}[name]

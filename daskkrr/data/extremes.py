@@ -30,8 +30,9 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["ExtremeValueError", "Magnitudes", "check_feature_magnitudes", "check_target_magnitudes",
-           "merge_magnitudes", "weight_normalizer"]
+__all__ = ["ExtremeValueError", "Magnitudes", "check_feature_magnitudes", "check_fit_magnitudes",
+           "check_subnormal_scale", "check_target_magnitudes", "feature_limit", "merge_magnitudes",
+           "times_power_of_two", "weight_normalizer"]
 
 #: Largest ``|y|`` the solvers take: ``n max|y|^2`` stays below float64's maximum (1.8e308) up to n ~ 1.8e8 rows.
 TARGET_MAX = 1e150
@@ -203,6 +204,11 @@ def weight_normalizer(w_max: float | None) -> int:
     if -WEIGHT_EXPONENT <= exponent <= WEIGHT_EXPONENT:
         return 0
     return -exponent  # applied with ldexp: 2**1074 itself would overflow, the product does not
+
+
+def times_power_of_two(a: np.ndarray, exponent: int) -> np.ndarray:
+    """``a * 2**exponent``, exact (barring under/overflow) even where ``2**exponent`` itself overflows."""
+    return np.ldexp(a, exponent)
 
 
 def check_fit_magnitudes(magnitudes: Magnitudes | None, *, standardize: bool, fit_dtype: Any,

@@ -222,7 +222,7 @@ class KernelModelBase(BaseEstimator):
             Xs = self.scaler_.transform(Xn) if self.scaler_ is not None else Xn
             _check_extreme_rows(Xs, 0, dtype)
             out = engine_for(self.kernel_).matvec(self.kernel_, np.asarray(Xs, dtype=dtype), self.centers_, coef2)
-            return out + self.intercept_
+            return (out + self.intercept_).astype(self._output_dtype(), copy=False)
         Xd = load_features(X, self.chunks)
         self._check_n_features(Xd.shape)
         Xs = self.scaler_.transform(Xd) if self.scaler_ is not None else Xd
@@ -232,7 +232,7 @@ class KernelModelBase(BaseEstimator):
             _predict_block, self.kernel_, self.centers_, coef2, self.intercept_,
             dtype=np.float64, chunks=(Xs.chunks[0], (t,)),
         )
-        return out
+        return out.astype(self._output_dtype(), copy=False)
 
     def _decision_and_std(self, X: Any) -> tuple[Any, Any]:
         """``(k(scale(X), Z) coef + intercept, posterior std)``, both ``(n, t)``: numpy for in-memory
@@ -249,7 +249,7 @@ class KernelModelBase(BaseEstimator):
             Xs = self.scaler_.transform(Xn) if self.scaler_ is not None else Xn
             _check_extreme_rows(Xs, 0, dtype)
             out = predict_with_std(np.asarray(Xs, dtype=dtype), self.kernel_, self.centers_, coef2,
-                                   self.intercept_, post)
+                                   self.intercept_, post).astype(self._output_dtype(), copy=False)
             return out[:, :t], out[:, t:]
         Xd = load_features(X, self.chunks)
         self._check_n_features(Xd.shape)
@@ -257,8 +257,12 @@ class KernelModelBase(BaseEstimator):
         both = Xs.map_blocks(
             _predict_std_block, self.kernel_, self.centers_, coef2, self.intercept_, post,
             dtype=np.float64, chunks=(Xs.chunks[0], (2 * t,)),
-        )
+        ).astype(self._output_dtype(), copy=False)
         return both[:, :t], both[:, t:]
+
+    def _output_dtype(self) -> np.dtype:
+        """float32 for a model fitted on float32 features (its ``coef_`` is float32), float64 otherwise."""
+        return np.dtype(np.float32) if self.coef_.dtype == np.float32 else np.dtype(np.float64)
 
     def _check_n_features(self, shape: tuple[int, ...]) -> None:
         if len(shape) != 2 or shape[1] != self.n_features_in_:

@@ -250,6 +250,8 @@ class OnlineKernelRidge(_RegressorMixin, KernelModelBase):
             if self.verbose:
                 logger.info("online KRR: %d rows seen, %d landmarks", state.n_seen, state.landmarks.shape[0])
         if restart:
+            # float32 features give float32 coefficients and predictions, as in scikit-learn
+            self._input_dtype = source.X.dtype if not isinstance(source.X, np.ndarray) else getattr(X, "dtype", None)
             self.n_features_in_ = source.n_features
             if not isinstance(source.X, np.ndarray) and hasattr(self, "feature_names_in_"):
                 del self.feature_names_in_  # names come from in-memory frames only
@@ -281,6 +283,8 @@ class OnlineKernelRidge(_RegressorMixin, KernelModelBase):
         self.scaler_ = None
         self.centers_ = np.ascontiguousarray(state.landmarks[basis])
         self.coef_ = coef[:, 0] if one_d else coef
+        if getattr(self, "_input_dtype", None) == np.float32:
+            self.coef_ = self.coef_.astype(np.float32)
         self.center_indices_ = state.landmark_rows[basis]
         self.center_weights_ = 1.0 / state.landmark_probs[basis] if basis.size else np.zeros(0)
         t = state.n_targets
@@ -349,7 +353,8 @@ class _Source:
                              "batch was refused before any update: clean or impute the rows")
         Y = yd[:, None] if yd.ndim == 1 else yd
         if Xd.shape[0]:
-            _check_stream_magnitudes(*dask.compute(abs(Xd).max(axis=0), abs(Y).max(axis=0)), Xd.dtype)
+            x_absmax, y_absmax = dask.compute(abs(Xd).max(axis=0), abs(Y).max(axis=0))
+            _check_stream_magnitudes(x_absmax, y_absmax, Xd.dtype)
         return cls(Xd, Y, int(Xd.shape[0]), int(Xd.shape[1]), int(Y.shape[1]), yd.ndim == 1, executor)
 
     @classmethod

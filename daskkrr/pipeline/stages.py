@@ -28,7 +28,7 @@ from sklearn.exceptions import ConvergenceWarning
 
 from daskkrr import events as ev
 from daskkrr.data import Standardizer
-from daskkrr.data.extremes import check_fit_magnitudes
+from daskkrr.data.extremes import check_fit_magnitudes, times_power_of_two
 from daskkrr.data.feature_names import fitted_feature_names
 from daskkrr.data.inputs import is_in_memory, load_training_data
 from daskkrr.data.sample_weight import open_sample_weight
@@ -74,6 +74,7 @@ def statistics(ctx: FitContext) -> None:
     Xd, yd = load_training_data(ctx.X_in, ctx.y_in, p.chunks)
     w = open_sample_weight(ctx.sample_weight_in, ctx.X_in, Xd, p.chunks)
     n, d = (int(s) for s in Xd.shape)
+    ctx.input_dtype = Xd.dtype
     n_centers = getattr(p, "n_centers", None)
     if n_centers is not None and n_centers > n:
         # As scikit-learn's Nystroem: the defaults still fit tiny data, with at most one center per row.
@@ -98,7 +99,7 @@ def statistics(ctx: FitContext) -> None:
     weight_exponent = check_fit_magnitudes(scaler.magnitudes_, standardize=p.standardize,
                                            fit_dtype=p._feature_dtype(), input_dtype=Xd.dtype, scale=scaler.scale_)
     if w is not None and weight_exponent:  # w * 2**k: exact; the model depends on the weights' ratios only
-        w = np.ldexp(w, weight_exponent)
+        w = da.map_blocks(times_power_of_two, w, weight_exponent, dtype=w.dtype)
     logger.info("statistics pass over %d rows in %.2fs", n, time.perf_counter() - t0)
     fits_intercept = bool(getattr(p, "fit_intercept", False))
     centre_y = p.standardize or fits_intercept

@@ -92,6 +92,7 @@ def feature_statistics(ctx: FitContext) -> None:
     if Xd.ndim != 2:
         raise ValueError(f"X must be 2-D (n_samples, n_features); got shape {Xd.shape}")
     n, d = (int(s) for s in Xd.shape)
+    ctx.input_dtype = Xd.dtype
     sampler_guard(ctx, n, d)
     p._check_data_size(n)
     n_centers = int(p.n_centers)
