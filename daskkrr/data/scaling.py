@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import math
 from typing import Any
 
 import dask
@@ -39,6 +40,7 @@ from sklearn.base import BaseEstimator, TransformerMixin
 from sklearn.exceptions import NotFittedError
 
 from daskkrr.data.chunking import align_rows, as_row_blocks, numpy_to_dask
+from daskkrr.data.extremes import ExtremeValueError, Magnitudes, merge_magnitudes
 from daskkrr.data.validation import check_features, check_target
 
 __all__ = ["Moments", "Standardizer", "block_digest", "merge_moments"]
@@ -76,11 +78,23 @@ class Moments:
     mean : ndarray of shape (d,), float64
     m2 : ndarray of shape (d,), float64
         ``sum((x - mean) ** 2)`` per column.
+    shift : ndarray of shape (d,), int, or None
+        Columns of extreme magnitude are summarised in the unit ``2**shift``: the
+        true mean is ``mean * 2**shift`` and the true ``m2`` is ``m2 * 4**shift``
+        (so neither the squares of values ~1e200 overflow nor those of ~1e-200
+        underflow). None: every column in its own unit (shift 0).
+    weight_shift : int
+        Weights of extreme magnitude are summed in the unit ``2**weight_shift``: the
+        true count and ``m2`` are ``count * 2**weight_shift`` and ``m2 * 2**weight_shift``
+        (their ratio, the variance, is unaffected), so that products with weights
+        ~1e300 do not overflow nor those with weights ~1e-300 lose digits.
     """
 
     count: float
     mean: np.ndarray
     m2: np.ndarray
+    shift: np.ndarray | None = None
+    weight_shift: int = 0
 
     @classmethod
     def of(cls, block: np.ndarray, weights: np.ndarray | None = None) -> Moments:
@@ -89,15 +103,80 @@ class Moments:
         With ``weights`` (rows,), the weighted moments (count = the sum of the weights).
         """
         x = np.asarray(block, dtype=np.float64)
+        shift = magnitude_shift(x)
+        if shift is not None:
+            x = np.ldexp(x, -shift)  # exact: a power of two per column
         if weights is None:
             mean = x.mean(axis=0)
-            return cls(x.shape[0], mean, np.square(x - mean).sum(axis=0))
+            return cls(x.shape[0], mean, np.square(x - mean).sum(axis=0), shift)
         w = np.asarray(weights, dtype=np.float64).reshape(-1)
+        weight_shift = _weight_shift(w)
+        w = np.ldexp(w, -weight_shift) if weight_shift else w  # exact: a power of two
         total = float(w.sum())
         if total == 0:  # rows that count for nothing (merge_moments skips them)
             return cls(0.0, np.zeros(x.shape[1]), np.zeros(x.shape[1]))
         mean = (w @ x) / total
-        return cls(total, mean, w @ np.square(x - mean))
+        return cls(total, mean, w @ np.square(x - mean), shift, weight_shift)
+
+    def true_mean(self) -> np.ndarray:
+        """The column means in the data's unit (undoing :attr:`shift`)."""
+        return self.mean if self.shift is None else np.ldexp(self.mean, self.shift)
+
+    def true_count(self) -> float:
+        """The number of rows, or the sum of their weights (undoing :attr:`weight_shift`; may be inf)."""
+        if not self.weight_shift:
+            return self.count
+        with np.errstate(over="ignore"):  # inf: refused by the caller, naming the weights
+            return float(np.ldexp(self.count, self.weight_shift))
+
+
+def _weight_shift(w: np.ndarray) -> int:
+    """The exponent of the block's largest weight when it lies beyond ``2**±100`` (else 0)."""
+    top = float(w.max()) if w.size else 0.0
+    if not top > 0:
+        return 0
+    exponent = math.frexp(top)[1]
+    return exponent if abs(exponent) > 100 else 0
+
+
+def _in_weight_unit(m: Moments, weight_shift: int) -> Moments:
+    """``m`` with its count and ``m2`` in the weight unit ``2**weight_shift`` (>= its own)."""
+    delta = m.weight_shift - weight_shift
+    if delta == 0:
+        return m
+    return Moments(float(np.ldexp(m.count, delta)), m.mean, np.ldexp(m.m2, delta), m.shift, weight_shift)
+
+
+#: Columns with ``max|x|`` outside ``[2^-SHIFT_EXPONENT, 2^SHIFT_EXPONENT]`` get their own unit in
+#: :class:`Moments` (their squares would otherwise overflow or underflow float64).
+SHIFT_EXPONENT = 500
+#: The shift of an all-zero column: below any other, so that a merge takes the other block's unit.
+ZERO_SHIFT = -100_000
+
+
+def magnitude_shift(x: np.ndarray) -> np.ndarray | None:
+    """Per-column power-of-two exponents that bring extreme columns to ``max|x|`` in [0.5, 1).
+
+    None when no column is extreme and none is all zero: the moments are then computed
+    exactly as without this rescaling (bit for bit).
+    """
+    if x.shape[0] == 0:
+        return None
+    absmax = np.abs(x).max(axis=0)
+    exponent = np.frexp(absmax)[1].astype(np.int64)
+    extreme = (absmax > 0) & (np.abs(exponent) > SHIFT_EXPONENT)
+    zero = absmax == 0
+    if not extreme.any() and not zero.any():
+        return None
+    return np.where(extreme, exponent, np.where(zero, ZERO_SHIFT, 0))
+
+
+def _in_unit(m: Moments, shift: np.ndarray) -> Moments:
+    """``m`` expressed in the unit ``2**shift`` (``shift >=`` its own; smaller parts may underflow,
+    harmlessly: they are below the column's rounding error)."""
+    own = np.zeros_like(shift) if m.shift is None else m.shift
+    delta = np.maximum(own - shift, ZERO_SHIFT)
+    return Moments(m.count, np.ldexp(m.mean, delta), np.ldexp(m.m2, 2 * delta), shift, m.weight_shift)
 
 
 def merge_moments(a: Moments, b: Moments) -> Moments:
@@ -106,11 +185,18 @@ def merge_moments(a: Moments, b: Moments) -> Moments:
         return b
     if b.count == 0:
         return a
+    if a.weight_shift != b.weight_shift:  # sum the weights in the larger unit
+        a, b = _in_weight_unit(a, max(a.weight_shift, b.weight_shift)), _in_weight_unit(b, max(a.weight_shift,
+                                                                                           b.weight_shift))
+    if a.shift is not None or b.shift is not None:  # bring both to the larger unit of each column
+        zeros = np.zeros(a.mean.shape, dtype=np.int64)
+        shift = np.maximum(zeros if a.shift is None else a.shift, zeros if b.shift is None else b.shift)
+        a, b = _in_unit(a, shift), _in_unit(b, shift)
     n = a.count + b.count
     delta = b.mean - a.mean
     mean = a.mean + delta * (b.count / n)
     m2 = a.m2 + b.m2 + np.square(delta) * (a.count * b.count / n)
-    return Moments(n, mean, m2)
+    return Moments(n, mean, m2, a.shift, a.weight_shift)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -131,6 +217,8 @@ class BlockSummary:
     #: ``(X, y, w)`` digests of each block (:func:`block_digest`, "" for an absent y or w), in block
     #: order; empty unless asked for.
     digests: tuple[tuple[str, str, str], ...] = ()
+    #: Largest ``|x|``, ``|y|`` and weight (:mod:`daskkrr.data.extremes`).
+    magnitudes: Magnitudes | None = None
 
 
 def summarize_block(
@@ -151,7 +239,7 @@ def summarize_block(
         w = None  # the moments are not used: the fit refuses these weights
     x_moments = Moments.of(X, w) if bad_x is None else None
     y_moments = Moments.of(np.reshape(y, (len(y), -1)), w) if y is not None and bad_y is None else None
-    return BlockSummary(x_moments, y_moments, bad_x, bad_y, bad_w, digests)
+    return BlockSummary(x_moments, y_moments, bad_x, bad_y, bad_w, digests, Magnitudes.of(X, y, w))
 
 
 def merge_summaries(*parts: BlockSummary) -> BlockSummary:
@@ -168,7 +256,7 @@ def merge_summaries(*parts: BlockSummary) -> BlockSummary:
     if bad_y is None and len(ys) == len(parts):
         y = _merge_all(ys)
     digests = tuple(d for p in parts for d in p.digests)
-    return BlockSummary(x, y, bad_x, bad_y, bad_w, digests)
+    return BlockSummary(x, y, bad_x, bad_y, bad_w, digests, merge_magnitudes(*(p.magnitudes for p in parts)))
 
 
 def _merge_all(moments: list[Moments]) -> Moments:
@@ -213,7 +301,8 @@ class Standardizer(TransformerMixin, BaseEstimator):
         Subtract the column means.
     with_std : bool, default=True
         Divide by the column standard deviations (population, ``ddof=0``).
-        Constant columns get a scale of 1.
+        Constant columns get a scale of 1 (of ``2**k ~ |mean|`` for a constant column of
+        magnitude beyond ``2**500``, so that the mean's rounding error standardises to ~0).
 
     Attributes
     ----------
@@ -292,22 +381,30 @@ class Standardizer(TransformerMixin, BaseEstimator):
                 "sample_weight has only zero weights: no row counts in the fit; give at least one row "
                 "a weight > 0"
             )
+        if not np.isfinite(x.true_count()):
+            raise ExtremeValueError(
+                "sample_weight sums to more than float64 can hold (inf); divide the weights by their maximum "
+                "(the fit depends only on their ratios)"
+            )
         var = x.m2 / n
         self.n_samples_ = int(X.shape[0])
-        self.weight_sum_ = float(n)
+        self.weight_sum_ = float(x.true_count())
         self.n_features_in_ = int(X.shape[1])
-        self.mean_ = x.mean if self.with_mean else None
-        self.scale_ = _scale_from_variance(var, x.mean, n) if self.with_std else None
+        self.mean_ = x.true_mean() if self.with_mean else None
+        # the mean's rounding error grows with the number of rows summed, not with their weights
+        self.scale_ = _scale_from_variance(var, x.mean, self.n_samples_, x.shift) if self.with_std else None
         y_mean: float | np.ndarray | None
         if summary.y is None:
             y_mean = None
         elif y is not None and y.ndim == 1:
-            y_mean = float(summary.y.mean[0])
+            y_mean = float(summary.y.true_mean()[0])
         else:
-            y_mean = summary.y.mean
+            y_mean = summary.y.true_mean()
         self.y_mean_ = y_mean
         if digest_blocks:
             self.block_digests_ = [list(d) for d in summary.digests]
+        #: Largest |x| per column, |y| per target and weight (:mod:`daskkrr.data.extremes`); not saved.
+        self.magnitudes_ = summary.magnitudes
         return self
 
     def transform(self, X: Any) -> Any:
@@ -469,15 +566,21 @@ def _raise_if_non_finite(summary: BlockSummary, row_chunks: tuple[int, ...]) -> 
             )
 
 
-def _scale_from_variance(var: np.ndarray, mean: np.ndarray, n: float) -> np.ndarray:
+def _scale_from_variance(var: np.ndarray, mean: np.ndarray, n: float, shift: np.ndarray | None = None) -> np.ndarray:
     """Standard deviations, with 1 for columns that are constant up to rounding.
 
     A constant column's computed variance is not always exactly 0: the mean of
     ``n`` equal values carries a rounding error of order ``n * eps * |mean|``.
+    ``var`` and ``mean`` may be in the unit ``2**shift`` (:class:`Moments`); the
+    scales returned are in the data's unit.
     """
     eps = np.finfo(np.float64).eps
     constant = var <= np.square(n * eps * mean)
-    return np.where(constant, 1.0, np.sqrt(var))
+    if shift is None:
+        return np.where(constant, 1.0, np.sqrt(var))
+    # A constant column of huge values keeps its mean's rounding error (~ n eps |mean|) after centring:
+    # its unit (2**shift) as the scale brings that to ~ n eps, as 1 does for moderate columns.
+    return np.where(constant, np.ldexp(1.0, np.maximum(shift, 0)), np.ldexp(np.sqrt(var), shift))
 
 
 def _vector(values: Any, d: int, name: str) -> np.ndarray | None:

@@ -29,6 +29,7 @@ from sklearn.utils._param_validation import (
 )
 from sklearn.utils.validation import check_is_fitted, validate_data
 
+from daskkrr.data.extremes import ExtremeValueError, feature_limit
 from daskkrr.data.feature_names import check_feature_names
 from daskkrr.data.inputs import is_in_memory, load_features
 from daskkrr.kernels import Kernel, kernel_key, make_kernel
@@ -221,8 +222,9 @@ class KernelModelBase(BaseEstimator):
             Xn = validate_data(self, X, reset=False, accept_sparse=False, dtype="numeric", ensure_all_finite=False)
             _check_finite_rows(Xn, 0)
             Xs = self.scaler_.transform(Xn) if self.scaler_ is not None else Xn
+            _check_extreme_rows(Xs, 0, dtype)
             out = engine_for(self.kernel_).matvec(self.kernel_, np.asarray(Xs, dtype=dtype), self.centers_, coef2)
-            return out + self.intercept_
+            return (out + self.intercept_).astype(self._output_dtype(), copy=False)
         Xd = load_features(X, self.chunks)
         self._check_n_features(Xd.shape)
         Xs = self.scaler_.transform(Xd) if self.scaler_ is not None else Xd
@@ -232,7 +234,7 @@ class KernelModelBase(BaseEstimator):
             _predict_block, self.kernel_, self.centers_, coef2, self.intercept_,
             dtype=np.float64, chunks=(Xs.chunks[0], (t,)),
         )
-        return out
+        return out.astype(self._output_dtype(), copy=False)
 
     def _decision_and_std(self, X: Any) -> tuple[Any, Any]:
         """``(k(scale(X), Z) coef + intercept, posterior std)``, both ``(n, t)``: numpy for in-memory
@@ -247,8 +249,9 @@ class KernelModelBase(BaseEstimator):
             Xn = validate_data(self, X, reset=False, accept_sparse=False, dtype="numeric", ensure_all_finite=False)
             _check_finite_rows(Xn, 0)
             Xs = self.scaler_.transform(Xn) if self.scaler_ is not None else Xn
+            _check_extreme_rows(Xs, 0, dtype)
             out = predict_with_std(np.asarray(Xs, dtype=dtype), self.kernel_, self.centers_, coef2,
-                                   self.intercept_, post)
+                                   self.intercept_, post).astype(self._output_dtype(), copy=False)
             return out[:, :t], out[:, t:]
         Xd = load_features(X, self.chunks)
         self._check_n_features(Xd.shape)
@@ -256,8 +259,12 @@ class KernelModelBase(BaseEstimator):
         both = Xs.map_blocks(
             _predict_std_block, self.kernel_, self.centers_, coef2, self.intercept_, post,
             dtype=np.float64, chunks=(Xs.chunks[0], (2 * t,)),
-        )
+        ).astype(self._output_dtype(), copy=False)
         return both[:, :t], both[:, t:]
+
+    def _output_dtype(self) -> np.dtype:
+        """float32 for a model fitted on float32 features (its ``coef_`` is float32), float64 otherwise."""
+        return np.dtype(np.float32) if self.coef_.dtype == np.float32 else np.dtype(np.float64)
 
     def _check_n_features(self, shape: tuple[int, ...]) -> None:
         if len(shape) != 2 or shape[1] != self.n_features_in_:
@@ -305,6 +312,7 @@ def _predict_block(
 ) -> np.ndarray:
     start = block_info[0]["array-location"][0][0] if block_info and 0 in block_info else 0
     _check_finite_rows(Xb, start)
+    _check_extreme_rows(Xb, start, Xb.dtype)
     return engine_for(kernel).matvec(kernel, Xb, Z, coef) + y_mean
 
 
@@ -314,7 +322,25 @@ def _predict_std_block(
 ) -> np.ndarray:
     start = block_info[0]["array-location"][0][0] if block_info and 0 in block_info else 0
     _check_finite_rows(Xb, start)
+    _check_extreme_rows(Xb, start, Xb.dtype)
     return predict_with_std(Xb, kernel, Z, coef, intercept, post)
+
+
+def _check_extreme_rows(Xs: Any, start: int, dtype: Any) -> None:
+    """Refuse (scaled) features whose squared distances would overflow ``dtype`` (the limit the fit
+    applies, :func:`daskkrr.data.extremes.feature_limit`), naming the column and the first row."""
+    Xs = np.asarray(Xs)
+    if Xs.dtype.kind not in "fiu" or Xs.size == 0:
+        return
+    limit = feature_limit(dtype, Xs.shape[1])
+    if not (np.abs(Xs).max(axis=0).astype(np.float64) > limit).any():  # compared in float64 (limit > float32's max)
+        return
+    row, col = (int(v) for v in np.argwhere(np.abs(Xs.astype(np.float64)) > limit)[0])
+    raise ExtremeValueError(
+        f"X column {col} has |x| = {abs(float(Xs[row, col])):.3g} at row {start + row} (after the model's scaling), "
+        f"beyond {limit:.3g}: its squared distances to the centers overflow {np.dtype(dtype)}; such a point is "
+        "far outside the training data: clip or rescale that column as it was in fit"
+    )
 
 
 def _check_finite_rows(Xb: np.ndarray, start: int) -> None:

@@ -275,9 +275,12 @@ class LogisticFalkonClassifier(FalkonClassifier):
 
     def _apply_to_scores(self, X: Any, fn: Any) -> Any:
         scores = self.decision_function(X)
+        dtype = scores.dtype  # float32 for a model fitted on float32 features, as its scores
         if isinstance(scores, np.ndarray):
-            return fn(scores)
+            return fn(scores).astype(dtype, copy=False)
         k = len(self.classes_)
         if scores.ndim == 1:
-            return scores.map_blocks(fn, dtype=np.float64, chunks=(scores.chunks[0], (k,)), new_axis=1)
-        return scores.map_blocks(fn, dtype=np.float64, chunks=(scores.chunks[0], (k,)))
+            out = scores.map_blocks(fn, dtype=np.float64, chunks=(scores.chunks[0], (k,)), new_axis=1)
+        else:
+            out = scores.map_blocks(fn, dtype=np.float64, chunks=(scores.chunks[0], (k,)))
+        return out.astype(dtype, copy=False)

@@ -36,11 +36,13 @@ import warnings
 from numbers import Integral, Real
 from typing import Any, ClassVar
 
+import dask
 import numpy as np
 from sklearn.utils import Tags
 from sklearn.utils._param_validation import Interval
 from sklearn.utils.validation import validate_data
 
+from daskkrr.data.extremes import check_feature_magnitudes, check_target_magnitudes
 from daskkrr.data.inputs import is_in_memory, is_store, load_training_data
 from daskkrr.data.scaling import Standardizer
 from daskkrr.models.kernel_model import KernelModelBase, positive
@@ -285,6 +287,8 @@ class OnlineKernelRidge(_RegressorMixin, KernelModelBase):
                 logger.info("online KRR: %d rows seen, %d landmarks", state.n_seen, state.landmarks.shape[0])
         if restart:
             self.feature_scale_ = scale
+            # float32 features give float32 coefficients and predictions, as in scikit-learn
+            self._input_dtype = source.X.dtype if not isinstance(source.X, np.ndarray) else getattr(X, "dtype", None)
             self.n_features_in_ = source.n_features
             if not isinstance(source.X, np.ndarray) and hasattr(self, "feature_names_in_"):
                 del self.feature_names_in_  # names come from in-memory frames only
@@ -324,6 +328,8 @@ class OnlineKernelRidge(_RegressorMixin, KernelModelBase):
         self.scaler_ = None
         self.centers_ = np.ascontiguousarray(state.landmarks[basis])
         self.coef_ = coef[:, 0] if one_d else coef
+        if getattr(self, "_input_dtype", None) == np.float32:
+            self.coef_ = self.coef_.astype(np.float32)
         self.center_indices_ = state.landmark_rows[basis]
         self.center_weights_ = 1.0 / state.landmark_probs[basis] if basis.size else np.zeros(0)
         t = state.n_targets
@@ -412,6 +418,9 @@ class _Source:
             raise ValueError(f"X or y has NaN or inf in the new rows (first in block {_first(bad)}); the "
                              "batch was refused before any update: clean or impute the rows")
         Y = yd[:, None] if yd.ndim == 1 else yd
+        if Xd.shape[0]:
+            x_absmax, y_absmax = dask.compute(abs(Xd).max(axis=0), abs(Y).max(axis=0))
+            _check_stream_magnitudes(x_absmax, y_absmax, Xd.dtype)
         return cls(Xd, Y, int(Xd.shape[0]), int(Xd.shape[1]), int(Y.shape[1]), yd.ndim == 1, executor)
 
     @classmethod
@@ -428,6 +437,8 @@ class _Source:
             raise ValueError(f"X or y has NaN or inf in {bad.size} row(s) of the batch, the first at row "
                              f"{int(bad[0])}; the batch was refused before any update: clean or impute the rows")
         Y = yn.reshape(len(yn), -1)
+        if len(Xn):
+            _check_stream_magnitudes(np.abs(Xn).max(axis=0), np.abs(Y).max(axis=0), Xn.dtype)
         return cls(Xn, Y, Xn.shape[0], Xn.shape[1], Y.shape[1], yn.ndim == 1, executor)
 
     def batch(self, start: int, stop: int, kernel: Any, state: OnlineState) -> tuple[np.ndarray, np.ndarray,
@@ -446,6 +457,14 @@ class _Source:
         Xb = np.concatenate([p[0] for p in parts]).astype(np.float64)
         Yb = np.concatenate([p[1] for p in parts]).astype(np.float64)
         return Xb, Yb.reshape(len(Yb), -1), Projections.concat([p[2] for p in parts]) if unbounded else None
+
+
+def _check_stream_magnitudes(x_absmax: np.ndarray, y_absmax: np.ndarray, dtype: Any) -> None:
+    """Refuse a batch whose raw features (the stream has no standardisation) or targets have
+    magnitudes the kernel or the ridge solve cannot represent, before any update."""
+    check_feature_magnitudes(np.asarray(x_absmax, dtype=np.float64), standardize=False, fit_dtype=np.float64,
+                             input_dtype=dtype)
+    check_target_magnitudes(np.asarray(y_absmax, dtype=np.float64))
 
 
 def _block_with_projections(Xb: np.ndarray, Yb: np.ndarray, unbounded: bool, *args: Any) -> tuple[Any, Any, Any]:

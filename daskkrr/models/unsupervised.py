@@ -29,7 +29,13 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 
 from daskkrr.data.feature_names import check_feature_names
 from daskkrr.data.inputs import is_in_memory, load_features
-from daskkrr.models.kernel_model import KernelModelBase, ParameterError, _check_finite_rows, positive
+from daskkrr.models.kernel_model import (
+    KernelModelBase,
+    ParameterError,
+    _check_extreme_rows,
+    _check_finite_rows,
+    positive,
+)
 from daskkrr.models.regressors import PARAM_DOCS
 from daskkrr.parallel import Executor
 from daskkrr.pipeline import run_fit
@@ -157,6 +163,7 @@ class NystromUnsupervisedBase(KernelModelBase):
             Xn = validate_data(self, X, reset=False, accept_sparse=False, dtype="numeric", ensure_all_finite=False)
             _check_finite_rows(Xn, 0)
             Xs = self.scaler_.transform(Xn) if self.scaler_ is not None else Xn
+            _check_extreme_rows(Xs, 0, np.float64)
             return np.asarray(Xs, dtype=np.float64), True
         Xd = load_features(X, self.chunks)
         self._check_n_features(Xd.shape)
@@ -401,6 +408,7 @@ def _checked_labels(Xb: np.ndarray, kernel: Any, Z: np.ndarray, A: np.ndarray, c
                     block_info: dict | None = None) -> np.ndarray:
     start = block_info[0]["array-location"][0][0] if block_info and 0 in block_info else 0
     _check_finite_rows(Xb, start)
+    _check_extreme_rows(Xb, start, np.float64)
     return labels_block(Xb, kernel, Z, A, c_sq)
 
 

@@ -55,6 +55,8 @@ class FitContext:
     encode_targets: Callable[[Any], Any] | None = None
 
     # statistics
+    #: dtype of the training features as given (float32 input keeps float32 coefficients and outputs).
+    input_dtype: Any = None
     #: Centers to choose: the estimator's ``n_centers``, at most the number of rows.
     n_centers: int | None = None
     X: Any = None

@@ -7,6 +7,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
+
 from daskkrr import events as ev
 from daskkrr.checkpoint import FitCheckpoint
 from daskkrr.data.inputs import is_in_memory
@@ -24,6 +26,25 @@ def sampler_name(sampler: Any) -> str:
     if isinstance(sampler, str):
         return sampler.lower()
     return str(getattr(sampler, "name", "") or type(sampler).__name__)
+
+
+#: Fitted arrays that follow the input's precision (as scikit-learn's KernelRidge keeps float32).
+PRECISION_FOLLOWS_INPUT = ("coef_", "intercept_")
+
+
+def keep_input_precision(fitted: dict[str, Any], input_dtype: Any) -> None:
+    """Cast the model's coefficients to float32 when the training features were float32.
+
+    The solve runs in float64 (or the estimator's ``dtype``) whatever the input; like
+    scikit-learn's estimators, a float32 input gives float32 coefficients, hence float32
+    predictions (see :meth:`~daskkrr.models.kernel_model.KernelModelBase._output_dtype`).
+    """
+    if input_dtype is None or np.dtype(input_dtype) != np.float32:
+        return
+    for name in PRECISION_FOLLOWS_INPUT:
+        value = fitted.get(name)
+        if isinstance(value, np.ndarray) and value.dtype.kind == "f":
+            fitted[name] = value.astype(np.float32)
 
 
 def run_fit(
@@ -93,6 +114,7 @@ def run_fit(
             ctx.close()
         seconds = time.perf_counter() - t0
         ctx.fitted["fit_time_"] = seconds
+        keep_input_precision(ctx.fitted, ctx.input_dtype)
         bus.emit(ev.FitDone(ctx.n_iter, ctx.converged, seconds))
     logger.info("fit done in %.2fs (%d solver iterations)", seconds, ctx.n_iter)
     return ctx

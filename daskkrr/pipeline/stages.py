@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import logging
+import math
 import time
 import warnings
 from collections.abc import Callable
@@ -27,6 +28,7 @@ from sklearn.exceptions import ConvergenceWarning
 
 from daskkrr import events as ev
 from daskkrr.data import Standardizer
+from daskkrr.data.extremes import check_fit_magnitudes, times_power_of_two
 from daskkrr.data.feature_names import fitted_feature_names
 from daskkrr.data.inputs import is_in_memory, load_training_data, refuse_unknown_chunks
 from daskkrr.data.sample_weight import open_sample_weight
@@ -72,6 +74,7 @@ def statistics(ctx: FitContext) -> None:
     Xd, yd = load_training_data(ctx.X_in, ctx.y_in, p.chunks)
     w = open_sample_weight(ctx.sample_weight_in, ctx.X_in, Xd, p.chunks)
     n, d = (int(s) for s in Xd.shape)
+    ctx.input_dtype = Xd.dtype
     n_centers = getattr(p, "n_centers", None)
     if n_centers is not None and n_centers > n:
         # As scikit-learn's Nystroem: the defaults still fit tiny data, with at most one center per row.
@@ -94,21 +97,26 @@ def statistics(ctx: FitContext) -> None:
     checkpointing = bool(getattr(ctx.store, "enabled", False))
     scaler.fit(Xd, Y, sample_weight=w, digest_blocks=checkpointing)
     ctx.events.emit(ev.PassDone("statistics", Xd.numblocks[0]))
+    # Extreme magnitudes are refused (or weights renormalised) before any kernel is evaluated.
+    weight_exponent = check_fit_magnitudes(scaler.magnitudes_, standardize=p.standardize,
+                                           fit_dtype=p._feature_dtype(), input_dtype=Xd.dtype, scale=scaler.scale_)
+    if w is not None and weight_exponent:  # w * 2**k: exact; the model depends on the weights' ratios only
+        w = da.map_blocks(times_power_of_two, w, weight_exponent, dtype=w.dtype)
     logger.info("statistics pass over %d rows in %.2fs", n, time.perf_counter() - t0)
     ctx.block_digests = getattr(scaler, "block_digests_", None)
     ctx.sample_weight = w
     ctx.one_d = yd.ndim == 1 and getattr(p, "_squeeze_single_target", True)
     ctx.kernel = p._make_kernel(d)
-    _use_statistics(ctx, scaler, Xd, Y)
+    _use_statistics(ctx, scaler, Xd, Y, weight_exponent)
     ctx.store.start(lambda: fit_fingerprint(ctx))  # loads (and checks) a saved state
     saved = getattr(ctx.store, "saved_statistics", lambda: None)()
     if saved is not None:  # the statistics the saved centers, rhs and CG state were computed with
-        _use_statistics(ctx, Standardizer.from_dict(saved), Xd, Y)
+        _use_statistics(ctx, Standardizer.from_dict(saved), Xd, Y, weight_exponent)
     elif checkpointing:
         ctx.store.save_statistics(scaler.to_dict())  # type: ignore[attr-defined]
 
 
-def _use_statistics(ctx: FitContext, scaler: Standardizer, Xd: da.Array, Y: da.Array) -> None:
+def _use_statistics(ctx: FitContext, scaler: Standardizer, Xd: da.Array, Y: da.Array, weight_exponent: int) -> None:
     """Scale the features and centre the targets with ``scaler``'s statistics (lazily), and keep
     them for the fitted model."""
     p = ctx.params
@@ -120,7 +128,8 @@ def _use_statistics(ctx: FitContext, scaler: Standardizer, Xd: da.Array, Y: da.A
     Xs = scaler.transform(Xd) if p.standardize else Xd
     ctx.X = Xs.astype(p._feature_dtype())
     ctx.Y = Y - ctx.y_mean if centre_y else Y
-    ctx.weight_sum = float(scaler.weight_sum_)
+    # the weights were multiplied by 2**weight_exponent (exact) when their magnitude was extreme
+    ctx.weight_sum = math.ldexp(float(scaler.weight_sum_), weight_exponent)
     ctx.fitted.update(
         scaler_=ctx.scaler, y_mean_=ctx.y_mean, intercept_=ctx.y_mean.copy(),  # final unless fitted
         n_features_in_=d, kernel_=ctx.kernel, **fitted_feature_names(p, ctx.X_in, d),

@@ -32,6 +32,7 @@ from sklearn.exceptions import ConvergenceWarning
 
 from daskkrr import events as ev
 from daskkrr.data import Standardizer
+from daskkrr.data.extremes import check_fit_magnitudes
 from daskkrr.data.feature_names import fitted_feature_names
 from daskkrr.data.inputs import load_features
 from daskkrr.parallel import BlockPasses
@@ -91,6 +92,7 @@ def feature_statistics(ctx: FitContext) -> None:
     if Xd.ndim != 2:
         raise ValueError(f"X must be 2-D (n_samples, n_features); got shape {Xd.shape}")
     n, d = (int(s) for s in Xd.shape)
+    ctx.input_dtype = Xd.dtype
     sampler_guard(ctx, n, d)
     p._check_data_size(n)
     n_centers = int(p.n_centers)
@@ -105,6 +107,9 @@ def feature_statistics(ctx: FitContext) -> None:
     scaler = Standardizer(with_mean=p.standardize, with_std=p.standardize)
     ctx.events.emit(ev.PassStarted("statistics", Xd.numblocks[0]))
     scaler.fit(Xd)  # one pass: statistics and finiteness of X (NaN rows named)
+    # Extreme magnitudes are refused before any kernel is evaluated (the embedding is in float64).
+    check_fit_magnitudes(scaler.magnitudes_, standardize=p.standardize, fit_dtype=np.float64, input_dtype=Xd.dtype,
+                         scale=scaler.scale_)
     ctx.events.emit(ev.PassDone("statistics", Xd.numblocks[0]))
     logger.info("statistics pass over %d rows in %.2fs", n, time.perf_counter() - t0)
     ctx.scaler = scaler if p.standardize else None
