@@ -13,6 +13,11 @@ import pytest
 import zarr
 
 from daskkrr.cli import _HelpFormatter, _parser, cli_message, main
+from daskkrr.models.registry import ESTIMATORS, UNSUPERVISED
+from daskkrr.models.schema import config_specs, union_specs
+
+#: Estimator parameters: their flags' help is listed per estimator (``--estimator NAME --help``).
+_ESTIMATOR_PARAMS = set(union_specs({**ESTIMATORS, **UNSUPERVISED}))
 
 
 def test_generate_fit_predict_with_running_cluster(tmp_path, cluster2, capsys):
@@ -81,9 +86,53 @@ def test_no_abbreviations_and_every_option_shows_help_and_default():
         for action in parser._actions:
             if isinstance(action, (argparse._HelpAction, argparse._VersionAction, argparse._SubParsersAction)):
                 continue
+            if action.help == argparse.SUPPRESS and action.dest in _ESTIMATOR_PARAMS:
+                continue  # an estimator parameter: test_help_lists_one_estimators_parameters checks its help
             assert action.help, f"{parser.prog} {action.option_strings or action.dest} has no help"
             if action.option_strings and not action.required:
                 assert "default" in formatter._get_help_string(action), f"{parser.prog} {action.option_strings}"
+
+
+def _help(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[str, set[str]]:
+    """``daskkrr ARGV --help``'s text and the long options it lists (lines that start with one)."""
+    assert main([*argv, "--help"]) == 0
+    text = capsys.readouterr().out
+    listed = {flag.rstrip(",") for line in text.splitlines() if line.lstrip().startswith("--")
+              for flag in line.split() if flag.startswith("--")}
+    return text, listed
+
+
+@pytest.mark.parametrize("command", ["fit", "tune"])
+def test_help_lists_one_estimators_parameters(command, capsys):
+    short, listed = _help([command], capsys)
+    assert "--estimator NAME --help" in " ".join(short.split())
+    assert not listed & {"--" + name.replace("_", "-") for name in _ESTIMATOR_PARAMS}  # none without --estimator
+    for name, cls in ESTIMATORS.items():
+        text, listed = _help([command, "--estimator", name], capsys)
+        own = {spec.flag for spec in config_specs(cls).values()}
+        others = {"--" + p.replace("_", "-") for p in union_specs(ESTIMATORS)} - own
+        assert own <= listed and not others & listed, name
+        assert text.count("(default: ") >= len(own), name  # every parameter with its default
+        assert len(text.splitlines()) < len(short.splitlines()) + 6 * len(own), name  # a few lines each (usage too)
+    assert len(short.splitlines()) < 90  # was 268 (fit) and 310 (tune) lines with every estimator's parameters
+
+
+@pytest.mark.parametrize("command, kind", [("embed", "kpca"), ("cluster", "kmeans")])
+def test_unsupervised_help_lists_its_parameters_and_no_config(command, kind, capsys):
+    text, listed = _help([command], capsys)
+    assert {spec.flag for spec in config_specs(UNSUPERVISED[kind]).values()} <= listed
+    assert "--config" not in text  # these commands take no config file
+
+
+def test_misspelt_flag_names_the_closest_one(capsys):
+    assert main(["fit", "--data", "d.zarr", "--out", "m", "--centrs", "50"]) == 2
+    err = capsys.readouterr().err
+    assert err == ("daskkrr: error: unrecognized arguments: --centrs 50 (did you mean --centers?); "
+                   "see 'daskkrr fit --help'\n")
+    assert main(["cluster", "--data", "d.zarr", "--out", "l", "--n-cluster", "3"]) == 2
+    assert "(did you mean --n-clusters?); see 'daskkrr cluster --help'" in capsys.readouterr().err
+    assert main(["fit", "--data", "d.zarr", "--out", "m", "--zzz"]) == 2
+    assert "did you mean" not in capsys.readouterr().err  # nothing close: no guess
 
 
 @pytest.mark.parametrize("flag, dest", [("-v", "verbose"), ("--verbose", "verbose"), ("-q", "quiet"),
