@@ -600,10 +600,19 @@ def _cmd_run(args: argparse.Namespace) -> None:
                           scheduler=args.scheduler, n_workers=args.workers,
                           progress=_progress_bar(args))
     m = result.metrics
-    figures = ", ".join(f"{k} {v:.4g}" for k, v in m.get("metrics", {}).items()
-                        if k in ("rmse", "mae", "r2", "accuracy") and isinstance(v, float))
-    print(f"run {result.run_id} succeeded in {m.get('seconds', 0):.1f}s ({m.get('evaluation')}: {figures}); "
+    print(f"run {result.run_id} succeeded in {m.get('seconds', 0):.1f}s ({m.get('evaluation')}: {run_figures(m)}); "
           f"wrote {result.run_dir}")
+
+
+def run_figures(metrics: dict[str, Any]) -> str:
+    """A workflow run's scores for its summary line, e.g. "rmse 0.12, r2 0.98"; an online run's first
+    night has none (no earlier model to score the new rows with), and says what it learnt instead."""
+    scores = metrics.get("metrics", {})
+    figures = ", ".join(f"{k} {v:.4g}" for k, v in scores.items()
+                        if k in ("rmse", "mae", "r2", "accuracy") and isinstance(v, float))
+    if figures or "n_new_rows" not in scores:
+        return figures or "no scores"
+    return f"no earlier model to score with; learnt {scores['n_new_rows']} rows"
 
 
 def _check_before_start(model: Any, data: str, features_only: bool = False) -> None:
@@ -795,6 +804,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
     if args.quiet:
         warnings.simplefilter("ignore")
+    warnings.formatwarning = _format_warning
     if not args.verbose:
         # Quiet the scheduler/worker chatter, here and in worker processes (they inherit the env).
         os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "error")
@@ -826,6 +836,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"daskkrr: error: {message}", file=sys.stderr)
         return 1
     return 0
+
+
+def _format_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                    line: str | None = None) -> str:
+    """A warning as one line for the command line's user, ``daskkrr: warning: <what>``: the library's
+    source file and line (Python's default) mean nothing to them; ``-v`` still logs tracebacks of errors."""
+    return f"daskkrr: warning: {_one_line(message)}\n"
 
 
 def _interruption(exc: BaseException) -> KeyboardInterrupt | None:

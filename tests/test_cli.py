@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import zarr
 
-from daskkrr.cli import _HelpFormatter, _parser, cli_message, main
+from daskkrr.cli import _HelpFormatter, _parser, cli_message, main, run_figures
 from daskkrr.models.registry import ESTIMATORS, UNSUPERVISED
 from daskkrr.models.schema import config_specs, union_specs
 
@@ -133,6 +133,27 @@ def test_misspelt_flag_names_the_closest_one(capsys):
     assert "(did you mean --n-clusters?); see 'daskkrr cluster --help'" in capsys.readouterr().err
     assert main(["fit", "--data", "d.zarr", "--out", "m", "--zzz"]) == 2
     assert "did you mean" not in capsys.readouterr().err  # nothing close: no guess
+
+
+def test_warnings_print_as_one_line_without_source(monkeypatch, tmp_path, capsys):
+    import warnings
+
+    from sklearn.exceptions import ConvergenceWarning
+
+    monkeypatch.setattr(warnings, "formatwarning", warnings.formatwarning)  # restored after the test
+    assert main(["score", "--model", str(tmp_path / "none"), "--data", str(tmp_path / "d.zarr")]) == 1
+    capsys.readouterr()
+    text = warnings.formatwarning(ConvergenceWarning("CG stopped at relative residual 0.04 > tol=0.0001"),
+                                  ConvergenceWarning, "/site-packages/daskkrr/pipeline/stages.py", 281,
+                                  "warn_not_converged(result)")
+    assert text == "daskkrr: warning: CG stopped at relative residual 0.04 > tol=0.0001\n"  # no file, line, code
+
+
+def test_run_summary_says_what_a_run_without_scores_did():
+    assert run_figures({"metrics": {"rmse": 0.5, "r2": 0.25, "fit_seconds": 1.0}}) == "rmse 0.5, r2 0.25"
+    # an online workflow's first run: nothing to score the rows with yet (it printed "(prequential: )")
+    assert run_figures({"evaluation": "prequential", "metrics": {"fit_seconds": 1.0, "n_new_rows": 500}}) == \
+        "no earlier model to score with; learnt 500 rows"
 
 
 @pytest.mark.parametrize("flag, dest", [("-v", "verbose"), ("--verbose", "verbose"), ("-q", "quiet"),
