@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -133,6 +134,20 @@ def test_misspelt_flag_names_the_closest_one(capsys):
     assert "(did you mean --n-clusters?); see 'daskkrr cluster --help'" in capsys.readouterr().err
     assert main(["fit", "--data", "d.zarr", "--out", "m", "--zzz"]) == 2
     assert "did you mean" not in capsys.readouterr().err  # nothing close: no guess
+
+
+def test_exit_codes_are_the_documented_ones(tmp_path, capsys):
+    """README, install guide and configuration reference state the convention the code follows."""
+    root = Path(__file__).resolve().parents[1]
+    sentence = "exits with status 2, any other error with status 1"
+    for doc in ("README.md", "docs/guide/install.rst"):
+        assert sentence in " ".join((root / doc).read_text().split()), doc
+    reference = " ".join((root / "docs/guide/configuration.rst").read_text().split())
+    assert "* - 2 - a usage error" in reference and "* - 1 - any other error" in reference
+    assert main(["fit", "--data", "d.zarr", "--out", "m", "--bogus"]) == 2  # a wrong command line
+    assert main(["fit", "--data", "d.zarr"]) == 2  # --out missing
+    assert main(["score", "--model", str(tmp_path / "none"), "--data", str(tmp_path / "d.zarr")]) == 1  # no model
+    assert capsys.readouterr().err.count("daskkrr: error: ") == 3
 
 
 def test_warnings_print_as_one_line_without_source(monkeypatch, tmp_path, capsys):

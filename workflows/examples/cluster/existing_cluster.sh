@@ -23,7 +23,7 @@ if [ -z "${DATA:-}" ]; then
     daskkrr generate "$DATA" --n 20000 --d 8       # written by the workers
 fi
 OUT="$OUT_DIR/model-$(date +%Y%m%d)"
-daskkrr fit --data "$DATA" --out "$OUT" --centers 500 --max-iter 20 --sigma 1.0
+daskkrr fit --data "$DATA" --out "$OUT" --centers 500 --max-iter 50 --sigma 1.0
 daskkrr predict --model "$OUT" --data "$DATA" --out "$OUT-predictions.zarr"
 daskkrr run "$HERE/existing_cluster.toml" --set "data.store=$DATA" --runs-dir "$OUT_DIR/runs"
 echo "outputs in $OUT_DIR"
