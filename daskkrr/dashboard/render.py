@@ -86,7 +86,7 @@ def render_fragment(fits: dict[str, dict[str, Any]], counts: dict[str, dict[str,
     if p.dictionary:
         dict_chart = line_chart(
             p.dictionary, title="SQUEAK dictionary size", xlabel="rows seen", ylabel="dictionary size",
-            element_id="daskkrr-dictionary-chart", color="#d62728",
+            element_id="daskkrr-dictionary-chart", color="#d62728", from_zero=True,
         )
     else:
         note = (f"{p.sampler or 'this'} sampler: {p.n_centers} centers, no dictionary growth"
