@@ -50,9 +50,62 @@ class _Parser(argparse.ArgumentParser):
         kwargs.setdefault("allow_abbrev", False)
         kwargs.setdefault("formatter_class", _HelpFormatter)
         super().__init__(*args, **kwargs)
+        #: Estimator-parameter flags and their help per estimator (filled by _add_model_flags).
+        self._model_help: list[tuple[argparse.Action, dict[str, str]]] = []
+        #: The estimator whose flags ``--help`` always lists (``embed``/``cluster``), else None.
+        self._one_estimator: str | None = None
 
     def error(self, message: str) -> Any:  # type: ignore[override]
         self.exit(2, f"daskkrr: error: {_one_line(message)}; see '{self.prog} --help'\n")
+
+    def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                         namespace: argparse.Namespace | None = None) -> tuple[argparse.Namespace, list[str]]:
+        if self._model_help and args is not None and {"-h", "--help"} & set(args):
+            shown = self._one_estimator or _option_value(args, "--estimator")
+            for action, help_of in self._model_help:
+                action.help = help_of.get(shown, argparse.SUPPRESS) if shown else argparse.SUPPRESS
+        return super().parse_known_args(args, namespace)
+
+    def parse_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                   namespace: argparse.Namespace | None = None) -> argparse.Namespace:
+        """As argparse's, but an unknown option is reported by its command's parser, with the closest
+        option (``--centrs`` -> "did you mean --centers?")."""
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            owner = _command_parser(self, parsed)
+            owner.error(f"unrecognized arguments: {' '.join(extras)}{_suggestion(owner, extras)}")
+        return parsed
+
+
+def _option_value(args: Sequence[str], flag: str) -> str | None:
+    """The value of ``flag`` in a command line (``--estimator exact`` or ``--estimator=exact``), else None."""
+    for i, arg in enumerate(args):
+        if arg == flag and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith(flag + "="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def _command_parser(parser: argparse.ArgumentParser, parsed: argparse.Namespace) -> argparse.ArgumentParser:
+    """The parser of the command in ``parsed`` (``daskkrr fit``'s), else ``parser`` itself."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return action.choices.get(getattr(parsed, action.dest, None), parser)
+    return parser
+
+
+def _suggestion(parser: argparse.ArgumentParser, unknown: Sequence[str]) -> str:
+    """" (did you mean --centers?)" for the first unknown option close to one of ``parser``'s, else ""."""
+    import difflib
+
+    known = [flag for action in parser._actions for flag in action.option_strings if flag.startswith("--")]
+    for arg in unknown:
+        if arg.startswith("--"):
+            close = difflib.get_close_matches(arg.split("=", 1)[0], known, n=1, cutoff=0.6)
+            if close:
+                return f" (did you mean {close[0]}?)"
+    return ""
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -117,33 +170,55 @@ def _add_model_flags(p: argparse.ArgumentParser, classes: dict[str, type] | None
     Flags not given stay out of the namespace (default SUPPRESS), so the config
     file's or the estimator's value holds; see :func:`_model_overrides`. With
     ``classes`` (``daskkrr embed`` / ``cluster``) the flags of those classes, without ``--estimator``.
+    Every flag is accepted, but ``--help`` lists one estimator's (see :meth:`_Parser.parse_known_args`):
+    a help listing all of them ran to 300 lines of other estimators' parameters.
     """
     from daskkrr.models.registry import ESTIMATORS
-    from daskkrr.models.schema import union_specs
+    from daskkrr.models.schema import config_specs, union_specs
 
     registry = ESTIMATORS if classes is None else classes
-    group = p.add_argument_group("model", "estimator parameters; a flag given here overrides --config")
     if classes is None:
+        group = p.add_argument_group(
+            "model", "estimator parameters; a flag given here overrides --config. Each estimator's parameters: "
+                     "'%(prog)s --estimator NAME --help'")
         group.add_argument("--estimator", choices=sorted(ESTIMATORS), default=None,
                            help="estimator (default: the config's, else falkon)")
-    for name, (spec, defaults) in union_specs(registry).items():
+    else:
+        group = p.add_argument_group("model", "estimator parameters")
+    per_estimator = {est: config_specs(cls) for est, cls in registry.items()}
+    for name, (spec, _defaults) in union_specs(registry).items():
         flags = (spec.flag, *_FLAG_ALIASES.get(name, ()))
-        shown = {repr(v) for v in defaults.values()}
-        default = (f"default: {defaults[next(iter(defaults))]!r}" if len(shown) == 1 else
-                   "default: " + ", ".join(f"{k} {v!r}" for k, v in defaults.items()))
-        only = "" if len(defaults) == len(registry) else f"; {', '.join(defaults)} only"
-        help_text = f"{spec.help} ({default}{only})".replace("%", "%%")
-        kwargs: dict[str, Any] = {"dest": name, "default": argparse.SUPPRESS, "help": help_text}
+        kwargs: dict[str, Any] = {"dest": name, "default": argparse.SUPPRESS, "help": argparse.SUPPRESS}
         if spec.types == (bool,) and not spec.nullable:
-            group.add_argument(*flags, action=argparse.BooleanOptionalAction, **kwargs)
+            action = group.add_argument(*flags, action=argparse.BooleanOptionalAction, **kwargs)
         elif spec.types == (dict,) or (dict in spec.types and spec.options):  # class_weight: "balanced" too
             plain = spec if len(spec.types) > 1 else None
             metavar = "|".join(([_metavar(spec).removesuffix("|none")] if plain else []) + ["KEY=VALUE[,KEY=VALUE]"]
                                + (["none"] if spec.nullable else []))
-            group.add_argument(*flags, action=_KeyValueAction, metavar=metavar, nullable=spec.nullable, plain=plain,
-                               **kwargs)
+            action = group.add_argument(*flags, action=_KeyValueAction, metavar=metavar, nullable=spec.nullable,
+                                        plain=plain, **kwargs)
         else:
-            group.add_argument(*flags, type=_flag_parser(spec), metavar=_metavar(spec), **kwargs)
+            action = group.add_argument(*flags, type=_flag_parser(spec), metavar=_metavar(spec), **kwargs)
+        help_of = {est: _param_help(specs[name]) for est, specs in per_estimator.items() if name in specs}
+        p._model_help.append((action, help_of))  # type: ignore[attr-defined]
+    p._one_estimator = None if classes is None else next(iter(registry))  # type: ignore[attr-defined]
+
+
+def _param_help(spec: Any) -> str:
+    """One parameter's help: the first sentence of its docstring and its default (the rest is in the docs)."""
+    return f"{_first_sentence(spec.help)} (default: {spec.default!r})".replace("%", "%%")
+
+
+def _first_sentence(text: str) -> str:
+    """Text up to the first full stop that ends a sentence: not inside brackets, not after "e.g"/"i.e"."""
+    depth = 0
+    for i, char in enumerate(text):
+        depth += (char in "([") - (char in ")]")
+        if char == "." and depth == 0 and text[i + 1:i + 2] in (" ", ""):
+            word = text[:i].rsplit(" ", 1)[-1]
+            if word.lower() not in ("e.g", "i.e", "cf", "etc", "vs"):
+                return text[:i + 1]
+    return text
 
 
 def _metavar(spec: Any) -> str:
@@ -345,16 +420,14 @@ def _parser() -> argparse.ArgumentParser:
                        help="n_centers range (default: n_centers not tuned)")
     space.add_argument("--ard", action="store_true", help="one sigma per feature (the estimator must accept it)")
     space.add_argument("--fixed-space", action="store_true",
-                       help="never extend a range past a face the best candidate is on (default: extend, "
-                            "by a quarter of its log-width, twice per face at most)")
+                       help="never extend a range past a face the best candidate is on (default: extend, twice "
+                            "per face at most)")
     space.add_argument("--no-refine", action="store_true",
-                       help="spend every fit on the bandit (default: the last rounds move the best candidate "
-                            "by a twelfth of each range, down and up, then take up to 5 trust-region steps "
-                            "on a quadratic model of the scores)")
+                       help="spend every fit on the bandit (default: the last rounds refine the best candidate "
+                            "locally)")
     space.add_argument("--no-penalty-path", action="store_true",
-                       help="search the penalty as one more coordinate of the candidates (default: for "
-                            "FalkonRegressor and NystromRegressor with uniform centers, score each candidate's "
-                            "whole penalty path from one Gram pass and keep its best)")
+                       help="search the penalty as one more coordinate (default: score each candidate's whole "
+                            "penalty path from one Gram pass, where the estimator allows)")
     space.add_argument("--candidates", type=_positive_int, default=256, help="candidates drawn in the space")
     space.add_argument("--budget-fits", type=_positive_int, default=40, help="model fits at most")
     space.add_argument("--budget-seconds", type=float, default=None,
@@ -547,10 +620,19 @@ def _cmd_run(args: argparse.Namespace) -> None:
                           scheduler=args.scheduler, n_workers=args.workers, security=args.security,
                           progress=_progress_bar(args))
     m = result.metrics
-    figures = ", ".join(f"{k} {v:.4g}" for k, v in m.get("metrics", {}).items()
-                        if k in ("rmse", "mae", "r2", "accuracy") and isinstance(v, float))
-    print(f"run {result.run_id} succeeded in {m.get('seconds', 0):.1f}s ({m.get('evaluation')}: {figures}); "
+    print(f"run {result.run_id} succeeded in {m.get('seconds', 0):.1f}s ({m.get('evaluation')}: {run_figures(m)}); "
           f"wrote {result.run_dir}")
+
+
+def run_figures(metrics: dict[str, Any]) -> str:
+    """A workflow run's scores for its summary line, e.g. "rmse 0.12, r2 0.98"; an online run's first
+    night has none (no earlier model to score the new rows with), and says what it learnt instead."""
+    scores = metrics.get("metrics", {})
+    figures = ", ".join(f"{k} {v:.4g}" for k, v in scores.items()
+                        if k in ("rmse", "mae", "r2", "accuracy") and isinstance(v, float))
+    if figures or "n_new_rows" not in scores:
+        return figures or "no scores"
+    return f"no earlier model to score with; learnt {scores['n_new_rows']} rows"
 
 
 def _check_before_start(model: Any, data: str, features_only: bool = False) -> None:
@@ -761,6 +843,7 @@ def _main(argv: Sequence[str] | None) -> int:
     logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
     if args.quiet:
         warnings.simplefilter("ignore")
+    warnings.formatwarning = _format_warning
     if not args.verbose:
         # Quiet the scheduler/worker chatter, here and in worker processes (they inherit the env).
         os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "error")
@@ -800,6 +883,13 @@ def _security(args: argparse.Namespace) -> Any:
         return tls_security(args.scheduler, args.tls_ca_file, args.tls_cert, args.tls_key)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+
+
+def _format_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                    line: str | None = None) -> str:
+    """A warning as one line for the command line's user, ``daskkrr: warning: <what>``: the library's
+    source file and line (Python's default) mean nothing to them; ``-v`` still logs tracebacks of errors."""
+    return f"daskkrr: warning: {_one_line(message)}\n"
 
 
 def _interruption(exc: BaseException) -> KeyboardInterrupt | None:

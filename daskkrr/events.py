@@ -128,10 +128,15 @@ class RhsComputed(Event):
 
 @dataclasses.dataclass(frozen=True)
 class SolverStep(Event):
-    """An iterative solver finished ``iteration`` with the given (largest) relative residual."""
+    """An iterative solver finished ``iteration`` with the given (largest) relative residual.
+
+    ``solver`` names it for progress displays: "CG" (the regressors and classifiers), "Lloyd"
+    (kernel k-means, whose ``residual`` is the centers' shift).
+    """
 
     iteration: int
     residual: float
+    solver: str = "CG"
 
 
 @dataclasses.dataclass(frozen=True)

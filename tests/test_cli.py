@@ -7,12 +7,18 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 import zarr
 
-from daskkrr.cli import _HelpFormatter, _parser, cli_message, main
+from daskkrr.cli import _HelpFormatter, _parser, cli_message, main, run_figures
+from daskkrr.models.registry import ESTIMATORS, UNSUPERVISED
+from daskkrr.models.schema import config_specs, union_specs
+
+#: Estimator parameters: their flags' help is listed per estimator (``--estimator NAME --help``).
+_ESTIMATOR_PARAMS = set(union_specs({**ESTIMATORS, **UNSUPERVISED}))
 
 
 def test_generate_fit_predict_with_running_cluster(tmp_path, cluster2, capsys):
@@ -81,9 +87,88 @@ def test_no_abbreviations_and_every_option_shows_help_and_default():
         for action in parser._actions:
             if isinstance(action, (argparse._HelpAction, argparse._VersionAction, argparse._SubParsersAction)):
                 continue
+            if action.help == argparse.SUPPRESS and action.dest in _ESTIMATOR_PARAMS:
+                continue  # an estimator parameter: test_help_lists_one_estimators_parameters checks its help
             assert action.help, f"{parser.prog} {action.option_strings or action.dest} has no help"
             if action.option_strings and not action.required:
                 assert "default" in formatter._get_help_string(action), f"{parser.prog} {action.option_strings}"
+
+
+def _help(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[str, set[str]]:
+    """``daskkrr ARGV --help``'s text and the long options it lists (lines that start with one)."""
+    assert main([*argv, "--help"]) == 0
+    text = capsys.readouterr().out
+    listed = {flag.rstrip(",") for line in text.splitlines() if line.lstrip().startswith("--")
+              for flag in line.split() if flag.startswith("--")}
+    return text, listed
+
+
+@pytest.mark.parametrize("command", ["fit", "tune"])
+def test_help_lists_one_estimators_parameters(command, capsys):
+    short, listed = _help([command], capsys)
+    assert "--estimator NAME --help" in " ".join(short.split())
+    assert not listed & {"--" + name.replace("_", "-") for name in _ESTIMATOR_PARAMS}  # none without --estimator
+    for name, cls in ESTIMATORS.items():
+        text, listed = _help([command, "--estimator", name], capsys)
+        own = {spec.flag for spec in config_specs(cls).values()}
+        others = {"--" + p.replace("_", "-") for p in union_specs(ESTIMATORS)} - own
+        assert own <= listed and not others & listed, name
+        assert text.count("(default: ") >= len(own), name  # every parameter with its default
+        assert len(text.splitlines()) < len(short.splitlines()) + 6 * len(own), name  # a few lines each (usage too)
+    assert len(short.splitlines()) < 90  # was 268 (fit) and 310 (tune) lines with every estimator's parameters
+
+
+@pytest.mark.parametrize("command, kind", [("embed", "kpca"), ("cluster", "kmeans")])
+def test_unsupervised_help_lists_its_parameters_and_no_config(command, kind, capsys):
+    text, listed = _help([command], capsys)
+    assert {spec.flag for spec in config_specs(UNSUPERVISED[kind]).values()} <= listed
+    assert "--config" not in text  # these commands take no config file
+
+
+def test_misspelt_flag_names_the_closest_one(capsys):
+    assert main(["fit", "--data", "d.zarr", "--out", "m", "--centrs", "50"]) == 2
+    err = capsys.readouterr().err
+    assert err == ("daskkrr: error: unrecognized arguments: --centrs 50 (did you mean --centers?); "
+                   "see 'daskkrr fit --help'\n")
+    assert main(["cluster", "--data", "d.zarr", "--out", "l", "--n-cluster", "3"]) == 2
+    assert "(did you mean --n-clusters?); see 'daskkrr cluster --help'" in capsys.readouterr().err
+    assert main(["fit", "--data", "d.zarr", "--out", "m", "--zzz"]) == 2
+    assert "did you mean" not in capsys.readouterr().err  # nothing close: no guess
+
+
+def test_exit_codes_are_the_documented_ones(tmp_path, capsys):
+    """README, install guide and configuration reference state the convention the code follows."""
+    root = Path(__file__).resolve().parents[1]
+    sentence = "exits with status 2, any other error with status 1"
+    for doc in ("README.md", "docs/guide/install.rst"):
+        assert sentence in " ".join((root / doc).read_text().split()), doc
+    reference = " ".join((root / "docs/guide/configuration.rst").read_text().split())
+    assert "* - 2 - a usage error" in reference and "* - 1 - any other error" in reference
+    assert main(["fit", "--data", "d.zarr", "--out", "m", "--bogus"]) == 2  # a wrong command line
+    assert main(["fit", "--data", "d.zarr"]) == 2  # --out missing
+    assert main(["score", "--model", str(tmp_path / "none"), "--data", str(tmp_path / "d.zarr")]) == 1  # no model
+    assert capsys.readouterr().err.count("daskkrr: error: ") == 3
+
+
+def test_warnings_print_as_one_line_without_source(monkeypatch, tmp_path, capsys):
+    import warnings
+
+    from sklearn.exceptions import ConvergenceWarning
+
+    monkeypatch.setattr(warnings, "formatwarning", warnings.formatwarning)  # restored after the test
+    assert main(["score", "--model", str(tmp_path / "none"), "--data", str(tmp_path / "d.zarr")]) == 1
+    capsys.readouterr()
+    text = warnings.formatwarning(ConvergenceWarning("CG stopped at relative residual 0.04 > tol=0.0001"),
+                                  ConvergenceWarning, "/site-packages/daskkrr/pipeline/stages.py", 281,
+                                  "warn_not_converged(result)")
+    assert text == "daskkrr: warning: CG stopped at relative residual 0.04 > tol=0.0001\n"  # no file, line, code
+
+
+def test_run_summary_says_what_a_run_without_scores_did():
+    assert run_figures({"metrics": {"rmse": 0.5, "r2": 0.25, "fit_seconds": 1.0}}) == "rmse 0.5, r2 0.25"
+    # an online workflow's first run: nothing to score the rows with yet (it printed "(prequential: )")
+    assert run_figures({"evaluation": "prequential", "metrics": {"fit_seconds": 1.0, "n_new_rows": 500}}) == \
+        "no earlier model to score with; learnt 500 rows"
 
 
 @pytest.mark.parametrize("flag, dest", [("-v", "verbose"), ("--verbose", "verbose"), ("-q", "quiet"),

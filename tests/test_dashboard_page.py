@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import threading
@@ -68,6 +69,15 @@ def test_log_chart_handles_empty_and_non_positive_values():
                      logy=True)
     assert svg.count("<circle") == 2 and "1e-6" in svg
     assert "waiting" in line_chart([], title="t", xlabel="x", ylabel="y", empty_text="waiting")
+
+
+def test_one_point_dictionary_chart_has_a_scale_from_zero():
+    # a one-block SQUEAK pass records one [rows seen, size] point; its axes spanned that point alone
+    svg = line_chart([[20000, 500]], title="t", xlabel="rows seen", ylabel="size", from_zero=True)
+    labels = re.findall(r'font-size="11">([^<]+)</text>', svg)
+    assert "0" in labels and "20,000" in labels and "500" in labels  # both axes run from 0 to the point
+    cx, cy = (float(v) for v in re.search(r'<circle cx="([\d.]+)" cy="([\d.]+)"', svg).groups())
+    assert 62 < cx <= 460 - 14 and 28 <= cy < 260 - 42  # inside the plot, away from the origin
 
 
 @pytest.fixture(scope="module")

@@ -10,19 +10,23 @@ import pytest
 NOTEBOOK = Path(__file__).resolve().parents[1] / "workflows" / "notebooks" / "quickstart.ipynb"
 
 
-def test_quickstart_notebook_executes(tmp_path):
+def test_quickstart_notebook_executes(tmp_path, monkeypatch):
     nbformat = pytest.importorskip("nbformat", reason="notebook tests need the dev extra (nbformat)")
     nbclient = pytest.importorskip("nbclient", reason="notebook tests need the dev extra (nbclient)")
     pytest.importorskip("ipykernel", reason="notebook tests need the dev extra (ipykernel)")
     pytest.importorskip("matplotlib", reason="the notebook plots with matplotlib (dev and plot extras)")
 
     nb = nbformat.read(NOTEBOOK, as_version=4)
+    scratch = tmp_path / "tmp"  # the kernel's temporary folder, private: other processes write to /tmp too
+    scratch.mkdir()
+    monkeypatch.setenv("TMPDIR", str(scratch))  # the kernel, a new process, inherits it
     client = nbclient.NotebookClient(nb, timeout=240, kernel_name="python3",
                                      resources={"metadata": {"path": str(NOTEBOOK.parent)}})
     client.execute()  # raises CellExecutionError on the first failing cell
 
     outputs = [o for cell in nb.cells if cell.cell_type == "code" for o in cell.get("outputs", [])]
     assert not [o for o in outputs if o.output_type == "error"]
+    assert not list(scratch.glob("daskkrr-*"))  # its working directory is removed (it was left in /tmp)
     text = "".join(o.get("text", "") for o in outputs if o.output_type == "stream")
     html = "".join(o.get("data", {}).get("text/html", "") for o in outputs)
     assert "Dask dashboard: http://127.0.0.1:" in text and "/daskkrr" in text

@@ -86,11 +86,11 @@ def test_exact_kernel_ridge_fits_predicts_saves(tmp_path):
 
 def test_a_new_parameter_reaches_help_toml_and_set_params(knobbed, tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_:
-        _parser().parse_args(["fit", "--help"])
+        _parser().parse_args(["fit", "--estimator", "knobbed", "--help"])
     assert exit_.value.code == 0
     help_text = " ".join(capsys.readouterr().out.split())
     assert "--dummy-knob INT" in help_text
-    assert "A knob added after the fact, to see it reach TOML and the CLI. (default: 3; knobbed only)" in help_text
+    assert "A knob added after the fact, to see it reach TOML and the CLI. (default: 3)" in help_text
 
     args = _parser().parse_args(["fit", "--data", "d", "--out", "o", "--estimator", "knobbed", "--dummy-knob", "7"])
     assert args.dummy_knob == 7

@@ -94,6 +94,21 @@ def test_bar_in_a_terminal_redraws_one_line():
     assert "CG 1/3 res 2.50e-01" in text and text.rstrip().split("\r")[-1].startswith("done")
 
 
+def test_kmeans_steps_read_lloyd_and_shift_not_cg():
+    from daskkrr import events as ev
+    from daskkrr.dashboard.render import render_fragment
+
+    out = io.StringIO()
+    bar = ProgressBar(stream=out, min_line_interval=0.0)
+    t = FitTracker(FitProgress(fit_id="k", estimator="NystromKernelKMeans", max_iter=50), [bar])
+    t.begin(1000, 4, 3)
+    t.on_event(ev.SolverStep(7, 0.125, solver="Lloyd"))  # what lloyd_solve emits
+    text = out.getvalue()
+    assert "Lloyd 7/50 shift 1.25e-01" in text and "CG" not in text  # it read "CG 7/50 res ..."
+    page = render_fragment({"k": t.state.to_dict()}, {}, "k")  # the dashboard's page
+    assert "Lloyd iteration" in page and "Lloyd center shift by iteration" in page and "CG" not in page
+
+
 def test_bar_in_logs_prints_lines_and_nothing_before_the_data_are_open():
     out = io.StringIO()
     bar = ProgressBar(stream=out, min_line_interval=0.0)

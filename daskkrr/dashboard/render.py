@@ -10,7 +10,7 @@ from urllib.parse import quote
 
 from daskkrr.dashboard.plugin import updated_at
 from daskkrr.dashboard.svg import line_chart, progress_bar
-from daskkrr.progress.bar import STATUS_COLORS, status_label
+from daskkrr.progress.bar import STATUS_COLORS, solver_measure, status_label
 from daskkrr.progress.state import FitProgress
 
 logger = logging.getLogger("daskkrr.dashboard")
@@ -93,7 +93,8 @@ def _render_fit(fits: dict[str, dict[str, Any]], counts: dict[str, dict[str, int
     status = status_label(p)  # an unconverged fit is "done (not converged)", not green
     badge = STATUS_COLORS.get(status, "#777")
     cg_text = "-" if not p.cg else (
-        f"{p.cg_iteration}" + (f" / {p.max_iter}" if p.max_iter else "") + f"  (residual {p.residual:.3e})"
+        f"{p.cg_iteration}" + (f" / {p.max_iter}" if p.max_iter else "")
+        + f"  ({solver_measure(p)[1].split()[-1]} {p.residual:.3e})"
     )
     live = f"{min(p.blocks_in_pass, p.n_blocks)} / {p.n_blocks}" if p.pass_task else "-"
     rows = [
@@ -103,20 +104,21 @@ def _render_fit(fits: dict[str, dict[str, Any]], counts: dict[str, dict[str, int
         _row("current pass", live, "pass"),
         _row("passes done", p.passes, "passes"),
         _row("dictionary size", _dictionary_text(p), "dictionary"),
-        _row("CG iteration", cg_text, "cg-iteration"),
+        _row(f"{p.solver} iteration", cg_text, "cg-iteration"),
         _row("data", f"{p.n_rows:,} rows x {p.n_features} features, {p.n_blocks} blocks", "data"),
         _row("elapsed", f"{p.elapsed:.1f} s", "elapsed"),
     ]
     if p.error:
         rows.append(_row("error", p.error, "error"))
     cg_chart = line_chart(
-        p.cg, title="CG residual by iteration", xlabel="iteration", ylabel="relative residual (log10)",
-        logy=True, element_id="daskkrr-cg-chart", empty_text="CG has not started",
+        p.cg, title=f"{p.solver} {solver_measure(p)[1]} by iteration", xlabel="iteration",
+        ylabel=f"{solver_measure(p)[1]} (log10)", logy=True, element_id="daskkrr-cg-chart",
+        empty_text="the solver has not started",
     )
     if p.dictionary:
         dict_chart = line_chart(
             p.dictionary, title="SQUEAK dictionary size", xlabel="rows seen", ylabel="dictionary size",
-            element_id="daskkrr-dictionary-chart", color="#d62728",
+            element_id="daskkrr-dictionary-chart", color="#d62728", from_zero=True,
         )
     else:
         note = (f"{p.sampler or 'this'} sampler: {p.n_centers} centers, no dictionary growth"

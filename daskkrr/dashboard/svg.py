@@ -50,10 +50,13 @@ def line_chart(
     height: int = 260,
     color: str = "#1f77b4",
     empty_text: str = "no data yet",
+    from_zero: bool = False,
 ) -> str:
     """An SVG line chart of ``points`` ([x, y] pairs); ``logy`` plots log10(y).
 
-    Non-finite values (and non-positive ones on a log axis) are skipped.
+    Non-finite values (and non-positive ones on a log axis) are skipped. ``from_zero`` starts
+    both axes at 0 (for counts that grow from nothing, such as a dictionary's size against
+    rows seen: with one point, an axis spanning that point alone showed no scale).
     """
     left, right, top, bottom = 62, 14, 28, 42
     pw, ph = width - left - right, height - top - bottom
@@ -81,6 +84,8 @@ def line_chart(
     ys = [math.log10(p[1]) if logy else p[1] for p in pts]
     x0, x1 = min(xs), max(xs)
     y0, y1 = min(ys), max(ys)
+    if from_zero:
+        x0, y0 = min(x0, 0.0), y0 if logy else min(y0, 0.0)
     if logy:
         y0, y1 = math.floor(y0), math.ceil(y1)
     if x1 == x0:

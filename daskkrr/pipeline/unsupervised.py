@@ -350,7 +350,7 @@ def lloyd_solve(ctx: FitContext, state: EmbeddingState) -> None:
             step = LloydStep(stats, C, P, state.total_sq_norm)
             if tol_abs is None:
                 tol_abs = float(p.tol) * step.mean_variance
-            ctx.events.emit(ev.SolverStep(n_iter, step.shift))
+            ctx.events.emit(ev.SolverStep(n_iter, step.shift, solver="Lloyd"))
             inertia, C = step.inertia, step.centers
             if step.shift == 0.0:  # the labels did not change: C is final and so is the inertia
                 converged = strict = True

@@ -42,6 +42,11 @@ def status_label(p: FitProgress) -> str:
     return p.status
 
 
+def solver_measure(p: FitProgress) -> tuple[str, str]:
+    """Short and long names of what the solver's steps report: CG's residual, Lloyd's center shift."""
+    return ("shift", "center shift") if p.solver == "Lloyd" else ("res", "relative residual")
+
+
 def describe(p: FitProgress) -> str:
     """The figures of the bar as one line of text (without the bar itself)."""
     parts = [f"{p.rows_streamed:,} rows", f"{p.blocks_read} blocks"]
@@ -53,7 +58,7 @@ def describe(p: FitProgress) -> str:
         parts.append(f"dict {size}" + (f" ({p.n_centers} centers)" if thinned else ""))
     if p.cg:
         limit = f"/{p.max_iter}" if p.max_iter else ""
-        parts.append(f"CG {p.cg_iteration}{limit} res {p.residual:.2e}")
+        parts.append(f"{p.solver} {p.cg_iteration}{limit} {solver_measure(p)[0]} {p.residual:.2e}")
     parts.append(f"{p.elapsed:.1f}s")
     return " | ".join(parts)
 

@@ -68,6 +68,9 @@ class FitProgress:
         Preconditioned relative residual after each CG iteration.
     max_iter : int or None
         CG iteration limit.
+    solver : str
+        The iterative solver whose steps ``cg`` holds: "CG", or "Lloyd" (kernel k-means; its
+        residual is the centers' shift).
     started, updated : float
         Unix times.
     finished : float or None
@@ -94,6 +97,7 @@ class FitProgress:
     n_centers: int | None = None
     cg: list[list[float]] = dataclasses.field(default_factory=list)
     max_iter: int | None = None
+    solver: str = "CG"
     expected_passes: int | None = None
     started: float = dataclasses.field(default_factory=time.time)
     updated: float = dataclasses.field(default_factory=time.time)

@@ -190,8 +190,8 @@ class FitTracker:
             s.blocks_in_pass = 0
             self._emit("dictionary")
 
-    def cg_iteration(self, iteration: int, residual: Any) -> None:
-        """CG finished ``iteration`` with the given (largest) relative residual."""
+    def cg_iteration(self, iteration: int, residual: Any, solver: str = "CG") -> None:
+        """The solver (CG, or k-means' Lloyd) finished ``iteration`` with the given (largest) relative residual."""
         try:
             value = float(max(residual)) if hasattr(residual, "__len__") else float(residual)
         except (TypeError, ValueError):
@@ -199,6 +199,7 @@ class FitTracker:
         with self._lock:
             if self.state.phase != "cg":  # e.g. after the "gram" pass, CG runs on the client
                 self.phase("cg")
+            self.state.solver = solver
             self.state.cg.append([int(iteration), value])
             self._emit("cg")
 
@@ -235,7 +236,7 @@ class FitTracker:
         elif isinstance(event, ev.CentersChosen):
             self.sampled(event.dictionary)
         elif isinstance(event, ev.SolverStep):
-            self.cg_iteration(event.iteration, event.residual)
+            self.cg_iteration(event.iteration, event.residual, event.solver)
         elif isinstance(event, ev.FitDone):
             self.state.converged = bool(event.converged)
             self.finish()
