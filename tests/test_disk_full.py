@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import dask.array as da
@@ -94,6 +95,13 @@ def test_convert_on_a_full_disk(disk, tmp_path, capsys):
     _assert_nothing_left(disk / "earlier.zarr", earlier)
 
 
+def _slow(block: np.ndarray) -> np.ndarray:
+    """A block that takes 0.2 s: when the first chunk write fails, others are still to be written
+    for that long, past the 0.1 s in which the clean-up would otherwise see the temporary gone."""
+    time.sleep(0.2)
+    return block
+
+
 @pytest.mark.parametrize("what", ["predict", "embed", "cluster"])
 def test_parallel_write_on_a_full_disk(what, disk, client):
     """Predictions, an embedding and labels written by 4 threads on 2 workers, 100 chunk files of at
@@ -109,7 +117,7 @@ def test_parallel_write_on_a_full_disk(what, disk, client):
     out = disk / f"{what}.zarr"
     with client.as_current():
         for attempt in range(3):
-            rows = da.random.RandomState(attempt).normal(size=(200_000, 3), chunks=(2000, 3))
+            rows = da.random.RandomState(attempt).normal(size=(200_000, 3), chunks=(2000, 3)).map_blocks(_slow)
             with pytest.raises(DiskFullError) as info:
                 if what == "predict":
                     write_array_zarr(models[what].predict(rows), out, name="y_pred")

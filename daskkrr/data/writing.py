@@ -166,17 +166,19 @@ def _store(sources: list[da.Array], targets: list[zarr.Array]) -> None:
     again. So the computation is cancelled and its running tasks are waited for.
     """
     import dask
-
-    from daskkrr.parallel import current_client
+    from dask.base import get_scheduler
 
     # dask types the targets as array-likes; it only needs __setitem__, which zarr arrays have.
     stored = da.store(sources, targets, lock=False, compute=False)  # type: ignore[arg-type]
     parts = list(stored) if isinstance(stored, (tuple, list)) else [stored]  # one or one per array
-    client = current_client()
-    if client is None:
+    # The client dask would use (a distributed Client's bound ``get``); not with scheduler="sync" & co.
+    client = getattr(get_scheduler(collections=parts), "__self__", None)
+    if client is None or not hasattr(client, "cancel"):
         dask.compute(*parts)
         return
-    futures = client.compute(parts)
+    # Optimised here, so that the keys waited for below are the keys the workers run (fusion renames tasks).
+    parts = list(dask.optimize(*parts))
+    futures = client.compute(parts, optimize_graph=False)
     try:
         client.gather(futures)
     except BaseException:
