@@ -83,6 +83,7 @@ def main() -> None:
                                       str(args.d), "--store", str(store)], capture_output=True, text=True,
                                      check=True)
                 runs[kind].append(json.loads(out.stdout.strip().splitlines()[-1]))
+                print(f"  {kind}: {runs[kind][-1]['seconds']:.2f} s", flush=True)
     med = {kind: statistics.median(r["seconds"] for r in rs) for kind, rs in runs.items()}
     print(f"FalkonRegressor({PARAMS}) on {args.n} x {args.d}, {runs['numpy'][0]['workers']} workers, "
           f"median of {args.repeats} fits, each in a fresh process")

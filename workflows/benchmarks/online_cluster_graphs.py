@@ -32,6 +32,7 @@ def main() -> None:
     parser.add_argument("--d", type=int, default=8)
     parser.add_argument("--chunk-rows", type=int, default=None,
                         help="rows per store chunk (default: about 64 MiB, as daskkrr generate)")
+    parser.add_argument("--batch-size", type=int, default=PARAMS["batch_size"])
     parser.add_argument("--threshold", default="1MB", help="report graphs larger than this")
     args = parser.parse_args()
 
@@ -51,11 +52,11 @@ def main() -> None:
                     warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
                 t0 = time.perf_counter()
-                model = OnlineKernelRidge(**PARAMS).fit(store)
+                model = OnlineKernelRidge(**{**PARAMS, "batch_size": args.batch_size}).fit(store)
                 seconds = time.perf_counter() - t0
             workers = len(client.scheduler_info()["workers"])
     sizes = [m.group(1) for w in caught if (m := re.search(r"large graph of size ([\d.]+ \w+)", str(w.message)))]
-    print(f"OnlineKernelRidge({PARAMS}) on {args.n} x {args.d} rows, {workers} workers")
+    print(f"OnlineKernelRidge({PARAMS}, batch_size={args.batch_size}) on {args.n} x {args.d} rows, {workers} workers")
     print(f"  fit: {seconds:.1f} s, {model.n_landmarks_} landmarks")
     print(f"  graphs over {args.threshold}: {len(sizes)} ({', '.join(sizes) or 'none'})")
 
