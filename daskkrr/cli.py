@@ -91,7 +91,7 @@ def _command_parser(parser: argparse.ArgumentParser, parsed: argparse.Namespace)
     """The parser of the command in ``parsed`` (``daskkrr fit``'s), else ``parser`` itself."""
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
-            return action.choices.get(getattr(parsed, action.dest, None), parser)
+            return action.choices.get(str(getattr(parsed, action.dest, "")), parser)
     return parser
 
 
