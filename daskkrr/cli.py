@@ -24,6 +24,7 @@ close it afterwards.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -818,10 +819,37 @@ def main(argv: Sequence[str] | None = None) -> int:
     parsing before the command included, prints the documented line and returns 130
     (128 + the signal's number), without a traceback.
     """
+    from daskkrr.signals import forget_signals
+
+    forget_signals()  # an earlier command's signal (in this process) is not this one's
     try:
         return _main(argv)
     except KeyboardInterrupt as exc:  # before or after the command: nothing was written
         return _interrupted(exc)
+    except Exception:
+        seen = _signal_seen()
+        if seen is None:
+            raise
+        return _interrupted(seen)  # the signal, turned into another error by the code it landed in
+
+
+#: Ctrl-Cs seen by :func:`_entry`'s handler (a signal can be turned into another error, e.g. an ImportError).
+_SIGINTS: list[int] = []
+
+
+def _on_sigint(signum: int, frame: Any) -> None:
+    _SIGINTS.append(signum)
+    raise KeyboardInterrupt
+
+
+def _signal_seen() -> KeyboardInterrupt | None:
+    """The interruption of this process, if a signal arrived: Ctrl-C, else SIGTERM/SIGHUP."""
+    from daskkrr.signals import last_signal
+
+    if _SIGINTS:
+        return KeyboardInterrupt()
+    signum = last_signal()
+    return None if signum is None else Interrupted(signum)
 
 
 def _interrupted(exc: KeyboardInterrupt) -> int:
@@ -862,7 +890,7 @@ def _main(argv: Sequence[str] | None) -> int:
         print(f"daskkrr: error: {_one_line(exc)}; see 'daskkrr {args.command} --help'", file=sys.stderr)
         return 2
     except Exception as exc:  # one line, no traceback, for any failure
-        interrupt = _interruption(exc)
+        interrupt = _interruption(exc) or _signal_seen()
         if interrupt is not None:  # the signal landed inside clean-up code, which then failed
             return _interrupted(interrupt)
         if args.verbose:
@@ -930,12 +958,35 @@ def cli_message(message: str) -> str:
 def _entry() -> Any:
     """The console script (and ``python -m daskkrr.cli``): SIGTERM and SIGHUP, like Ctrl-C, end even the
     start-up (the imports, before the command runs) with the documented line and code."""
+    import signal
+
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not where Ctrl-C is ignored
+        signal.signal(signal.SIGINT, _on_sigint)
     try:
         with interrupt_on_signals():
             code = main()
     except KeyboardInterrupt as exc:  # landed between the handlers' set-up and main's own guard
         code = _interrupted(exc)
+    if code > 128:  # interrupted: see _exit_interrupted
+        _exit_interrupted(code)
     sys.exit(code)
+
+
+def _exit_interrupted(code: int) -> None:
+    """End the process with ``code`` after the usual exit clean-up.
+
+    A Ctrl-C that lands while an extension runs Python code through the C API during its
+    import (``PyRun_String``) leaves CPython 3.11 marked "unhandled KeyboardInterrupt",
+    even though the error was caught here, and it then ends the process by SIGINT (-2)
+    whatever ``sys.exit`` says. Exiting directly keeps the documented code.
+    """
+    import atexit
+
+    atexit._run_exitfuncs()  # what a normal exit runs: logging's flush, Dask's and multiprocessing's clean-up
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -18,7 +18,24 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-__all__ = ["Interrupted", "interrupt_on_signals"]
+__all__ = ["Interrupted", "forget_signals", "interrupt_on_signals", "last_signal"]
+
+#: The signals the handlers below turned into exceptions, in order.
+_RECEIVED: list[int] = []
+
+
+def last_signal() -> int | None:
+    """The last signal :func:`interrupt_on_signals` turned into :class:`Interrupted`, or None.
+
+    Code that the exception passes through may replace it with another error (an
+    extension being imported reports "could not import ..."); this still says why.
+    """
+    return _RECEIVED[-1] if _RECEIVED else None
+
+
+def forget_signals() -> None:
+    """Clear what :func:`last_signal` says (a new command in the same process starts afresh)."""
+    _RECEIVED.clear()
 
 
 class Interrupted(KeyboardInterrupt):
@@ -67,6 +84,7 @@ def interrupt_on_signals(signals: Sequence[int] | None = None) -> Iterator[None]
     def handler(signum: int, frame: Any) -> None:
         for sig in chosen:
             signal.signal(sig, signal.SIG_IGN)
+        _RECEIVED.append(signum)
         raise Interrupted(signum)
 
     try:
