@@ -25,6 +25,7 @@ from daskkrr.models.persistence import (
 )
 from daskkrr.models.registry import UNSUPERVISED, classes_by_class_name
 from daskkrr.models.unsupervised_persistence import load_unsupervised
+from daskkrr.solvers.variance import noise_variance
 
 UNSUPERVISED_NAMES = {cls.__name__ for cls in UNSUPERVISED.values()}
 
@@ -131,6 +132,7 @@ def _build(cls: type, meta: dict[str, Any], arrays: dict[str, np.ndarray], path:
             setattr(model, key, value)
     _check_shapes(model, path)
     model.posterior_ = _posterior(meta, arrays, model, path)
+    model.noise_variance_ = noise_variance(model.posterior_)
     names = meta.get("feature_names")  # absent in models fitted without names (and older files)
     if names is not None:
         if not (isinstance(names, list) and len(names) == model.n_features_in_
