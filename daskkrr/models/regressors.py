@@ -159,7 +159,8 @@ PARAM_DOCS = {
     "compute_std": """compute_std : bool, default=False
     Also compute what ``predict(X, return_std=True)`` needs: the posterior of
     the Gaussian process that matches the model (``fitted posterior_``, see the
-    user guide, "Predictive uncertainty"). The Nystrom estimators keep two
+    user guide, "Predictive uncertainty"), with the noise variance estimated
+    from the training residuals (``noise_variance_``). The Nystrom estimators keep two
     ``M x M`` factors (``16 M^2`` bytes in memory and in saved models);
     FALKON with the "recompute" or "cache" strategy makes one more pass over the
     data for ``K_MN K_NM``, which the direct solve and the "gram" strategy
