@@ -241,6 +241,15 @@ def test_saved_model_keeps_its_posterior_and_refit_without_compute_std_drops_it(
     assert loaded.posterior_ is None
 
 
+def test_an_interpolating_fit_warns_that_its_noise_estimate_is_unreliable():
+    X, y, _ = _data(7, n=60)
+    # sigma 0.05 on [-2, 2]^2: the kernel matrix is nearly the identity, d_eff close to n = 60
+    with pytest.warns(UserWarning, match="nearly interpolates its 60 training rows"):
+        model = ExactKernelRidge(sigma=0.05, penalty=1e-8, standardize=False, compute_std=True).fit(X, y)
+    assert model.posterior_.effective_dof > 60 - 10
+    assert np.all(np.isfinite(model.noise_variance_))
+
+
 def test_posterior_saved_before_the_calibration_keeps_its_likelihood_amplitude():
     X, y, _ = _data(4)
     post = NystromRegressor(n_centers=30, compute_std=True, random_state=0).fit(X, y).posterior_

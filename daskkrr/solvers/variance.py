@@ -59,6 +59,7 @@ without the last term.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from typing import Any
 
 import numpy as np
@@ -268,13 +269,26 @@ def nystrom_rss(T: np.ndarray, d: np.ndarray, gram_pre: np.ndarray, shift: np.nd
     return np.maximum(y_sq - 2 * np.einsum("ij,ij->j", b, a) + fitted_sq, 0.0)
 
 
+#: Fewer residual degrees of freedom than this make the noise estimate warn: its relative
+#: standard deviation, ``sqrt(2 / (n - d_eff))`` for Gaussian noise, is then above 45%.
+MIN_RESIDUAL_DOF = 10.0
+
+
 def residual_noise_variance(rss: np.ndarray, n: int, dof: float) -> np.ndarray:
     """``RSS / (n - d_eff)``, the noise variance estimate of a linear smoother (ridge, splines, GP).
 
     The denominator is kept at least 1: a model that interpolates its training data
-    (``d_eff`` close to ``n``) leaves no residual degrees of freedom to estimate from.
+    (``d_eff`` close to ``n``) leaves no residual degrees of freedom to estimate from,
+    and a UserWarning says so below :data:`MIN_RESIDUAL_DOF`.
     """
-    return np.asarray(rss, dtype=np.float64) / max(float(n) - float(dof), 1.0)
+    residual_dof = float(n) - float(dof)
+    if residual_dof < MIN_RESIDUAL_DOF:
+        warnings.warn(
+            f"compute_std: the fit nearly interpolates its {n} training rows (effective degrees of freedom "
+            f"{dof:.1f}), so the noise variance estimate RSS / (n - d_eff) behind return_std rests on "
+            f"{max(residual_dof, 0.0):.1f} residual degrees of freedom and is unreliable; raise penalty or "
+            f"sigma, or use fewer centers", UserWarning, stacklevel=2)
+    return np.asarray(rss, dtype=np.float64) / max(residual_dof, 1.0)
 
 
 def _inverse_square_norm(R: np.ndarray) -> float:
