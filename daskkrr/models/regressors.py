@@ -283,7 +283,9 @@ class _RegressorMixin(RegressorMixin):
         return_std : bool, default=False
             Also return the standard deviation of the matching Gaussian process's
             posterior at each row, in units of ``y`` (the model must be fitted with
-            ``compute_std=True``; see the user guide, "Predictive uncertainty").
+            ``compute_std=True``; see the user guide, "Predictive uncertainty"). It is
+            the std of the latent function; a new observation's is
+            ``sqrt(y_std**2 + noise_variance_)``.
 
         Returns
         -------
