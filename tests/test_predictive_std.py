@@ -19,6 +19,7 @@ from sklearn.gaussian_process.kernels import RBF, ConstantKernel, Matern
 from daskkrr import ExactKernelRidge, FalkonClassifier, FalkonRegressor, NystromRegressor
 from daskkrr.kernels import make_kernel
 from daskkrr.models import load_model
+from daskkrr.solvers.variance import PosteriorVariance
 
 PENALTY = 1e-3
 
@@ -39,6 +40,13 @@ def _all_centers(cls, **params):
     return cls(n_centers=10_000, random_state=0, fit_intercept=False, **extra, **params)
 
 
+def _likelihood_std(model, std):
+    """``std`` at the maximum-likelihood amplitude (the GP's own empirical Bayes ``s^2``) instead of
+    the residual-calibrated one ``return_std`` uses: the std scales with ``sqrt(s^2)``."""
+    post = model.posterior_
+    return std * np.sqrt(post.likelihood_prior_variance / post.prior_variance)
+
+
 def _sklearn_gp(kernel_name: str, sigma, s2: float, alpha: float, X, y):
     base = RBF(sigma, "fixed") if kernel_name == "gaussian" else Matern(sigma, "fixed", nu=1.5)
     return GaussianProcessRegressor(ConstantKernel(s2, "fixed") * base, alpha=alpha, optimizer=None).fit(X, y)
@@ -54,15 +62,20 @@ def test_every_point_a_center_equals_sklearn_gaussian_process(cls, kernel_name):
         model = _all_centers(cls, kernel=kernel_name, sigma=0.8, penalty=PENALTY, standardize=False,
                              compute_std=True).fit(X, y)
     mean, std = model.predict(Xt, return_std=True)
-    s2 = float(model.posterior_.prior_variance[0])
+    s2 = float(model.posterior_.likelihood_prior_variance[0])
     # s^2 is the maximum-likelihood prior variance given the ratio noise / prior = penalty * n.
     K = make_kernel(kernel_name, sigma=0.8)(X, X)
     assert s2 == pytest.approx(y @ np.linalg.solve(K + PENALTY * n * np.eye(n), y) / n, rel=1e-8)
     gp = _sklearn_gp(kernel_name, 0.8, s2, alpha=s2 * PENALTY * n, X=X, y=y)
     gp_mean, gp_std = gp.predict(Xt, return_std=True)
-    np.testing.assert_allclose(std, gp_std, rtol=1e-6)
+    np.testing.assert_allclose(_likelihood_std(model, std), gp_std, rtol=1e-6)
     np.testing.assert_allclose(mean, gp_mean, rtol=1e-6, atol=1e-8)
-    np.testing.assert_allclose(model.posterior_.noise_variance, s2 * PENALTY * n)
+    # The noise variance return_std uses: RSS / (n - tr H), H = K (K + penalty n I)^{-1}, dense here.
+    H = K @ np.linalg.inv(K + PENALTY * n * np.eye(n))
+    rss = np.sum((y - model.predict(X)) ** 2)
+    np.testing.assert_allclose(model.noise_variance_, rss / (n - np.trace(H)), rtol=1e-6)
+    np.testing.assert_allclose(model.posterior_.noise_variance, model.noise_variance_)
+    np.testing.assert_allclose(model.posterior_.effective_dof, np.trace(H), rtol=1e-6)
 
 
 def test_standardized_model_is_the_gp_on_centred_targets_and_scaled_features():
@@ -73,17 +86,17 @@ def test_standardized_model_is_the_gp_on_centred_targets_and_scaled_features():
     model = ExactKernelRidge(sigma=0.9, penalty=PENALTY, compute_std=True).fit(X, y)
     mean, std = model.predict(Xt, return_std=True)
     Xs, Xts = model.scaler_.transform(X), model.scaler_.transform(Xt)
-    s2 = float(model.posterior_.prior_variance[0])
+    s2 = float(model.posterior_.likelihood_prior_variance[0])
     gp = _sklearn_gp("gaussian", 0.9, s2, s2 * PENALTY * n, Xs, y - y.mean())  # normalize_y=False, y centred
     gp_mean, gp_std = gp.predict(Xts, return_std=True)
-    np.testing.assert_allclose(std, gp_std, rtol=1e-6)
+    np.testing.assert_allclose(_likelihood_std(model, std), gp_std, rtol=1e-6)
     np.testing.assert_allclose(mean, gp_mean + y.mean(), rtol=1e-6)
     # The std is in the units of y: scaling y by c scales it by c.
     scaled = ExactKernelRidge(sigma=0.9, penalty=PENALTY, compute_std=True).fit(X, 1000 * y)
     np.testing.assert_allclose(scaled.predict(Xt, return_std=True)[1], 1000 * std, rtol=1e-9)
 
 
-def _dense_dtc_std(kernel, X, y, Z, Xt, penalty, intercept):
+def _dense_dtc_std(kernel, X, y, Z, Xt, penalty, intercept, noise=None):
     """The DTC posterior std with a flat-prior intercept or none, by dense linear algebra (independent
     of the library's factorisation): the posterior of (w, b) in ``y = K_nM w + b + e``, ``w ~ N(0, K_MM^-1)``."""
     n = len(X)
@@ -95,6 +108,8 @@ def _dense_dtc_std(kernel, X, y, Z, Xt, penalty, intercept):
     H = F.T @ F + s * P  # s x posterior precision of (w, b) for unit prior variance
     theta = np.linalg.solve(H, F.T @ y)
     s2 = (y @ y - (F.T @ y) @ theta) / (s * n)  # y^T (Q + s I)^{-1} y / n, b profiled out
+    if noise is not None:  # the residual noise estimate RSS / (n - tr(hat matrix)) instead
+        noise.append(np.sum((y - F @ theta) ** 2) / (n - np.trace(F @ np.linalg.solve(H, F.T))))
     Ft = np.c_[Ktm, np.ones(len(Xt))] if intercept else Ktm
     nystrom_residual = 1.0 - np.einsum("ij,ji->i", Ktm, np.linalg.solve(Kmm, Ktm.T))
     v = nystrom_residual + s * np.einsum("ij,ji->i", Ft, np.linalg.solve(H, Ft.T))
@@ -112,9 +127,12 @@ def test_fewer_centers_match_the_dense_dtc_formula(cls, strategy, sampler, inter
     model = cls(n_centers=60, sigma=0.7, penalty=PENALTY, standardize=False, fit_intercept=intercept,
                 strategy=strategy, sampler=sampler, compute_std=True, random_state=0, **extra).fit(X, y)
     mean, std = model.predict(Xt, return_std=True)
-    ref_mean, ref_std = _dense_dtc_std(model.kernel_, X, y, model.centers_, Xt, PENALTY, intercept)
+    ref_noise: list[float] = []
+    ref_mean, ref_std = _dense_dtc_std(model.kernel_, X, y, model.centers_, Xt, PENALTY, intercept, ref_noise)
     np.testing.assert_allclose(mean, ref_mean, rtol=1e-6, atol=1e-7)
-    np.testing.assert_allclose(std, ref_std, rtol=1e-6)
+    np.testing.assert_allclose(_likelihood_std(model, std), ref_std, rtol=1e-6)
+    # RSS and d_eff from the accumulated Gram matrix (no pass over the data), against the dense hat matrix
+    np.testing.assert_allclose(model.noise_variance_, ref_noise, rtol=1e-6)
     # Far from the data the std is the prior's (plus the intercept's uncertainty), above all others.
     far = model.predict(np.full((1, 2), 50.0), return_std=True)[1][0]
     prior = np.sqrt(model.posterior_.prior_variance[0])
@@ -150,6 +168,39 @@ def test_95_percent_intervals_cover_95_percent_of_held_out_gp_data(make):
     assert 0.93 <= np.mean(covered_f) <= 0.97
 
 
+def test_default_penalty_noise_estimate_and_two_std_coverage_on_data_with_known_noise():
+    """A smooth function plus N(0, 0.5^2) noise, FalkonRegressor at its defaults (penalty 1e-6).
+
+    Noise estimate: RSS / sigma^2 is about chi-square with n - d_eff degrees of freedom (the
+    fit's bias on this smooth function is far smaller), so sigma_hat^2 / sigma^2 has a
+    relative SD of sqrt(2 / (n - d_eff)) < 0.033; each seed is held to 4 of them, the
+    mean of the seeds to 4 / sqrt(seeds) of them.
+
+    Coverage of +-2 std for a new observation (nominal p = 0.9545): the fraction over
+    seeds x n_test rows has a binomial SD of sqrt(p (1 - p) / 6000) = 0.0027; the
+    noise estimate's own error moves each seed's threshold by about 1.6% (half the
+    relative SD above), which moves its coverage by 2 phi(2) 2 0.016 = 0.0035, 0.0014
+    over the 6 seeds; together 0.003, and the band is 5 of them (the latent std, a
+    twentieth of the predictive variance here, adds a little model error too).
+    """
+    sd_noise, n, n_test, seeds = 0.5, 2000, 1000, 6
+    inside, ratios = [], []
+    for seed in range(seeds):
+        rng = np.random.default_rng(100 + seed)
+        X = rng.uniform(-2, 2, size=(n + n_test, 3))
+        y = np.sin(2 * X[:, 0]) + X[:, 1] ** 2 / 2 + np.cos(X[:, 2]) + sd_noise * rng.normal(size=n + n_test)
+        model = FalkonRegressor(n_centers=200, compute_std=True, random_state=seed).fit(X[:n], y[:n])
+        mean, std = model.predict(X[n:], return_std=True)
+        ratio = float(model.noise_variance_[0]) / sd_noise**2
+        rel_sd = np.sqrt(2 / (n - model.posterior_.effective_dof))
+        assert abs(ratio - 1) <= 4 * rel_sd, (seed, ratio)
+        ratios.append(ratio)
+        new_y = np.sqrt(std**2 + model.noise_variance_[0])
+        inside.append(np.mean(np.abs(y[n:] - mean) <= 2 * new_y))
+    assert abs(np.mean(ratios) - 1) <= 4 * 0.033 / np.sqrt(seeds)
+    assert abs(np.mean(inside) - 0.9545) <= 5 * 0.003
+
+
 def test_dask_input_gives_lazy_std_equal_to_numpy_and_multi_output_shares_the_shape():
     X, y, Xt = _data(3, n=200)
     Y = np.c_[y, 10 * np.cos(X[:, 0])]
@@ -178,12 +229,38 @@ def test_saved_model_keeps_its_posterior_and_refit_without_compute_std_drops_it(
         loaded = load_model(model.save(tmp_path / type(model).__name__))
         for a, b in zip(loaded.predict(Xt, return_std=True), model.predict(Xt, return_std=True)):
             np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(loaded.noise_variance_, model.noise_variance_)
+        np.testing.assert_array_equal(loaded.posterior_.likelihood_prior_variance,
+                                      model.posterior_.likelihood_prior_variance)
+        assert loaded.posterior_.effective_dof == model.posterior_.effective_dof > 0
     model.set_params(compute_std=False).fit(X, y)
-    assert model.posterior_ is None
+    assert model.posterior_ is None and model.noise_variance_ is None
     with pytest.raises(ValueError, match="fitted without compute_std=True"):
         model.predict(Xt, return_std=True)
     loaded = load_model(model.save(tmp_path / "plain"))
     assert loaded.posterior_ is None
+
+
+def test_an_interpolating_fit_warns_that_its_noise_estimate_is_unreliable():
+    X, y, _ = _data(7, n=60)
+    # sigma 0.05 on [-2, 2]^2: the kernel matrix is nearly the identity, d_eff close to n = 60
+    with pytest.warns(UserWarning, match="nearly interpolates its 60 training rows"):
+        model = ExactKernelRidge(sigma=0.05, penalty=1e-8, standardize=False, compute_std=True).fit(X, y)
+    assert model.posterior_.effective_dof > 60 - 10
+    assert np.all(np.isfinite(model.noise_variance_))
+
+
+def test_posterior_saved_before_the_calibration_keeps_its_likelihood_amplitude():
+    X, y, _ = _data(4)
+    post = NystromRegressor(n_centers=30, compute_std=True, random_state=0).fit(X, y).posterior_
+    arrays = post.to_arrays()
+    old = {k: v for k, v in arrays.items() if k != "likelihood_prior_variance"}
+    old["prior_variance"] = arrays["likelihood_prior_variance"]  # what the earlier files held
+    old["numbers"] = arrays["numbers"][:2]  # offset and noise ratio, no d_eff
+    loaded = PosteriorVariance.from_arrays(old)
+    np.testing.assert_array_equal(loaded.prior_variance, post.likelihood_prior_variance)
+    np.testing.assert_array_equal(loaded.likelihood_prior_variance, post.likelihood_prior_variance)
+    assert np.isnan(loaded.effective_dof)
 
 
 def test_classifier_decision_function_has_a_std():
@@ -194,3 +271,17 @@ def test_classifier_decision_function_has_a_std():
     assert score.shape == std.shape == (len(Xt),)
     assert np.all(std > 0)
     np.testing.assert_allclose(score, model.decision_function(Xt))
+
+
+def test_resumed_fit_has_the_noise_estimate_of_an_uninterrupted_one(tmp_path):
+    X, y, _ = _data(6, n=300)
+    params = {"n_centers": 40, "sigma": 0.8, "penalty": PENALTY, "compute_std": True, "random_state": 0, "tol": 1e-10}
+    checkpoint = tmp_path / "ck"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the interrupted fit stops before convergence on purpose
+        FalkonRegressor(max_iter=3, **params).fit(X, y, checkpoint=checkpoint, checkpoint_every=1)
+        resumed = FalkonRegressor(max_iter=30, **params).fit(X, y, checkpoint=checkpoint, checkpoint_every=1,
+                                                             resume=True)
+        whole = FalkonRegressor(max_iter=30, **params).fit(X, y)
+    # the same CG iterates either way: equal up to the round-off of the posterior's M x M algebra
+    np.testing.assert_allclose(resumed.noise_variance_, whole.noise_variance_, rtol=1e-9)

@@ -21,6 +21,7 @@ from daskkrr.models.weights import check_sample_weight, refuse_weighted_std
 from daskkrr.parallel.strategies import STRATEGY_CHOICES
 from daskkrr.pipeline import Stage, nystrom_stages, run_fit
 from daskkrr.sampling import SAMPLERS, CenterSampler
+from daskkrr.solvers.variance import noise_variance
 
 logger = logging.getLogger("daskkrr")
 
@@ -97,4 +98,5 @@ class NystromModelBase(KernelModelBase):
         for name, value in ctx.fitted.items():
             setattr(self, name, value)
         self.posterior_ = ctx.fitted.get("posterior_")  # None without compute_std (also after a refit)
+        self.noise_variance_ = noise_variance(self.posterior_)
         return self

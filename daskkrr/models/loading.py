@@ -21,6 +21,7 @@ from daskkrr.models.persistence import (
 )
 from daskkrr.models.registry import UNSUPERVISED, classes_by_class_name
 from daskkrr.models.unsupervised_persistence import load_unsupervised
+from daskkrr.solvers.variance import noise_variance
 
 UNSUPERVISED_NAMES = {cls.__name__ for cls in UNSUPERVISED.values()}
 
@@ -80,6 +81,7 @@ def _build(cls: type, mf: ModelFile) -> Any:
             setattr(model, key, value)
     _check_shapes(model, mf)
     model.posterior_ = _posterior(mf, model)
+    model.noise_variance_ = noise_variance(model.posterior_)
     if "class_weight" in mf.arrays:
         model.class_weight_ = mf.arrays["class_weight"]
     restore = getattr(model, "_restore_saved_state", None)

@@ -22,6 +22,7 @@ from daskkrr.parallel import Executor
 from daskkrr.pipeline import run_fit
 from daskkrr.pipeline.exact_pcg import check_preconditioner, choose_solver, exact_krr_stages
 from daskkrr.pipeline.stages import training_shape
+from daskkrr.solvers.variance import noise_variance
 
 #: numpydoc entry of every estimator parameter; each class lists those it takes (and
 #: :mod:`daskkrr.models.schema` reads them back as the help of TOML keys and CLI flags).
@@ -158,7 +159,8 @@ PARAM_DOCS = {
     "compute_std": """compute_std : bool, default=False
     Also compute what ``predict(X, return_std=True)`` needs: the posterior of
     the Gaussian process that matches the model (``fitted posterior_``, see the
-    user guide, "Predictive uncertainty"). The Nystrom estimators keep two
+    user guide, "Predictive uncertainty"), with the noise variance estimated
+    from the training residuals (``noise_variance_``). The Nystrom estimators keep two
     ``M x M`` factors (``16 M^2`` bytes in memory and in saved models);
     FALKON with the "recompute" or "cache" strategy makes one more pass over the
     data for ``K_MN K_NM``, which the direct solve and the "gram" strategy
@@ -253,6 +255,11 @@ _FITTED_DOC = """
         None otherwise): see :class:`daskkrr.solvers.PosteriorVariance`.
         ``posterior_.prior_variance`` and ``posterior_.noise_variance`` are the
         GP's signal and noise variances per target, in squared units of ``y``.
+    noise_variance_ : ndarray of shape (n_targets,) or None
+        With ``compute_std=True``, the noise variance per target estimated from the
+        training residuals, ``RSS / (n - d_eff)`` (``d_eff`` the trace of the hat
+        matrix); ``return_std`` is scaled so the GP's noise variance is this one, and a
+        new observation's std is ``sqrt(std**2 + noise_variance_)``. None otherwise.
     feature_names_in_ : ndarray of shape (n_features,) of str
         Names of the features seen in fit, when ``X`` carried them (DataFrame
         columns, an xarray feature coordinate, a converted Zarr store's header);
@@ -276,7 +283,9 @@ class _RegressorMixin(RegressorMixin):
         return_std : bool, default=False
             Also return the standard deviation of the matching Gaussian process's
             posterior at each row, in units of ``y`` (the model must be fitted with
-            ``compute_std=True``; see the user guide, "Predictive uncertainty").
+            ``compute_std=True``; see the user guide, "Predictive uncertainty"). It is
+            the std of the latent function; a new observation's is
+            ``sqrt(y_std**2 + noise_variance_)``.
 
         Returns
         -------
@@ -650,7 +659,7 @@ class ExactKernelRidge(_RegressorMixin, KernelModelBase):
                       checkpoint_every=checkpoint_every, resume=resume, iterative=solver == "pcg",
                       sample_weight=sample_weight)
         fitted = {"solver_": solver, "n_features_": 0, "preconditioner_penalty_": 0.0, "kernel_tiles_": "",
-                  "adaptive_trace_": [], **ctx.fitted}
+                  "adaptive_trace_": [], **ctx.fitted, "noise_variance_": noise_variance(ctx.fitted.get("posterior_"))}
         if solver == "direct":
             fitted["n_iter_"] = 1  # the factorisation, one step (scikit-learn: n_iter_ >= 1 with max_iter)
         for name, value in fitted.items():

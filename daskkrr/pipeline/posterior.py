@@ -11,7 +11,8 @@ preconditioned Gram matrix ``T^{-T} D K_MN K_NM D T^{-1}``, an ``M x M`` matrix:
   row against ``2 M d`` for a kernel product);
 
 plus the targets' squared norms (a pass over ``y`` only) and ``M x M`` factorisations
-on the client.
+on the client, one of them the triangular inverse behind the residual noise estimate
+(``noise_variance_``).
 """
 
 from __future__ import annotations

@@ -27,9 +27,22 @@ The convention (the same for exact KRR and the Nystrom models):
   prior, estimated with the function (as in ordinary kriging): ``k_M(x)`` becomes
   ``k_M(x) - mu`` in the last term (``mu = K_MN 1 / n``), the Gram matrix
   ``K_MN K_NM - n mu mu^T``, and ``v`` gains ``sigma^2 / n`` (its variance);
+* ``s^2`` as used by ``return_std`` is calibrated on the training residuals: the noise
+  variance is estimated as ``sigma_hat^2 = RSS / (n - d_eff)`` (the residual sum of
+  squares of the fit over its residual degrees of freedom, ``d_eff`` the trace of the
+  hat matrix, plus one for an intercept), and ``s^2 = sigma_hat^2 / (lambda n)``, so
+  that the GP's noise variance ``s^2 lambda n`` is that estimate. The maximum-likelihood
+  ``s^2`` above is kept as ``likelihood_prior_variance`` (scikit-learn's GP with that
+  amplitude has the std ``std * sqrt(likelihood_prior_variance / prior_variance)``);
 * ``std`` is the standard deviation of the latent function ``f(x)`` (plus the
   intercept), ``sqrt(s^2 v(x))``, as scikit-learn's ``return_std``; a new
   observation ``y`` at ``x`` has variance ``s^2 (v(x) + lambda n)``.
+
+``d_eff`` and ``RSS`` come from what the posterior already has: with the factor ``R``
+below, ``d_eff = tr(G (G + sigma^2 I)^{-1}) = M - ||R^{-1}||_F^2``, and
+``RSS = ||y||^2 - 2 (K_MN y) . alpha + alpha^T G alpha`` with the Gram matrix ``G`` (centred
+for an intercept) the posterior accumulates; exact KRR has ``y - K c = sigma^2 c`` and
+``d_eff = n - sigma^2 ||R^{-1}||_F^2``.
 
 Numerically the variance is kept in the stable form of sparse GP codes: with an
 upper factor ``T`` of ``D K_MM D`` (FALKON's preconditioner factor, ``D`` the
@@ -46,6 +59,7 @@ without the last term.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from typing import Any
 
 import numpy as np
@@ -81,9 +95,15 @@ class PosteriorVariance:
     offset : float
         The intercept's variance (``lambda`` = ``sigma^2 / n``), else 0.
     prior_variance : ndarray of shape (n_targets,)
-        ``s^2`` per target, in squared units of ``y``.
+        ``s^2`` per target, in squared units of ``y``: the calibrated amplitude
+        ``residual noise variance / noise_ratio`` (what ``return_std`` uses).
     noise_ratio : float
         ``sigma^2 / s^2 = penalty * n``.
+    likelihood_prior_variance : ndarray of shape (n_targets,) or None
+        The maximum-likelihood ``s^2`` given ``noise_ratio`` (the amplitude of models
+        saved before the calibration, which then had it as ``prior_variance``).
+    effective_dof : float
+        ``d_eff``, the trace of the hat matrix (NaN for models saved before it).
     """
 
     factor: np.ndarray
@@ -93,6 +113,8 @@ class PosteriorVariance:
     offset: float
     prior_variance: np.ndarray
     noise_ratio: float
+    likelihood_prior_variance: np.ndarray | None = None
+    effective_dof: float = float("nan")
 
     @property
     def n_centers(self) -> int:
@@ -100,7 +122,8 @@ class PosteriorVariance:
 
     @property
     def noise_variance(self) -> np.ndarray:
-        """The GP's noise variance per target, ``s^2 * penalty * n`` (squared units of ``y``)."""
+        """The GP's noise variance per target, ``s^2 * penalty * n`` (squared units of ``y``): the
+        residual estimate ``RSS / (n - d_eff)`` (see the module docstring)."""
         return self.prior_variance * self.noise_ratio
 
     def unit_variance(self, Kxm: np.ndarray, kxx: np.ndarray) -> np.ndarray:
@@ -124,8 +147,11 @@ class PosteriorVariance:
         """Numeric arrays for a model file (no pickle): factor, scale, correction, shift, numbers."""
         arrays = {
             "factor": np.asarray(self.factor), "scale": self.scale, "shift": self.shift,
-            "prior_variance": self.prior_variance, "numbers": np.array([self.offset, self.noise_ratio]),
+            "prior_variance": self.prior_variance,
+            "numbers": np.array([self.offset, self.noise_ratio, self.effective_dof]),
         }
+        if self.likelihood_prior_variance is not None:
+            arrays["likelihood_prior_variance"] = self.likelihood_prior_variance
         if self.correction is not None:
             arrays["correction"] = np.asarray(self.correction)
         return arrays
@@ -137,16 +163,22 @@ class PosteriorVariance:
         M = factor.shape[0] if factor.ndim == 2 else -1
         correction = arrays.get("correction")
         numbers = np.asarray(arrays["numbers"], dtype=np.float64).reshape(-1)
+        prior = np.asarray(arrays["prior_variance"], dtype=np.float64).reshape(-1)
+        # Files written before the calibration hold the maximum-likelihood amplitude as prior_variance.
+        likelihood = np.asarray(arrays.get("likelihood_prior_variance", prior), dtype=np.float64).reshape(-1)
         post = cls(
             factor=factor, scale=np.asarray(arrays["scale"], dtype=np.float64),
             correction=None if correction is None else np.asarray(correction, dtype=np.float64),
             shift=np.asarray(arrays["shift"], dtype=np.float64), offset=float(numbers[0]),
-            prior_variance=np.asarray(arrays["prior_variance"], dtype=np.float64).reshape(-1),
+            prior_variance=prior,
             noise_ratio=float(numbers[1]) if numbers.size > 1 else float("nan"),
+            likelihood_prior_variance=likelihood,
+            effective_dof=float(numbers[2]) if numbers.size > 2 else float("nan"),
         )
         square = (M, M)
         if (factor.shape != square or post.scale.shape != (M,) or post.shift.shape != (M,)
-                or (post.correction is not None and post.correction.shape != square) or numbers.size != 2):
+                or (post.correction is not None and post.correction.shape != square) or numbers.size not in (2, 3)
+                or likelihood.shape != prior.shape):
             raise ValueError(f"the posterior arrays do not fit together (factor of shape {factor.shape})")
         return post
 
@@ -207,10 +239,70 @@ def nystrom_posterior(
     inner = (inner + inner.T) / 2  # the accumulated Gram matrix is symmetric up to round-off
     inner[np.diag_indices(M)] += 1.0
     R, _ = cholesky_jitter(inner, what="posterior matrix I + G / (penalty n)", overwrite=True)
-    return PosteriorVariance(
-        factor=np.asarray(T, dtype=np.float64), scale=np.asarray(d, dtype=np.float64), correction=R, shift=shift,
-        offset=0.0 if mu is None else noise_ratio / n,
-        prior_variance=prior_variance(y_sq, knm_t_y, coef, noise_ratio, n), noise_ratio=float(noise_ratio),
+    # d_eff = tr(G (G + sigma^2 I)^{-1}) = M - tr((I + G / sigma^2)^{-1}), one more for the intercept
+    dof = M - _inverse_square_norm(R) + (0.0 if mu is None else 1.0)
+    rss = nystrom_rss(T, d, gram_pre, shift, n=n, y_sq=y_sq, knm_t_y=knm_t_y, coef=coef)
+    return _calibrated(
+        PosteriorVariance(
+            factor=np.asarray(T, dtype=np.float64), scale=np.asarray(d, dtype=np.float64), correction=R,
+            shift=shift, offset=0.0 if mu is None else noise_ratio / n,
+            prior_variance=prior_variance(y_sq, knm_t_y, coef, noise_ratio, n), noise_ratio=float(noise_ratio),
+        ),
+        rss, dof, y_sq, n,
+    )
+
+
+def nystrom_rss(T: np.ndarray, d: np.ndarray, gram_pre: np.ndarray, shift: np.ndarray, *, n: int,
+                y_sq: np.ndarray, knm_t_y: np.ndarray, coef: np.ndarray) -> np.ndarray:
+    """The training residual sum of squares per target, without a pass over the data.
+
+    ``||y - K_nM alpha||^2 = ||y||^2 - 2 (K_MN y) . alpha + alpha^T K_MN K_NM alpha``, with
+    ``alpha^T K_MN K_NM alpha = u^T gram_pre u``, ``u = T D^{-1} alpha``; with an intercept
+    (``shift`` nonzero, ``y`` centred) the fitted constant removes ``n (mu . alpha)^2 = n (shift . u)^2``.
+    Clipped at 0 (round-off when the fit is nearly exact).
+    """
+    b = np.asarray(knm_t_y, dtype=np.float64).reshape(np.shape(knm_t_y)[0], -1)
+    a = np.asarray(coef, dtype=np.float64).reshape(b.shape)
+    u = np.asarray(T, dtype=np.float64) @ (a / np.asarray(d, dtype=np.float64)[:, None])
+    fitted_sq = np.einsum("ij,ij->j", u, np.asarray(gram_pre, dtype=np.float64) @ u) - n * (shift @ u) ** 2
+    y_sq = np.asarray(y_sq, dtype=np.float64).reshape(-1)
+    return np.maximum(y_sq - 2 * np.einsum("ij,ij->j", b, a) + fitted_sq, 0.0)
+
+
+#: Fewer residual degrees of freedom than this make the noise estimate warn: its relative
+#: standard deviation, ``sqrt(2 / (n - d_eff))`` for Gaussian noise, is then above 45%.
+MIN_RESIDUAL_DOF = 10.0
+
+
+def residual_noise_variance(rss: np.ndarray, n: int, dof: float) -> np.ndarray:
+    """``RSS / (n - d_eff)``, the noise variance estimate of a linear smoother (ridge, splines, GP).
+
+    The denominator is kept at least 1: a model that interpolates its training data
+    (``d_eff`` close to ``n``) leaves no residual degrees of freedom to estimate from,
+    and a UserWarning says so below :data:`MIN_RESIDUAL_DOF`.
+    """
+    residual_dof = float(n) - float(dof)
+    if residual_dof < MIN_RESIDUAL_DOF:
+        warnings.warn(
+            f"compute_std: the fit nearly interpolates its {n} training rows (effective degrees of freedom "
+            f"{dof:.1f}), so the noise variance estimate RSS / (n - d_eff) behind return_std rests on "
+            f"{max(residual_dof, 0.0):.1f} residual degrees of freedom and is unreliable; raise penalty or "
+            f"sigma, or use fewer centers", UserWarning, stacklevel=2)
+    return np.asarray(rss, dtype=np.float64) / max(residual_dof, 1.0)
+
+
+def _inverse_square_norm(R: np.ndarray) -> float:
+    """``||R^{-1}||_F^2 = tr((R^T R)^{-1})`` for an upper-triangular ``R`` (one triangular inverse)."""
+    Rinv = solve_upper(np.asarray(R, dtype=np.float64), np.eye(R.shape[0]))
+    return float(np.einsum("ij,ij->", Rinv, Rinv))
+
+
+def _calibrated(post: PosteriorVariance, rss: np.ndarray, dof: float, y_sq: np.ndarray, n: int) -> PosteriorVariance:
+    """``post`` with ``s^2 = RSS / (n - d_eff) / noise_ratio`` and the maximum-likelihood ``s^2`` kept aside."""
+    noise = residual_noise_variance(rss, n, dof)
+    return dataclasses.replace(
+        post, likelihood_prior_variance=post.prior_variance, effective_dof=float(dof),
+        prior_variance=_at_least(noise / post.noise_ratio, np.asarray(y_sq, dtype=np.float64).reshape(-1), n),
     )
 
 
@@ -220,11 +312,16 @@ def exact_posterior(R: np.ndarray, y: np.ndarray, coef: np.ndarray, noise_ratio:
     Y = np.asarray(y, dtype=np.float64).reshape(n, -1)
     c = np.asarray(coef, dtype=np.float64).reshape(Y.shape)
     # s^2 = y^T (K + sigma^2 I)^{-1} y / n = y . c / n
-    s2 = _at_least(np.einsum("ij,ij->j", Y, c) / n, np.einsum("ij,ij->j", Y, Y), n)
-    return PosteriorVariance(
+    y_sq = np.einsum("ij,ij->j", Y, Y)
+    s2 = _at_least(np.einsum("ij,ij->j", Y, c) / n, y_sq, n)
+    # y - K c = sigma^2 c; d_eff = tr(K (K + sigma^2 I)^{-1}) = n - sigma^2 tr((K + sigma^2 I)^{-1})
+    rss = noise_ratio**2 * np.einsum("ij,ij->j", c, c)
+    dof = n - noise_ratio * _inverse_square_norm(R)
+    post = PosteriorVariance(
         factor=np.asarray(R, dtype=np.float64), scale=np.ones(n), correction=None, shift=np.zeros(n), offset=0.0,
         prior_variance=s2, noise_ratio=float(noise_ratio),
     )
+    return _calibrated(post, rss, dof, y_sq, n)
 
 
 def _at_least(s2: np.ndarray, y_sq: np.ndarray, n: int) -> np.ndarray:
@@ -278,12 +375,20 @@ def posterior_from_model(model: Any) -> PosteriorVariance:
     return post
 
 
+def noise_variance(posterior: PosteriorVariance | None) -> np.ndarray | None:
+    """The fitted ``noise_variance_``: the posterior's residual noise estimate, None without a posterior."""
+    return None if posterior is None else posterior.noise_variance
+
+
 __all__ = [
     "PosteriorVariance",
     "exact_posterior",
     "gram_block",
+    "noise_variance",
     "nystrom_posterior",
+    "nystrom_rss",
     "posterior_from_model",
     "predict_with_std",
     "prior_variance",
+    "residual_noise_variance",
 ]

@@ -17,7 +17,7 @@ Columns: fit time and peak memory (sum of the per-process RSS peaks) with and wi
 ``compute_std``, their ratio, predict time on the test rows without and with
 ``return_std``, the test R^2, and the coverage of the 95% intervals for new
 observations (``mean +- 1.96 sqrt(std^2 + noise_variance)``) on the test rows,
-with the noise variance the model implies (``posterior_.noise_variance``).
+with the noise variance estimated from the training residuals (``noise_variance_``).
 
 Run ``python workflows/benchmarks/predictive_std.py --quick`` (10 000 rows, M = 300);
 the full run takes 40 000 rows and M = 1000 (a few minutes on two cores).
@@ -92,7 +92,7 @@ def child(args: argparse.Namespace) -> None:
         t0 = time.perf_counter()
         mean, std = model.predict(Xte, return_std=True)
         result["predict_std_s"] = time.perf_counter() - t0
-        half = 1.96 * np.sqrt(std**2 + model.posterior_.noise_variance[0])
+        half = 1.96 * np.sqrt(std**2 + model.noise_variance_[0])
         result["coverage95"] = float(np.mean(np.abs(yte - mean) <= half))
     emit(result)
 
