@@ -309,6 +309,14 @@ def test_stream_state_missing(saved, tmp_path):
     _refused(path, META, "state")
 
 
+@pytest.mark.parametrize("scale", [[-1.0, 1.0, 1.0], [1.0, 1.0], "wide", [0.0, 1.0, 1.0]])
+def test_stream_feature_scale_refused(saved, tmp_path, scale):
+    """The online model's kernel is in its first call's feature units: the saved scales must fit it."""
+    path = _copy(saved, "online", tmp_path)
+    _edit_meta(path, lambda m: m["state"].update(feature_scale=scale))
+    _refused(path, META, "state.feature_scale")
+
+
 # ----------------------------------------------------------------------- unsupervised
 
 

@@ -177,10 +177,14 @@ class ModelFile:
             saved = kernel_from_dict(spec)
         except (ValueError, TypeError) as exc:
             raise self.meta_error("kernel", str(exc)) from exc
+        # A model whose kernel depends on more than its parameters (the online model's length scales are in
+        # its first call's feature units) says which kernel its file must hold.
+        expected_kernel = getattr(model, "_expected_saved_kernel", None)
         try:
-            expected = model._make_kernel(d)
+            expected = model._make_kernel(d) if expected_kernel is None else expected_kernel(d, self.meta)
         except (ValueError, TypeError) as exc:
-            raise self.meta_error(f"params.{getattr(exc, 'parameter', None) or 'kernel'}", str(exc)) from exc
+            field = getattr(exc, "field", None) or f"params.{getattr(exc, 'parameter', None) or 'kernel'}"
+            raise self.meta_error(field, str(exc)) from exc
         if saved.to_dict() != expected.to_dict():
             raise self.meta_error(
                 "kernel", f"{saved.to_dict()} contradicts the saved parameters (kernel={model.kernel!r}, "

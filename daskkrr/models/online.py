@@ -347,6 +347,24 @@ class OnlineKernelRidge(_RegressorMixin, KernelModelBase):
                 "feature_scale": self.feature_scale_.tolist()}
         return meta, self.state_.arrays()
 
+    def _expected_saved_kernel(self, n_features: int, meta: dict[str, Any]) -> Any:
+        """The kernel a saved stream must hold (checked by :func:`daskkrr.load`): the parameters' kernel
+        with its length scales in the first call's feature units (``state.feature_scale``)."""
+        state = meta.get("state")
+        if not isinstance(state, dict):
+            raise _field_error("state", f"{type(self).__name__} needs its stream 'state' (a JSON object)")
+        saved = state.get("feature_scale")
+        if saved is None:  # saved before standardize existed: the kernel is in raw units
+            return self._make_kernel(n_features)
+        try:
+            scale = np.asarray(saved, dtype=np.float64)
+        except (TypeError, ValueError):
+            scale = np.zeros(0)
+        if scale.shape != (n_features,) or not np.all(np.isfinite(scale)) or np.any(scale <= 0):
+            raise _field_error("state.feature_scale", f"must be {n_features} finite, positive feature scales; "
+                               f"got {saved!r}")
+        return _scaled_kernel(self._make_kernel(n_features), scale)
+
     def _restore_saved_state(self, meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
         """Inverse of :meth:`_saved_state` (called by :func:`daskkrr.load`).
 
@@ -366,6 +384,13 @@ class OnlineKernelRidge(_RegressorMixin, KernelModelBase):
         rng = np.random.default_rng()
         rng.bit_generator.state = meta["rng"]
         self._set_fitted(self.kernel_, state, rng, bool(meta["one_d"]))
+
+
+def _field_error(field: str, message: str) -> ValueError:
+    """A ValueError that names the model file's field (read by :func:`daskkrr.load`)."""
+    error = ValueError(message)
+    error.field = field  # type: ignore[attr-defined]
+    return error
 
 
 def _scaled_kernel(kernel: Any, scale: np.ndarray) -> Any:
