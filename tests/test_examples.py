@@ -153,7 +153,7 @@ def test_workflow_file_runs_as_written(path, tmp_path, tmpdir_):
     output = _run("\n".join(header_commands(path)) + "\n", repo, tmpdir_)
     assert output.count("succeeded") == sum(" run " in c for c in header_commands(path))
     assert re.search(r"\(\w+: \)", output) is None, output  # a summary with no figures: "(prequential: )"
-    assert {p.name for p in tmp_path.iterdir()} <= {"repo", "shared", "tmp"}
+    assert {p.name for p in tmp_path.iterdir()} <= {"repo", "shared", "tmp", "output.log"}  # nothing beside the copy
 
 
 @pytest.fixture
