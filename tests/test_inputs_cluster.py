@@ -87,7 +87,8 @@ def test_online_batches_send_the_dictionary_by_scatter_not_inside_graphs(cluster
     X = rng.normal(size=(1500, 3))
     y = np.sin(X[:, 0]) + 0.05 * rng.normal(size=1500)
     Xd, yd = da.from_array(X, chunks=250), da.from_array(y, chunks=250)  # 3 blocks per batch
-    params = dict(penalty=1.0, c=4.0, batch_size=750, random_state=0)
+    # gamma: the sampler's ridge (the old convention's penalty 1.0); penalty: its normalised ridge over 1500 rows
+    params = dict(gamma=1.0, penalty=1.0 / 1500, c=4.0, batch_size=750, random_state=0)
     # After the first batch the dictionary has about 300 landmarks: its two m x m factors are
     # about 0.7 MB each, so a batch graph carrying them in its 3 block tasks would be over 2 MB.
     with cluster2.as_current(), dask.config.set({"distributed.admin.large-graph-warning-threshold": "500kB"}):

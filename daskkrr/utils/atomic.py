@@ -26,6 +26,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
+from daskkrr.utils.output_paths import check_destination, check_writable
+
 __all__ = [
     "DiskFullError",
     "atomic_directory",
@@ -158,14 +160,6 @@ def atomic_symlink(target: str | os.PathLike, link: str | os.PathLike) -> Path:
     return link
 
 
-def check_destination(path: str | os.PathLike, overwrite: bool) -> Path:
-    """Return ``path`` as a Path, or raise FileExistsError if it exists and may not be replaced."""
-    path = Path(path)
-    if (path.exists() or path.is_symlink()) and not overwrite:
-        raise FileExistsError(f"{path} already exists; pass overwrite=True to replace it")
-    return path
-
-
 @contextlib.contextmanager
 def atomic_directory(path: str | os.PathLike, overwrite: bool = False) -> Iterator[Path]:
     """Yield a temporary directory that becomes ``path`` when the block succeeds.
@@ -192,8 +186,6 @@ def atomic_directory(path: str | os.PathLike, overwrite: bool = False) -> Iterat
         If ``path`` exists and ``overwrite`` is False (checked before and after
         writing).
     """
-    from daskkrr.utils.output_paths import check_writable  # imports this module
-
     path = check_destination(path, overwrite)
     check_writable(path)  # a read-only place: one clear error naming the path, not the temporary's
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -11,7 +11,7 @@ any data. It refuses:
   a parent that is a file), found by creating and removing a probe file where the
   output will go, so that a read-only file system is refused even for root;
 - an existing output without ``overwrite`` (:class:`FileExistsError`, as
-  :func:`daskkrr.utils.atomic.check_destination`).
+  :func:`check_destination`).
 
 Paths are compared after resolving symbolic links and ``..``, so a link to the
 input is the input. Remote URLs (``s3://...``) are not checked here.
@@ -26,9 +26,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from daskkrr.utils.atomic import check_destination
-
-__all__ = ["OutputPathError", "check_paths", "check_writable"]
+__all__ = ["OutputPathError", "check_destination", "check_paths", "check_writable"]
 
 
 class OutputPathError(ValueError):
@@ -51,6 +49,14 @@ def _relation(output: Path, other: Path) -> str | None:
     if output in other.parents:
         return "contains"
     return None
+
+
+def check_destination(path: str | os.PathLike, overwrite: bool) -> Path:
+    """Return ``path`` as a Path, or raise FileExistsError if it exists and may not be replaced."""
+    path = Path(path)
+    if (path.exists() or path.is_symlink()) and not overwrite:
+        raise FileExistsError(f"{path} already exists; pass overwrite=True to replace it")
+    return path
 
 
 def check_writable(path: str | os.PathLike, label: str = "output") -> None:
