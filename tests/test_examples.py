@@ -30,7 +30,14 @@ ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "workflows" / "examples"
 SHARED = ROOT.parent / "shared"
 
-pytestmark = pytest.mark.slow
+#: Opt-in: the examples together take longer than the whole suite may (the nightly online example
+#: alone runs for over 10 minutes on 2 cores: issue 37's "under 30 s" is not met yet). Run them with
+#: DASKKRR_EXAMPLE_TESTS=1 python -m pytest tests/test_examples.py
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(os.environ.get("DASKKRR_EXAMPLE_TESTS") != "1",
+                       reason="the README/examples run is opt-in (DASKKRR_EXAMPLE_TESTS=1): it takes over 10 minutes"),
+]
 
 #: A README block the test runs follows this comment (its tail may say what is left out).
 _MARKER = re.compile(r"<!-- tests/test_examples\.py runs this block[^>]*-->\s*```bash\n(.*?)```", re.S)
