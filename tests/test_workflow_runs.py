@@ -98,7 +98,8 @@ def test_cross_validation_on_a_table(cluster2, tmp_path):
         X = rng.normal(size=(600, 3))
         rows = ["a,b,c,target"] + [f"{a},{b},{c},{np.sin(a) + b}" for a, b, c in X]
         table.write_text("\n".join(rows) + "\n")
-        overrides += [f"data.table={table}", "data.target=target"]
+        # 5 CG steps leave this stand-in's fit at residual ~0.3 (R2 ~0.28): let CG reach its tolerance
+        overrides += [f"data.table={table}", "data.target=target", "model.max_iter=100"]
     result = run_workflow(EXAMPLES / "houses_cv.toml", overrides=overrides, runs_dir=tmp_path / "runs",
                           client=cluster2)
     m = result.metrics
