@@ -30,6 +30,7 @@ import logging
 import os
 import re
 import sys
+import threading
 import time
 import warnings
 from collections.abc import Sequence
@@ -962,6 +963,7 @@ def _entry() -> Any:
 
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not where Ctrl-C is ignored
         signal.signal(signal.SIGINT, _on_sigint)
+    sys.unraisablehook = _redeliver_swallowed_interrupt
     try:
         with interrupt_on_signals():
             code = main()
@@ -970,6 +972,41 @@ def _entry() -> Any:
     if code > 128:  # interrupted: see _exit_interrupted
         _exit_interrupted(code)
     sys.exit(code)
+
+
+def _redeliver_swallowed_interrupt(unraisable: Any) -> None:
+    """``sys.unraisablehook``: a signal whose exception landed where Python cannot raise it is sent again.
+
+    A Ctrl-C (or SIGTERM) that arrives while Python runs a callback it cannot propagate from
+    (a weakref callback of the import system's module locks, a ``__del__``) is printed as
+    "Exception ignored in ..." with a traceback and then dropped, and the command would carry
+    on as if never interrupted. Instead the same signal is sent again to the main thread a
+    moment later, once this hook and the callback have returned, where the exception unwinds
+    normally (a real signal, so that a blocking read is interrupted too).
+    """
+    exc = unraisable.exc_value
+    if not isinstance(exc, KeyboardInterrupt) or threading.current_thread() is not threading.main_thread():
+        sys.__unraisablehook__(unraisable)
+        return
+    import signal
+
+    signum = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
+    if isinstance(exc, Interrupted):  # its handler now ignores the signal (see interrupt_on_signals)
+        signal.signal(signum, _raise_interrupted_once)
+    main_id = threading.get_ident()
+    # Raised any sooner (e.g. by _thread.interrupt_main here), the handler would run inside this hook.
+    threading.Timer(_REDELIVERY_DELAY_S, signal.pthread_kill, (main_id, signum)).start()
+
+
+#: How long after a dropped interruption it is sent again: long enough for the hook to have returned.
+_REDELIVERY_DELAY_S = 0.05
+
+
+def _raise_interrupted_once(signum: int, frame: Any) -> None:
+    import signal
+
+    signal.signal(signum, signal.SIG_IGN)  # as interrupt_on_signals does: the clean-up is not interrupted again
+    raise Interrupted(signum)
 
 
 def _exit_interrupted(code: int) -> None:

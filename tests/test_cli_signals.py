@@ -81,3 +81,34 @@ def test_interrupt_while_parsing_is_reported(monkeypatch, capsys):
     monkeypatch.setattr(cli, "_parser", interrupted_parser)
     assert cli.main(["score", "--model", "m", "--data", "d"]) == 130
     assert capsys.readouterr().err == "daskkrr: interrupted; no partial output was left\n"
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_an_interrupt_python_had_to_drop_is_raised_again(monkeypatch, signum):
+    """A signal whose exception lands in a weakref callback (as during an import, where the module lock's
+    callback runs) is printed by Python as "Exception ignored" and dropped; the console script's
+    unraisable hook sends it again, so it unwinds the command like any other interruption."""
+    import weakref
+
+    from daskkrr.signals import Interrupted, interrupt_on_signals
+
+    class Target:
+        pass
+
+    def callback(_ref):
+        raise KeyboardInterrupt if signum == signal.SIGINT else Interrupted(signum)
+
+    monkeypatch.setattr(sys, "unraisablehook", cli._redeliver_swallowed_interrupt)
+    monkeypatch.setattr(cli, "_SIGINTS", [])
+    previous = signal.signal(signal.SIGINT, cli._on_sigint)
+    try:
+        with pytest.raises(KeyboardInterrupt) as info, interrupt_on_signals():
+            target = Target()
+            ref = weakref.ref(target, callback)
+            del target  # the callback runs here; its exception cannot propagate
+            for _ in range(10_000):  # the signal is delivered again at one of these instructions
+                time.sleep(0.0001)
+        assert ref() is None
+        assert isinstance(info.value, Interrupted) == (signum != signal.SIGINT)
+    finally:
+        signal.signal(signal.SIGINT, previous)
