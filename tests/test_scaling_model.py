@@ -1,10 +1,17 @@
-"""The W-worker wall-time model (daskkrr.parallel.scaling_model): pure arithmetic."""
+"""The W-worker wall-time model (workflows/benchmarks/scaling_model.py, benchmark tooling): pure arithmetic."""
 
 from __future__ import annotations
 
+import importlib
+import sys
+from pathlib import Path
+
 import pytest
 
-from daskkrr.parallel.scaling_model import Overheads, predict, profile_from_run
+# The model lives with the benchmarks, outside the package: import it from the checkout.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+_model = importlib.import_module("workflows.benchmarks.scaling_model")
+Overheads, predict, profile_from_run = _model.Overheads, _model.predict, _model.profile_from_run
 
 N = 1_000_000
 PASS_S = {"rhs": 4.0, "matvec": 40.0}

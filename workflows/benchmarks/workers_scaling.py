@@ -31,7 +31,7 @@ Measured besides, each in fresh processes:
 - the scheduler's overheads: seconds per task (400 empty tasks) and per pass (an
   8-block ``map_reduce`` of empty blocks through daskkrr's executor).
 
-The model (:mod:`daskkrr.parallel.scaling_model`) takes the per-row cost of each
+The model (``workflows/benchmarks/scaling_model.py``) takes the per-row cost of each
 pass and the serial part from the one-core run and predicts every configuration;
 the table shows prediction and measurement side by side, then the model's plan for
 16 and 64 single-threaded workers (one core each, hosts like this one, driven from a
@@ -219,9 +219,10 @@ def model_rows(rows: list[dict], over: dict, eff: dict, n: int, centers: int) ->
     small ``max_iter`` it would price FALKON's own at ``max_iter`` iterations, short of
     the tolerance the sketch reaches.
     """
+    from scaling_model import Overheads, predict, profile_from_run
+
     from daskkrr.parallel.cost import Budget, Problem
     from daskkrr.parallel.preconditioner_cost import choose_sketch_rows, worker_sketch_network_seconds
-    from daskkrr.parallel.scaling_model import Overheads, predict, profile_from_run
 
     overheads = Overheads(task_s=over["task_s"], pass_s=over["pass_s"], efficiency={1: 1.0, 2: eff["efficiency_2"]})
 
