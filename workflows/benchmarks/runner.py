@@ -308,7 +308,8 @@ def adopt(path: Path) -> dict[str, Any]:
     data.update(
         commit={"sha": sha, "dirty": None,
                 "source": "recovered: the last commit that changed this file; the measured code is at or before it"},
-        date=date, machine=recorded if recorded else "unknown",
+        date=date, date_source="the commit's date: the figures were measured at or before it",
+        machine=recorded if recorded else "unknown",
         versions={k: recorded[k] for k in ("python", "numpy", "numba") if k in recorded} if recorded else {},
     )
     path.write_text(json.dumps(data, indent=1, default=float))

@@ -1,0 +1,161 @@
+"""The benchmark runner (``python -m workflows.benchmarks``) and the result files the docs cite.
+
+Every ``results/...`` file named in the docs must exist and record the commit and the
+machine it was measured on, and no result file may lie in the folder uncited; the
+runner must write that provenance and put each figure beside its baseline.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "workflows" / "benchmarks" / "results"
+# The runner lives with the benchmarks, outside the package: import it from the checkout.
+sys.path.insert(0, str(ROOT))
+runner = importlib.import_module("workflows.benchmarks.runner")
+registry = importlib.import_module("workflows.benchmarks.registry")
+
+#: A citation: ``results/`` then a file name (a glob or brace pattern is caught, not skipped).
+CITATION = re.compile(r"results/([A-Za-z0-9_][A-Za-z0-9_.*{},\-]*)")
+SHA = re.compile(r"^[0-9a-f]{40}$")
+
+
+def _doc_files() -> list[Path]:
+    docs = [p for p in (ROOT / "docs").rglob("*.rst") if "_build" not in p.parts and "generated" not in p.parts]
+    return [*docs, ROOT / "README.md"]
+
+
+def cited_results() -> dict[str, list[str]]:
+    """Cited name -> the doc files citing it."""
+    cited: dict[str, list[str]] = {}
+    for path in _doc_files():
+        for name in CITATION.findall(path.read_text()):
+            cited.setdefault(name.rstrip("."), []).append(str(path.relative_to(ROOT)))
+    return cited
+
+
+def test_the_docs_cite_result_files():
+    # Guards the two tests below against passing on nothing when the pattern stops matching.
+    assert len(cited_results()) >= 20
+
+
+def test_every_cited_result_exists_and_records_commit_and_machine():
+    problems = []
+    for name, where in sorted(cited_results().items()):
+        path = RESULTS / name
+        if not name.endswith(".json") or not path.is_file():
+            problems.append(f"{name} (cited in {', '.join(sorted(set(where)))}): cite one existing .json file by name")
+            continue
+        data = json.loads(path.read_text())
+        commit = data.get("commit") or {}
+        if not SHA.match(str(commit.get("sha", ""))):
+            problems.append(f"{name}: no commit hash (run it through the runner, or `python -m workflows.benchmarks "
+                            f"adopt {path.relative_to(ROOT)}`)")
+        machine = data.get("machine")
+        if not (isinstance(machine, dict) and machine.get("cpu") and machine.get("cores")) and machine != "unknown":
+            problems.append(f"{name}: no machine (cpu and cores, or 'unknown' where it cannot be recovered)")
+    assert not problems, "\n".join(problems)
+
+
+def test_the_results_folder_holds_only_cited_files():
+    cited = set(cited_results())
+    uncited = sorted(p.name for p in RESULTS.iterdir() if p.name not in cited)
+    assert not uncited, (f"result files no doc cites (git keeps the history; delete them or cite them from "
+                         f"docs/): {uncited}")
+
+
+# --- the runner ---------------------------------------------------------------------------
+
+#: A benchmark script in miniature: a baseline and a candidate row, whose figures change
+#: from run to run (x1, x3, x2) so the median over three runs is known: x2.
+TINY = """
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, {bench_dir!r})
+    from fit_tools import write_results
+
+    args = sys.argv[1:]
+    counter = Path({counter!r})
+    k = int(counter.read_text()) if counter.exists() else 0
+    counter.write_text(str(k + 1))
+    scale = (1.0, 3.0, 2.0)[k]
+    rows = [{{"n": 10, "method": "baseline", "fit_s": 4.0 * scale, "peak_mb": 100.0}},
+            {{"n": 10, "method": "candidate", "fit_s": 1.0 * scale, "peak_mb": 50.0}}]
+    write_results(rows, args[args.index("--out") + 1], "tiny", {{"quick": "--quick" in args}})
+"""
+
+
+@pytest.fixture
+def tiny(tmp_path):
+    script = tmp_path / "tiny.py"
+    script.write_text(textwrap.dedent(TINY.format(bench_dir=str(registry.HERE), counter=str(tmp_path / "runs"))))
+    comparison = registry.BaselineRows("method", "baseline", ("n",), ("fit_s", "peak_mb"))
+    return registry.Benchmark("tiny", str(script), "a test's benchmark", key=("n", "method"), comparison=comparison)
+
+
+def _check_provenance(result: dict) -> None:
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    assert result["commit"]["sha"] == head and isinstance(result["commit"]["dirty"], bool)
+    assert re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d", result["date"])
+    machine = result["machine"]
+    assert machine["cpu"] and machine["cores"] >= 1 and machine["memory_gib"] > 0
+    assert any(lib["user_api"] == "blas" for lib in machine["blas"])
+    assert {"python", "numpy", "scipy", "dask", "distributed", "zarr", "daskkrr"} <= set(result["versions"])
+
+
+def test_run_records_provenance_medians_and_ratios_to_the_baseline(tiny):
+    result = runner.run(tiny, quick=True, repeat=3)
+    _check_provenance(result)
+    assert result["params"]["quick"] and result["params"]["script_args"] == ["--quick"]
+    table = result["tables"]["tiny"]
+    assert len(table["runs"]) == 3
+    rows = {r["method"]: r for r in table["rows"]}
+    # The medians of (1, 3, 2) x the figures: exact, as they are sums of small binary fractions.
+    assert rows["candidate"]["fit_s"] == 2.0 and rows["baseline"]["fit_s"] == 8.0 and rows["candidate"]["runs"] == 3
+    ratios = {c["figure"]: (c["value"], c["baseline"], c["ratio"]) for c in table["comparison"]}
+    assert ratios == {"fit_s": (2.0, 8.0, 0.25), "peak_mb": (50.0, 100.0, 0.5)}
+
+
+def test_run_refuses_a_quick_run_the_script_cannot_do(tiny):
+    no_quick = registry.Benchmark("tiny", tiny.script, "", key=tiny.key, quick_args=None)
+    with pytest.raises(runner.BenchmarkError, match="no short size"):
+        runner.run(no_quick, quick=True)
+
+
+def test_compare_puts_two_results_side_by_side_with_ratios(tiny, capsys):
+    a = runner.run(tiny, repeat=1)  # scale 1
+    b = runner.run(tiny, repeat=1)  # scale 3
+    rows = runner.print_compare(a, b)
+    fit = {r["method"]: r["B/A"] for r in rows if r["figure"] == "fit_s"}
+    assert fit == {"baseline": 3.0, "candidate": 3.0}
+    assert {r["B/A"] for r in rows if r["figure"] == "peak_mb"} == {1.0}
+    out = capsys.readouterr().out
+    assert "B/A" in out and a["commit"]["sha"][:10] in out
+
+
+def test_cli_runs_a_registered_benchmark_quick_and_compares_it(tmp_path):
+    """``run engine_throughput --quick`` on tiny blocks (a few seconds), then ``compare`` against itself."""
+    out = tmp_path / "engine.json"
+    cmd = [sys.executable, "-m", "workflows.benchmarks"]
+    run = subprocess.run([*cmd, "run", "engine_throughput", "--quick", "--output", str(out), "--",
+                          "--dims", "5", "--centers", "100", "--rows", "1000", "--repeat", "1"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    result = json.loads(out.read_text())
+    _check_provenance(result)
+    assert result["benchmark"] == "engine_throughput"
+    figures = {c["figure"] for c in result["tables"]["engine_throughput"]["comparison"]}
+    assert figures == {"entries_per_s", "entries_per_s_vs_gemm", "entries_per_s_1_thread"}
+    assert "ratio" in run.stdout
+    cmp = subprocess.run([*cmd, "compare", str(out), str(out)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert cmp.returncode == 0, cmp.stderr[-2000:]
+    assert re.search(r"fused_Mps\s+\S+\s+\S+\s+1(\.0)?\s*$", cmp.stdout, re.MULTILINE), cmp.stdout
