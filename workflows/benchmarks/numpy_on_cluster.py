@@ -13,7 +13,8 @@ Each fit runs in a fresh process that starts its cluster, warms the workers with
 small fit (imports, the engine), then times the measured fit; reported are the median
 over ``--repeats`` processes, the ratio numpy / zarr, and the "large graph" warnings
 distributed emitted during the measured fits. Run
-``python workflows/benchmarks/numpy_on_cluster.py --n 200000 --repeats 3``.
+``python -m workflows.benchmarks run numpy_on_cluster`` (``--quick``: n = 20 000, one
+fit each); the table goes to ``results/`` through ``fit_tools.write_results``.
 """
 
 from __future__ import annotations
@@ -29,6 +30,10 @@ import warnings
 from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from fit_tools import machine, write_results  # noqa: E402
 
 PARAMS = dict(n_centers=500, random_state=0, max_iter=20)
 
@@ -62,12 +67,16 @@ def child(kind: str, n: int, d: int, store: str) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--n", type=int, default=200_000)
+    parser.add_argument("--quick", action="store_true", help="n = 20 000, one fit per input")
+    parser.add_argument("--n", type=int, default=None, help="rows (default 200 000)")
     parser.add_argument("--d", type=int, default=8)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=None, help="fits per input (default 3)")
+    parser.add_argument("--out", default=None, help="results folder (default: results/ beside this file)")
     parser.add_argument("--child", choices=["numpy", "zarr"], help=argparse.SUPPRESS)
     parser.add_argument("--store", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    args.n = args.n or (20_000 if args.quick else 200_000)
+    args.repeats = args.repeats or (1 if args.quick else 3)
     if args.child:
         print(json.dumps(child(args.child, args.n, args.d, args.store)))
         return
@@ -92,6 +101,11 @@ def main() -> None:
         warned = sum(r["large_graph_warnings"] for r in rs)
         print(f"  {kind:6s} {med[kind]:7.2f} s   (fits: {times}; large-graph warnings: {warned})")
     print(f"  ratio numpy / zarr: {med['numpy'] / med['zarr']:.2f}")
+    rows = [{"input": kind, "n": args.n, "d": args.d, "seconds": med[kind], "fits_s": [r["seconds"] for r in rs],
+             "large_graph_warnings": sum(r["large_graph_warnings"] for r in rs), "workers": rs[0]["workers"]}
+            for kind, rs in runs.items()]
+    write_results(rows, args.out, "numpy_on_cluster" + ("_quick" if args.quick else ""),
+                  {"machine": machine(), "args": vars(args), "params": PARAMS})
 
 
 if __name__ == "__main__":
