@@ -135,6 +135,11 @@ def test_run_records_provenance_medians_and_ratios_to_the_baseline(tiny):
     assert ratios == {"fit_s": (2.0, 8.0, 0.25), "peak_mb": (50.0, 100.0, 0.5)}
 
 
+def test_median_keeps_rows_that_share_a_key_within_a_run_apart():
+    runs = [[{"k": "a", "x": 1}, {"k": "a", "x": 10}], [{"k": "a", "x": 3}, {"k": "a", "x": 30}]]
+    assert [(r["x"], r["runs"]) for r in runner.median_rows(runs, ["k"])] == [(2, 2), (20, 2)]
+
+
 def test_run_refuses_a_quick_run_the_script_cannot_do(tiny):
     no_quick = registry.Benchmark("tiny", tiny.script, "", key=tiny.key, quick_args=None)
     with pytest.raises(runner.BenchmarkError, match="no short size"):

@@ -99,6 +99,21 @@ def _row_key(row: dict[str, Any], key: Sequence[str]) -> tuple[str, ...]:
     return tuple(str(row.get(k)) for k in key)
 
 
+def _keyed(rows: Sequence[dict[str, Any]], key: Sequence[str]) -> list[tuple[tuple[str, ...], dict[str, Any]]]:
+    """Each row with its key and, after it, how many rows of ``rows`` had that key before.
+
+    Some tables repeat a key within one run (two model rows for the same cluster size);
+    the count keeps them apart instead of taking them for repeats of one row.
+    """
+    seen: dict[tuple[str, ...], int] = {}
+    out = []
+    for row in rows:
+        k = _row_key(row, key)
+        seen[k] = seen.get(k, 0) + 1
+        out.append(((*k, str(seen[k])), row))
+    return out
+
+
 def median_rows(runs: Sequence[Sequence[dict[str, Any]]], key: Sequence[str]) -> list[dict[str, Any]]:
     """One row per ``key``: the median over the runs of each numeric field, other fields from the first run.
 
@@ -108,8 +123,7 @@ def median_rows(runs: Sequence[Sequence[dict[str, Any]]], key: Sequence[str]) ->
     order: list[tuple[str, ...]] = []
     grouped: dict[tuple[str, ...], list[dict[str, Any]]] = {}
     for rows in runs:
-        for row in rows:
-            k = _row_key(row, key)
+        for k, row in _keyed(rows, key):
             if k not in grouped:
                 order.append(k)
             grouped.setdefault(k, []).append(row)
@@ -259,9 +273,9 @@ def compare(a: dict[str, Any], b: dict[str, Any], key: Sequence[str] | None = No
         rows_a, rows_b = table_a["rows"], table_b["rows"]
         text_cols = [k for k, v in rows_a[0].items() if isinstance(v, str)] if rows_a else []
         cols = list(key or (bench.key if bench else text_cols))
-        by_key = {_row_key(r, cols): r for r in rows_b}
-        for row_a in rows_a:
-            row_b = by_key.get(_row_key(row_a, cols))
+        by_key = dict(_keyed(rows_b, cols))
+        for k, row_a in _keyed(rows_a, cols):
+            row_b = by_key.get(k)
             if row_b is None:
                 continue
             for figure, value in row_a.items():
