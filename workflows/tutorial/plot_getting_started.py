@@ -22,6 +22,7 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 import numpy as np
+from distributed import Client, LocalCluster
 from sklearn.datasets import load_diabetes
 from sklearn.kernel_approximation import Nystroem
 from sklearn.kernel_ridge import KernelRidge
@@ -133,8 +134,6 @@ print(f"fitted from Zarr, test R^2: {from_store.score(X_test, y_test):.3f}")
 # processes would re-import a script that has no ``if __name__ == "__main__"``
 # guard). On a real cluster, pass the scheduler's address to ``Client`` and give
 # the workers the store at the same path.
-
-from distributed import Client, LocalCluster  # noqa: E402
 
 cluster = LocalCluster(
     n_workers=2,
