@@ -47,7 +47,18 @@ BLOCK_PREFIX = "daskkrr-block"
 
 
 def block_task_prefix(pass_name: str) -> str:
-    """The Dask key prefix of the per-block tasks of the pass ``pass_name``."""
+    """The Dask key prefix of the per-block tasks of the pass ``pass_name``.
+
+    Parameters
+    ----------
+    pass_name : str
+        Letters only (Dask's ``key_split`` keeps alphabetic words).
+
+    Returns
+    -------
+    str
+        ``"daskkrr-block-<pass_name in lower case>"``.
+    """
     if not pass_name.isalpha():
         raise ValueError(f"pass names are letters only (they become Dask key prefixes); got {pass_name!r}")
     return f"{BLOCK_PREFIX}-{pass_name.lower()}"
@@ -60,7 +71,17 @@ class Event:
 
 @dataclasses.dataclass(frozen=True)
 class FitStarted(Event):
-    """A fit begins (before any data is read)."""
+    """A fit begins (before any data is read).
+
+    Parameters
+    ----------
+    estimator : str
+        The estimator's class name.
+    sampler : str, default=""
+        The center sampler's name.
+    max_iter : int or None, default=None
+        The solver's iteration limit.
+    """
 
     estimator: str
     sampler: str = ""
@@ -69,7 +90,13 @@ class FitStarted(Event):
 
 @dataclasses.dataclass(frozen=True)
 class DataOpened(Event):
-    """The training data are open: their size is known."""
+    """The training data are open: their size is known.
+
+    Parameters
+    ----------
+    n_rows, n_blocks, n_features : int
+        Rows, row blocks and columns of ``X``.
+    """
 
     n_rows: int
     n_blocks: int
@@ -78,20 +105,44 @@ class DataOpened(Event):
 
 @dataclasses.dataclass(frozen=True)
 class StageStarted(Event):
-    """A pipeline stage starts (``statistics``, ``centers``, ``preconditioner``, ``operator``, ``solve``)."""
+    """A pipeline stage starts (``statistics``, ``centers``, ``preconditioner``, ``operator``, ``solve``).
+
+    Parameters
+    ----------
+    stage : str
+        The stage's name.
+    """
 
     stage: str
 
 
 @dataclasses.dataclass(frozen=True)
 class StageDone(Event):
+    """A pipeline stage finished.
+
+    Parameters
+    ----------
+    stage : str
+        The stage's name.
+    seconds : float
+        Its wall-clock time.
+    """
+
     stage: str
     seconds: float
 
 
 @dataclasses.dataclass(frozen=True)
 class PassStarted(Event):
-    """A pass over the row blocks starts; its block tasks carry :func:`block_task_prefix` (``name``)."""
+    """A pass over the row blocks starts; its block tasks carry :func:`block_task_prefix` (``name``).
+
+    Parameters
+    ----------
+    name : str
+        The pass's name (letters only).
+    n_blocks : int
+        Blocks it will read.
+    """
 
     name: str
     n_blocks: int
@@ -99,20 +150,44 @@ class PassStarted(Event):
 
 @dataclasses.dataclass(frozen=True)
 class PassDone(Event):
+    """A pass over the row blocks finished.
+
+    Parameters
+    ----------
+    name : str
+        The pass's name (as in :class:`PassStarted`).
+    n_blocks : int
+        Blocks it read.
+    """
+
     name: str
     n_blocks: int
 
 
 @dataclasses.dataclass(frozen=True)
 class BlockDone(Event):
-    """One block task of the pass under way finished (local schedulers report them one by one)."""
+    """One block task of the pass under way finished (local schedulers report them one by one).
+
+    Parameters
+    ----------
+    name : str
+        The pass's name.
+    """
 
     name: str
 
 
 @dataclasses.dataclass(frozen=True)
 class CentersChosen(Event):
-    """The centers are chosen (a :class:`daskkrr.sampling.CenterDictionary`)."""
+    """The centers are chosen (a :class:`daskkrr.sampling.CenterDictionary`).
+
+    Parameters
+    ----------
+    dictionary : CenterDictionary
+        The centers and their weights.
+    restored : bool, default=False
+        Read from a checkpoint rather than sampled.
+    """
 
     dictionary: Any
     restored: bool = False
@@ -120,7 +195,15 @@ class CentersChosen(Event):
 
 @dataclasses.dataclass(frozen=True)
 class RhsComputed(Event):
-    """The right-hand side of the solve (``K_nM^T y``, ``(M, t)``) is known."""
+    """The right-hand side of the solve (``K_nM^T y``, ``(M, t)``) is known.
+
+    Parameters
+    ----------
+    rhs : ndarray of shape (M, t)
+        The right-hand side.
+    restored : bool, default=False
+        Read from a checkpoint rather than computed.
+    """
 
     rhs: Any
     restored: bool = False
@@ -132,6 +215,15 @@ class SolverStep(Event):
 
     ``solver`` names it for progress displays: "CG" (the regressors and classifiers), "Lloyd"
     (kernel k-means, whose ``residual`` is the centers' shift).
+
+    Parameters
+    ----------
+    iteration : int
+        Iterations done.
+    residual : float
+        The relative residual (the largest over the targets).
+    solver : str, default="CG"
+        The solver's name.
     """
 
     iteration: int
@@ -141,13 +233,31 @@ class SolverStep(Event):
 
 @dataclasses.dataclass(frozen=True)
 class SolverState(Event):
-    """The solver's complete state (e.g. :class:`daskkrr.solvers.CGState`), to save for resume."""
+    """The solver's complete state (e.g. :class:`daskkrr.solvers.CGState`), to save for resume.
+
+    Parameters
+    ----------
+    state : object
+        The state, as the solver's ``resume`` takes it.
+    """
 
     state: Any
 
 
 @dataclasses.dataclass(frozen=True)
 class FitDone(Event):
+    """The fit finished.
+
+    Parameters
+    ----------
+    n_iter : int
+        Solver iterations run.
+    converged : bool
+        Whether the solver reached its tolerance.
+    seconds : float
+        Wall-clock time of the fit.
+    """
+
     n_iter: int
     converged: bool
     seconds: float
@@ -155,6 +265,14 @@ class FitDone(Event):
 
 @dataclasses.dataclass(frozen=True)
 class FitFailed(Event):
+    """The fit raised an exception.
+
+    Parameters
+    ----------
+    error : BaseException
+        The exception (raised to the caller after this event).
+    """
+
     error: BaseException
 
 
@@ -207,6 +325,12 @@ def user_subscribers() -> tuple[Subscriber, ...]:
 
 class subscribe:  # noqa: N801 - used as a context manager, like contextlib's helpers
     """Receive the typed events of every fit run inside the ``with`` block.
+
+    Parameters
+    ----------
+    fn : callable
+        Called with each :class:`Event`; its exceptions
+        are logged, never raised into the fit.
 
     Examples
     --------

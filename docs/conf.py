@@ -24,6 +24,7 @@ extensions = [
     "sphinx.ext.autodoc",
     "sphinx.ext.autosummary",
     "numpydoc",
+    "sphinx_gallery.gen_gallery",
 ]
 # No sphinx.ext.intersphinx: CI has no network, and intersphinx downloads inventories.
 
@@ -42,6 +43,22 @@ autodoc_mock_imports = ["prefect"]
 numpydoc_show_class_members = False  # members come from autodoc; avoid a second, partial table
 numpydoc_class_members_toctree = False
 numpydoc_xref_param_type = False
+
+# The tutorial and the example gallery are scripts in workflows/ that run during the build
+# (each in seconds, on bundled or generated data); their pages and images are generated
+# into docs/tutorial/ and docs/gallery/, which git ignores.
+sphinx_gallery_conf = {
+    "examples_dirs": ["../workflows/tutorial", "../workflows/gallery"],
+    "gallery_dirs": ["tutorial", "gallery"],
+    "filename_pattern": r"/plot_",  # run every example (their names start with plot_)
+    "within_subsection_order": "FileNameSortKey",
+    "download_all_examples": False,
+    "remove_config_comments": True,
+    "show_memory": False,
+    "write_computation_times": False,
+    "matplotlib_animations": False,
+    "abort_on_example_error": True,  # a failing example fails the build
+}
 
 html_theme = "pydata_sphinx_theme"
 html_title = f"daskkrr {release}"

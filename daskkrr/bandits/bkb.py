@@ -42,6 +42,30 @@ def confidence_width(
     summed over the ``t`` pulls (an estimate of ``log det(I + K_t / lambda)``).
     ``ratio`` is BBKB's batch factor ``C~`` (1 for BKB); ``log(kappa^2 t)`` is taken
     as 0 while ``kappa^2 t < 1``.
+
+    Parameters
+    ----------
+    variance_sum : float
+        ``sum_s sigma~_t^2(x_s)`` over the ``t`` pulls.
+    t : int
+        Rewards told so far.
+    kappa2 : float
+        ``max k(x, x)`` over the arms.
+    penalty : float
+        ``lambda``.
+    noise_bound, norm_bound : float
+        ``xi`` and ``F``.
+    delta : float
+        The bound holds with probability ``1 - delta``.
+    epsilon : float
+        The Nystrom accuracy ``eps`` in [0, 1).
+    ratio : float, default=1.0
+        BBKB's ``C~``.
+
+    Returns
+    -------
+    float
+        ``beta~_t``.
     """
     alpha = (1.0 + epsilon) / (1.0 - epsilon)
     logdet = ratio * alpha * max(math.log(kappa2 * t), 0.0) * variance_sum if t > 0 else 0.0

@@ -32,6 +32,20 @@ def nystrom_embedding(kernel: Kernel, arms: np.ndarray, dictionary: np.ndarray) 
     Eigen-directions of ``K_SS`` below ``m * eps * max eigenvalue`` are dropped, so
     duplicated or nearly dependent dictionary arms give a smaller ``r``, not a
     singular factor.
+
+    Parameters
+    ----------
+    kernel : Kernel
+        The kernel.
+    arms : ndarray of shape (A, d)
+        The arm set.
+    dictionary : ndarray of int
+        Indices of the dictionary's arms ``S``.
+
+    Returns
+    -------
+    Z : ndarray of shape (A, r)
+        The embedded arms.
     """
     if dictionary.size == 0:
         return np.zeros((arms.shape[0], 0))

@@ -224,13 +224,21 @@ def write_regression_zarr(
 ) -> Path:
     """Generate :func:`make_regression` data straight into a Zarr store, block by block.
 
-    Parameters are those of :func:`make_regression`, plus ``path`` and ``overwrite``
-    as in :func:`write_zarr`. The generator settings are stored in the group
-    attribute ``"synthetic"``.
+    The generator settings are stored in the group attribute ``"synthetic"``.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        Directory of the new store.
+    n, d, chunk_rows, noise, random_state, dtype
+        As in :func:`make_regression`.
+    overwrite : bool, default=False
+        Replace an existing ``path``.
 
     Returns
     -------
     pathlib.Path
+        The store's path.
     """
     X, y = make_regression(n, d, chunk_rows, noise, random_state, dtype)
     attrs = {"synthetic": _settings("make_regression", n, d, X, noise, random_state)}
@@ -250,12 +258,19 @@ def write_classification_zarr(
 ) -> Path:
     """Generate :func:`make_classification` data straight into a Zarr store, block by block.
 
-    Parameters are those of :func:`make_classification`, plus ``path`` and
-    ``overwrite`` as in :func:`write_zarr`.
+    Parameters
+    ----------
+    path : str or os.PathLike
+        Directory of the new store.
+    n, d, n_classes, chunk_rows, noise, random_state, dtype
+        As in :func:`make_classification`.
+    overwrite : bool, default=False
+        Replace an existing ``path``.
 
     Returns
     -------
     pathlib.Path
+        The store's path.
     """
     X, y = make_classification(n, d, n_classes, chunk_rows, noise, random_state, dtype)
     settings = _settings("make_classification", n, d, X, noise, random_state)

@@ -30,6 +30,20 @@ def make_kernel(kernel: str | Kernel | dict[str, Any], **params: Any) -> Kernel:
 
     Parameters that the kernel does not take (for example ``sigma`` for the linear
     kernel) are ignored when they are ``None``; otherwise they are an error.
+
+    Parameters
+    ----------
+    kernel : str, Kernel or dict
+        A registered name or alias (``"gaussian"``, ``"rbf"``, ``"laplacian"``,
+        ``"matern"``, ``"linear"``, ``"polynomial"``), a dict from ``Kernel.to_dict()``,
+        or a kernel object (returned as is).
+    **params
+        The kernel's parameters (``sigma``, ``nu``, ``degree`` ...).
+
+    Returns
+    -------
+    Kernel
+        The kernel object.
     """
     if isinstance(kernel, Kernel):
         return kernel
@@ -56,8 +70,21 @@ def make_kernel(kernel: str | Kernel | dict[str, Any], **params: Any) -> Kernel:
 def kernel_key(kernel: str) -> str:
     """The registered name of the kernel ``kernel`` names (aliases and case resolved).
 
-    ValueError for an unknown name, listing the known ones and suggesting the closest
-    (``'gausian'`` -> ``'gaussian'``).
+    Parameters
+    ----------
+    kernel : str
+        A kernel name or alias, in any case.
+
+    Returns
+    -------
+    str
+        The key in :data:`KERNELS`.
+
+    Raises
+    ------
+    ValueError
+        For an unknown name, listing the known ones and suggesting the closest
+        (``'gausian'`` -> ``'gaussian'``).
     """
     key = _ALIASES.get(kernel.lower(), kernel.lower())
     if key not in KERNELS:
@@ -68,7 +95,18 @@ def kernel_key(kernel: str) -> str:
 
 
 def kernel_from_dict(spec: dict[str, Any]) -> Kernel:
-    """Inverse of :meth:`Kernel.to_dict`."""
+    """Inverse of :meth:`Kernel.to_dict`.
+
+    Parameters
+    ----------
+    spec : dict
+        ``{"name": ..., **parameters}``, as ``Kernel.to_dict()`` writes it.
+
+    Returns
+    -------
+    Kernel
+        The kernel object.
+    """
     return make_kernel(spec)
 
 

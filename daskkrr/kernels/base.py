@@ -53,6 +53,16 @@ def squared_distances(A: np.ndarray, B: np.ndarray) -> np.ndarray:
     expansion ``|a|^2 + |b|^2 - 2 a.b`` loses ``eps (|a|^2 + |b|^2)`` to cancellation,
     which on raw, unstandardised features far from the origin can swamp the distances
     themselves (the fused engine does the same).
+
+    Parameters
+    ----------
+    A : ndarray of shape (n, d)
+    B : ndarray of shape (m, d)
+
+    Returns
+    -------
+    ndarray of shape (n, m)
+        ``|A_i - B_j|^2``, never negative.
     """
     if B.shape[0]:
         shift = B.mean(axis=0)

@@ -25,7 +25,17 @@ class LinearKernel(Kernel):
 
 @dataclasses.dataclass(frozen=True)
 class PolynomialKernel(Kernel):
-    """``k(a, b) = (gamma <a, b> + coef0) ** degree`` (scikit-learn's polynomial kernel)."""
+    """``k(a, b) = (gamma <a, b> + coef0) ** degree`` (scikit-learn's polynomial kernel).
+
+    Parameters
+    ----------
+    degree : int, default=3
+        The power.
+    gamma : float, default=1.0
+        Scale of the inner product.
+    coef0 : float, default=1.0
+        The constant added before the power.
+    """
 
     name: ClassVar[str] = "polynomial"
     degree: int = 3

@@ -87,7 +87,13 @@ class _Stationary(Kernel):
 
 @dataclasses.dataclass(frozen=True)
 class GaussianKernel(_Stationary):
-    """``k(a, b) = exp(-||a - b||^2 / (2 sigma^2))`` (scikit-learn rbf with gamma = 1/(2 sigma^2))."""
+    """``k(a, b) = exp(-||a - b||^2 / (2 sigma^2))`` (scikit-learn rbf with gamma = 1/(2 sigma^2)).
+
+    Parameters
+    ----------
+    sigma : float or tuple of float, default=1.0
+        Length scale; a tuple gives one per feature (ARD).
+    """
 
     name: ClassVar[str] = "gaussian"
 
@@ -100,7 +106,13 @@ class GaussianKernel(_Stationary):
 
 @dataclasses.dataclass(frozen=True)
 class LaplacianKernel(_Stationary):
-    """``k(a, b) = exp(-||a - b||_1 / sigma)`` (scikit-learn laplacian with gamma = 1/sigma)."""
+    """``k(a, b) = exp(-||a - b||_1 / sigma)`` (scikit-learn laplacian with gamma = 1/sigma).
+
+    Parameters
+    ----------
+    sigma : float or tuple of float, default=1.0
+        Length scale; a tuple gives one per feature (ARD).
+    """
 
     name: ClassVar[str] = "laplacian"
 
@@ -118,6 +130,13 @@ class MaternKernel(_Stationary):
     - nu = 1/2: ``exp(-r/sigma)``
     - nu = 3/2: ``(1 + sqrt(3) r/sigma) exp(-sqrt(3) r/sigma)``
     - nu = 5/2: ``(1 + sqrt(5) r/sigma + 5 r^2/(3 sigma^2)) exp(-sqrt(5) r/sigma)``
+
+    Parameters
+    ----------
+    sigma : float or tuple of float, default=1.0
+        Length scale; a tuple gives one per feature (ARD).
+    nu : {0.5, 1.5, 2.5}, default=1.5
+        Smoothness: the kernel's functions are ``ceil(nu) - 1`` times differentiable.
     """
 
     name: ClassVar[str] = "matern"

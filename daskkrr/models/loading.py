@@ -37,6 +37,16 @@ def load_model(path: str | os.PathLike) -> Any:
     :mod:`daskkrr.models.model_files`): parameters, kernel, scaling, finiteness,
     shapes, class list, sizes and paths.
 
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The model folder, as written by the estimator's ``save``.
+
+    Returns
+    -------
+    estimator
+        The fitted estimator of the class recorded in the folder.
+
     Raises
     ------
     FileNotFoundError

@@ -20,7 +20,13 @@ from daskkrr.progress.state import FitProgress
 
 
 def in_notebook() -> bool:
-    """True when running inside a Jupyter (IPython kernel) session."""
+    """Whether this runs inside a Jupyter (IPython kernel) session.
+
+    Returns
+    -------
+    bool
+        True in a Jupyter kernel, False in a terminal IPython or plain Python.
+    """
     ipython = sys.modules.get("IPython")
     if ipython is None:
         return False
@@ -48,7 +54,18 @@ def solver_measure(p: FitProgress) -> tuple[str, str]:
 
 
 def describe(p: FitProgress) -> str:
-    """The figures of the bar as one line of text (without the bar itself)."""
+    """The figures of the bar as one line of text (without the bar itself).
+
+    Parameters
+    ----------
+    p : FitProgress
+        The fit's progress record.
+
+    Returns
+    -------
+    str
+        Rows, blocks, pass, dictionary, solver step and seconds, separated by ``|``.
+    """
     parts = [f"{p.rows_streamed:,} rows", f"{p.blocks_read} blocks"]
     if p.pass_task and p.n_blocks:
         parts.append(f"pass {p.passes + 1}: {min(p.blocks_in_pass, p.n_blocks)}/{p.n_blocks}")

@@ -72,6 +72,11 @@ def report(
         Called as ``callback(progress, event)`` after every event, with a
         :class:`~daskkrr.progress.FitProgress`. Exceptions in callbacks are logged, never raised.
 
+    Yields
+    ------
+    None
+        The settings hold until the block ends.
+
     Examples
     --------
     >>> from daskkrr.progress import report
@@ -102,6 +107,13 @@ class FitTracker:
     Sinks may be called from a helper thread (live block counts), so updates and
     notifications are serialised by a lock. A failing sink is logged and skipped:
     progress reporting never breaks a fit.
+
+    Parameters
+    ----------
+    state : FitProgress
+        The record to update.
+    sinks : sequence of callables, default=()
+        Each called as ``sink(state, event)`` after every change.
     """
 
     def __init__(self, state: FitProgress, sinks: Sequence[Sink] = ()):
@@ -269,6 +281,22 @@ def fit_progress(started: ev.FitStarted, *, client: Any = None, verbose: bool = 
     :meth:`FitTracker.on_event`; the record is marked done by
     :class:`~daskkrr.events.FitDone` and failed by an exception or
     :class:`~daskkrr.events.FitFailed`.
+
+    Parameters
+    ----------
+    started : FitStarted
+        The fit's first event (estimator, sampler, iteration limit).
+    client : distributed.Client or None, default=None
+        The client the fit runs on, if any.
+    verbose : bool, default=False
+        The estimator's ``verbose``.
+    install_dashboard : callable or None, default=None
+        Called with ``client`` to register the dashboard's scheduler plugin.
+
+    Yields
+    ------
+    FitTracker
+        The tracker of this fit.
     """
     import dask
 

@@ -146,7 +146,21 @@ def register(cls: S) -> S:
 
 
 def make_sampler(sampler: str | CenterSampler, **params: Any) -> CenterSampler:
-    """Return a sampler object from a registry name or pass one through."""
+    """Return a sampler object from a registry name or pass one through.
+
+    Parameters
+    ----------
+    sampler : str or CenterSampler
+        A name in :data:`SAMPLERS` (``"uniform"``, ``"rls"``, ``"squeak"``,
+        ``"disqueak"``, ``"bless"``) or a sampler object (returned as is).
+    **params
+        Passed to the sampler's constructor.
+
+    Returns
+    -------
+    CenterSampler
+        The sampler object.
+    """
     if isinstance(sampler, CenterSampler):
         return sampler
     if not isinstance(sampler, str):

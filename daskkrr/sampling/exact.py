@@ -113,7 +113,24 @@ def ridge_leverage_scores(
 def effective_dimension(
     X: Any, kernel: Kernel, gamma: float, *, max_rows: int = EXACT_MAX_ROWS
 ) -> float:
-    """Exact effective dimension ``d_eff(gamma) = Tr K (K + gamma I)^{-1}`` (sum of the RLS)."""
+    """Exact effective dimension ``d_eff(gamma) = Tr K (K + gamma I)^{-1}`` (sum of the RLS).
+
+    Parameters
+    ----------
+    X : array-like of shape (n, d)
+        The rows (at most ``max_rows``: the kernel matrix is formed and diagonalised).
+    kernel : Kernel
+        The kernel.
+    gamma : float
+        The regularisation (> 0).
+    max_rows : int
+        Refuse larger ``X``.
+
+    Returns
+    -------
+    float
+        ``d_eff(gamma)``.
+    """
     gamma = _check_gamma(gamma)
     evals, _ = kernel_spectrum(X, kernel, max_rows=max_rows)
     return float(np.sum(evals / (evals + gamma)))
@@ -263,7 +280,20 @@ class ExactRLSSampler(CenterSampler):
 
 # ------------------------------------------------ checks of a dictionary (Eq. 3)
 def selection_weights(dictionary: CenterDictionary, n: int) -> np.ndarray:
-    """``s_j = (n / M) w_j`` (equal to ``q_j / (qbar p_j)`` for SQUEAK dictionaries)."""
+    """``s_j = (n / M) w_j`` (equal to ``q_j / (qbar p_j)`` for SQUEAK dictionaries).
+
+    Parameters
+    ----------
+    dictionary : CenterDictionary
+        The centers and their weights ``w_j``.
+    n : int
+        Rows of the data the centers were drawn from.
+
+    Returns
+    -------
+    ndarray of shape (M,)
+        The selection weights ``s_j``.
+    """
     return (n / dictionary.size) * dictionary.weights
 
 
@@ -290,6 +320,20 @@ def spectral_error_bounds(
 
     The dictionary is gamma/(1-eps)-accurate when the result lies in
     ``[-tol, gamma / (1 - eps) + tol]``.
+
+    Parameters
+    ----------
+    X, kernel, max_rows
+        As in :func:`effective_dimension`.
+    dictionary : CenterDictionary
+        Centers (indices into ``X``) and their weights.
+    gamma : float
+        The regularisation of the Nystrom approximation ``K~``.
+
+    Returns
+    -------
+    lowest, highest : float
+        The extreme eigenvalues of ``K - K~``.
     """
     Xn = as_small_numpy(X, max_rows, "spectral_error_bounds")
     K = np.asarray(kernel(Xn, Xn), dtype=np.float64)

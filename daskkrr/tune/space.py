@@ -56,6 +56,20 @@ def parse_space(space: Mapping[str, Any], n_features: int, *, ard: bool) -> list
 
     With ``ard`` the sigma range is per feature: ``lo``/``hi`` scalars (the same range
     for every feature) or vectors of length ``n_features``.
+
+    Parameters
+    ----------
+    space : mapping
+        Parameter name to ``(lo, hi)``.
+    n_features : int
+        Columns of the features.
+    ard : bool
+        One sigma range per feature.
+
+    Returns
+    -------
+    list of Range
+        One range per searched dimension.
     """
     unknown = sorted(set(space) - set(TUNABLE))
     if unknown:
@@ -84,7 +98,18 @@ def parse_space(space: Mapping[str, Any], n_features: int, *, ard: bool) -> list
 def default_space(n_features: int) -> dict[str, tuple[float, float]]:
     """sigma around the estimators' default ``sqrt(d)`` (for standardised features) and
     penalty from 1e-8 to 1e-1 (below, wide kernels are too ill-conditioned: a fit that
-    validates well can still blow up on new rows)."""
+    validates well can still blow up on new rows).
+
+    Parameters
+    ----------
+    n_features : int
+        Columns of the (standardised) features.
+
+    Returns
+    -------
+    dict
+        ``{"sigma": (lo, hi), "penalty": (lo, hi)}``.
+    """
     root = math.sqrt(n_features)
     return {"sigma": (root / 10, root * 10), "penalty": (1e-8, 1e-1)}
 
@@ -102,7 +127,26 @@ def draw_candidates(ranges: list[Range], n_candidates: int, random_state: Any,
     """``n_candidates`` scrambled-Sobol points of the log-space; candidates with more
     centers than ``max_centers`` (the training rows) are dropped, duplicates too.
 
-    Raises ValueError when no valid candidate is left.
+    Parameters
+    ----------
+    ranges : list of Range
+        The search space, from :func:`parse_space`.
+    n_candidates : int
+        Points to draw.
+    random_state : int, numpy Generator or None
+        Seeds the scrambling.
+    max_centers : int or None, default=None
+        Drop candidates with more centers.
+
+    Returns
+    -------
+    CandidateSet
+        The distinct candidates.
+
+    Raises
+    ------
+    ValueError
+        When no valid candidate is left.
     """
     dim = sum(r.width for r in ranges)
     seed = np.random.default_rng(random_state).integers(2**32)

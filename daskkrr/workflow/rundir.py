@@ -52,7 +52,18 @@ def write_json(path: Path, data: Any) -> None:
 
 
 def read_status(run_dir: str | os.PathLike) -> dict[str, Any]:
-    """The status record of a run directory ({} if it has none)."""
+    """The status record of a run directory ({} if it has none).
+
+    Parameters
+    ----------
+    run_dir : str or os.PathLike
+        A run directory made by :func:`run_workflow`.
+
+    Returns
+    -------
+    dict
+        Its ``status.json``: state, times, and where the results are.
+    """
     try:
         return json.loads((Path(run_dir) / STATUS_FILE).read_text())
     except (FileNotFoundError, ValueError):

@@ -174,7 +174,29 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str] | dict[str, Any] |
 
 
 def read_workflow(path: str | os.PathLike, overrides: list[str] | dict[str, Any] | None = None) -> dict[str, Any]:
-    """Read, override and validate a workflow file; return the resolved configuration."""
+    """Read, override and validate a workflow file; return the resolved configuration.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The workflow TOML file.
+    overrides : list of "table.key=value" strings, dict or None, default=None
+        Changes to the file, e.g. ``["model.n_centers=500"]``.
+
+    Returns
+    -------
+    dict
+        The configuration, every table filled with its defaults and paths resolved
+        against the file's folder.
+
+    Raises
+    ------
+    FileNotFoundError
+        If ``path`` does not exist.
+    WorkflowError
+        If the file is not valid TOML or does not validate; the message names the
+        table and key.
+    """
     path = Path(path)
     try:
         with open(path, "rb") as fh:

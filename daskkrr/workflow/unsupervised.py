@@ -225,7 +225,15 @@ def run_unsupervised_workflow(
 ) -> RunResult:
     """Run an unsupervised workflow file once, in a new run directory (see the module docstring).
 
-    The arguments are those of :func:`daskkrr.workflow.run_workflow`.
+    Parameters
+    ----------
+    workflow, overrides, runs_dir, client, scheduler, n_workers, progress, security
+        As in :func:`daskkrr.workflow.run_workflow`.
+
+    Returns
+    -------
+    RunResult
+        How the run ended: its directory, status and metrics.
 
     Raises
     ------
