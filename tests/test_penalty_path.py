@@ -229,6 +229,7 @@ def test_profile_penalty_true_says_why_it_cannot_and_auto_falls_back():
     assert s.penalty_path_ is None and all("penalty" in c for c in s.candidates_)
 
 
+@pytest.mark.slow  # a CLI search of several path fits: 11 s
 def test_cli_tune_profiles_the_penalty_on_a_two_worker_cluster(tmp_path, cluster2, capsys):
     """The paths run as tasks on the workers; ``--no-penalty-path`` searches both coordinates."""
     import json

@@ -91,6 +91,7 @@ def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedP
     return proc
 
 
+@pytest.mark.slow  # starts `dask scheduler`/`dask worker` commands: 35 s
 def test_fit_and_predict_on_a_running_cluster_match_a_local_cluster(loopback_cluster, tmp_path):
     address, client = loopback_cluster
     store = tmp_path / "train.zarr"
