@@ -75,6 +75,7 @@ def test_a_path_fit_predicts_as_a_fit_at_each_penalty(estimator):
         assert np.abs(P[:, j] - ref).max() <= 1e-8 * np.abs(ref).max(), lam
 
 
+@pytest.mark.slow  # M = 2048 fits: 18 s; the exactness of the path: test_the_path_equals_a_direct_solve_at_each_penalty
 def test_a_float32_estimators_path_is_the_float64_nystrom_solution():
     """At M >= 2048 a float32 fit factors in float32 with a jitter floor that keeps part of the
     penalty; a float32 Gram pass then amplified by T^{-1} made a path off by 100x at penalty
