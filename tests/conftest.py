@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 # Block tasks run BLAS inside dask threads/workers: one BLAS thread each keeps the
 # 2-core CI machine from oversubscription. The variables reach worker processes;
@@ -14,6 +17,9 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from threadpoolctl import threadpool_limits  # noqa: E402
+
+if TYPE_CHECKING:
+    from distributed import Client
 
 _BLAS_ONE_THREAD = threadpool_limits(limits=1, user_api="blas")
 
@@ -49,12 +55,30 @@ def regression_data():
     return X, y
 
 
-@pytest.fixture(scope="module")
-def cluster2():
-    """A LocalCluster with two single-threaded worker processes."""
+@contextlib.contextmanager
+def _two_worker_client() -> Iterator[Client]:
     from distributed import Client, LocalCluster
 
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
                       dashboard_address=None, memory_limit="2GiB") as cluster:
         with Client(cluster, set_as_default=False) as client:
             yield client
+
+
+@pytest.fixture(scope="session")
+def cluster2() -> Iterator[Client]:
+    """A LocalCluster with two single-threaded worker processes, shared by the whole run.
+
+    Shared because each new cluster costs its start and, in the first fit, the workers'
+    imports of daskkrr and the engine (several seconds each on 2 cores). Tests that harm
+    their cluster (kill a worker) take :func:`own_cluster2` instead.
+    """
+    with _two_worker_client() as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def own_cluster2() -> Iterator[Client]:
+    """Like :func:`cluster2`, but the module's own: for tests that kill or reconfigure its workers."""
+    with _two_worker_client() as client:
+        yield client

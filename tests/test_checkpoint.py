@@ -333,6 +333,7 @@ def uninterrupted(store):
                            preconditioner_rows=None).fit(store)
 
 
+@pytest.mark.slow  # three CLI fits in new processes: 33 s
 def test_client_terminated_killed_and_resumed(store, uninterrupted, cluster2, tmp_path, capsys):
     """A fit on its own local cluster gets SIGTERM (clean exit), is resumed and then gets
     SIGKILL (no clean-up at all), and is resumed again: the model equals the fit that was

@@ -211,6 +211,7 @@ def test_errors_are_one_line_and_nothing_is_written(tmp_path, capsys):
     assert not out.exists()
 
 
+@pytest.mark.slow  # the installed command's quickstart in a new process: 17 s
 def test_console_script_quickstart_runs():
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.run(

@@ -89,6 +89,7 @@ def inproc_cluster():
         yield client
 
 
+@pytest.mark.slow  # starts Chromium and a cluster: 9 s
 def test_page_shows_a_live_fit_in_headless_chromium(inproc_cluster, tmp_path):
     client = inproc_cluster
     url = install(client)

@@ -1,7 +1,7 @@
 """Estimators hold no client and run where Dask's current context says (issue 11).
 
-Each test that needs a cluster starts and stops its own two-worker LocalCluster, so
-no test sees another's client.
+Each test that needs a cluster opens and closes its own client (the default client while
+it runs) to the run's shared two-worker LocalCluster, so no test sees another's client.
 """
 
 from __future__ import annotations
@@ -20,12 +20,11 @@ from daskkrr import FalkonRegressor
 
 
 @contextlib.contextmanager
-def two_workers():
-    """A two-process LocalCluster and its client, the default client while the block runs."""
-    from distributed import Client, LocalCluster
+def two_workers(cluster2):
+    """A new client of the two-process cluster, the default client while the block runs."""
+    from distributed import Client
 
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
-                      dashboard_address=None) as cluster, Client(cluster) as client:
+    with Client(cluster2.scheduler.address) as client:
         yield client
 
 
@@ -43,11 +42,11 @@ def _plain(value) -> bool:
     return value is None or isinstance(value, (str, bool, Number))
 
 
-def test_clone_and_get_params_with_a_client_active():
+def test_clone_and_get_params_with_a_client_active(cluster2):
     from distributed import Client
     from sklearn.base import clone
 
-    with two_workers() as client:
+    with two_workers(cluster2) as client:
         assert Client.current() is client
         model = FalkonRegressor(n_centers=30, max_iter=5, random_state=0)
         params = model.get_params()
@@ -64,7 +63,7 @@ def test_clone_and_get_params_with_a_client_active():
         clone(fitted)
 
 
-def test_dask_config_scheduler_wins_over_the_active_client():
+def test_dask_config_scheduler_wins_over_the_active_client(cluster2):
     """``with dask.config.set(scheduler="synchronous")``: every task runs in this thread."""
     import dask
     from dask.callbacks import Callback
@@ -76,7 +75,7 @@ def test_dask_config_scheduler_wins_over_the_active_client():
             ran_in.append(threading.get_ident())
 
     X, y = _data(400)
-    with two_workers() as client:
+    with two_workers(cluster2) as client:
         before = dict(client.processing())
         with dask.config.set(scheduler="synchronous"), Where():
             model = FalkonRegressor(n_centers=40, max_iter=5, random_state=0).fit(X, y)
@@ -88,10 +87,11 @@ def test_dask_config_scheduler_wins_over_the_active_client():
 
 
 @pytest.mark.timeout(180)
-def test_grid_search_under_joblib_dask_backend_finishes():
+def test_grid_search_under_joblib_dask_backend_finishes(cluster2):
     """6 fits + the refit, each inside a Dask task on two single-thread workers: before,
     every worker thread held a fit waiting on passes that could not start."""
     import joblib
+    from distributed import get_task_stream
     from sklearn.model_selection import GridSearchCV
 
     X, y = _data(500)
@@ -101,22 +101,21 @@ def test_grid_search_under_joblib_dask_backend_finishes():
         return GridSearchCV(FalkonRegressor(n_centers=50, random_state=0), grid, cv=3, n_jobs=-1)
 
     sequential = GridSearchCV(FalkonRegressor(n_centers=50, random_state=0), grid, cv=3, n_jobs=1).fit(X, y)
-    with two_workers() as client:
+    with two_workers(cluster2) as client:
         on_cluster = search()
         t0 = time.perf_counter()
-        with joblib.parallel_backend("dask"):
+        with joblib.parallel_backend("dask"), get_task_stream(client) as stream:
             on_cluster.fit(X, y)
         seconds = time.perf_counter() - t0
-        tasks = client.run_on_scheduler(lambda dask_scheduler: len(dask_scheduler.task_prefixes))
     assert seconds < 60, f"the search took {seconds:.1f}s"
-    assert tasks > 0
+    assert stream.data, "no task ran on the cluster during the search"
     assert on_cluster.best_params_ == sequential.best_params_
     np.testing.assert_allclose(on_cluster.cv_results_["mean_test_score"],
                                sequential.cv_results_["mean_test_score"], rtol=1e-8)
 
 
 @pytest.mark.timeout(180)
-def test_fit_inside_dask_delayed_returns():
+def test_fit_inside_dask_delayed_returns(cluster2):
     import dask
     from distributed import get_worker, worker_client
 
@@ -135,7 +134,7 @@ def test_fit_inside_dask_delayed_returns():
             seceded = type(backend_for()).__name__
         return plain, seceded
 
-    with two_workers() as client:
+    with two_workers(cluster2) as client:
         coef = dask.delayed(fit_in_task)(X, y).compute()
         where = client.submit(backends_in_task, pure=False).result(timeout=60)
     local = FalkonRegressor(n_centers=40, max_iter=8, random_state=0).fit(X, y)

@@ -248,6 +248,7 @@ def test_auto_runs_blas_until_the_fused_engine_is_compiled(monkeypatch, tmp_path
     assert engine_for(k) is FusedEngine() and started == [1]  # no background: numba compiles inline
 
 
+@pytest.mark.slow  # compiles the engine in fresh processes: about 50 s on 2 cores
 def test_background_compile_fills_the_cache_and_later_processes_load_it(tmp_path):
     """After an install (an empty numba cache): the first products run on the BLAS
     engine without importing numba; a background process compiles; then the fused

@@ -39,10 +39,10 @@ def store(tmp_path_factory):
     return write_zarr(X, y, tmp_path_factory.mktemp("faults") / "train.zarr", chunk_rows=2000)
 
 
-def test_fit_survives_a_killed_worker(store, cluster2, tmp_path, monkeypatch):
+def test_fit_survives_a_killed_worker(store, own_cluster2, tmp_path, monkeypatch):
     """SIGKILL one of two worker processes during the CG: Dask recomputes what was lost (the
     nanny restarts the worker) and the fit ends with the coefficients of an undisturbed fit."""
-    client = cluster2
+    client = own_cluster2  # its own: a worker is killed
     with client.as_current():
         reference = FalkonRegressor(**CONVERGED).fit(store)
     assert reference.converged_ and reference.n_iter_ > 6

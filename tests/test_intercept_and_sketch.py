@@ -248,6 +248,7 @@ def test_sketch_is_the_same_on_a_cluster_and_chunking_free(offset_data, cluster2
     assert np.linalg.norm(remote.coef_ - local.coef_) <= 1e-8 * np.linalg.norm(local.coef_)
 
 
+@pytest.mark.slow  # a fit in a new Python process: 7 s
 def test_threaded_fit_does_not_import_distributed():
     """Dask imports distributed on every compute unless a scheduler is named as a function."""
     code = textwrap.dedent("""

@@ -416,6 +416,7 @@ def test_cli_fit_and_predict_probabilities(tmp_path, cluster2, capsys):
     assert "class probabilities" in capsys.readouterr().out
 
 
+@pytest.mark.slow  # two fits of M = 800 to a tight tol: 10 s
 def test_a_float32_fit_on_repeated_centers_solves_like_float64():
     """float32 products ``K_nM u`` with the round-off jitter's ``T^{-1}`` cost CG iterations and
     moved the answer; the float32 jitter (``T`` only preconditions here) keeps both."""

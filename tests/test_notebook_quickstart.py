@@ -10,6 +10,7 @@ import pytest
 NOTEBOOK = Path(__file__).resolve().parents[1] / "workflows" / "notebooks" / "quickstart.ipynb"
 
 
+@pytest.mark.slow  # a Jupyter kernel runs the notebook's fits: 27 s on 2 cores
 def test_quickstart_notebook_executes(tmp_path, monkeypatch):
     nbformat = pytest.importorskip("nbformat", reason="notebook tests need the dev extra (nbformat)")
     nbclient = pytest.importorskip("nbclient", reason="notebook tests need the dev extra (nbclient)")

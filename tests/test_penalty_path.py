@@ -75,6 +75,7 @@ def test_a_path_fit_predicts_as_a_fit_at_each_penalty(estimator):
         assert np.abs(P[:, j] - ref).max() <= 1e-8 * np.abs(ref).max(), lam
 
 
+@pytest.mark.slow  # M = 2048 fits: 18 s; the exactness of the path: test_the_path_equals_a_direct_solve_at_each_penalty
 def test_a_float32_estimators_path_is_the_float64_nystrom_solution():
     """At M >= 2048 a float32 fit factors in float32 with a jitter floor that keeps part of the
     penalty; a float32 Gram pass then amplified by T^{-1} made a path off by 100x at penalty
@@ -229,6 +230,7 @@ def test_profile_penalty_true_says_why_it_cannot_and_auto_falls_back():
     assert s.penalty_path_ is None and all("penalty" in c for c in s.candidates_)
 
 
+@pytest.mark.slow  # a CLI search of several path fits: 11 s
 def test_cli_tune_profiles_the_penalty_on_a_two_worker_cluster(tmp_path, cluster2, capsys):
     """The paths run as tasks on the workers; ``--no-penalty-path`` searches both coordinates."""
     import json

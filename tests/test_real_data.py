@@ -41,6 +41,7 @@ def test_falkon_within_3_percent_of_exact_krr(houses):
     assert rmse_falkon <= 1.03 * rmse_exact, (rmse_falkon, rmse_exact)
 
 
+@pytest.mark.slow  # converts and fits the 20 640-row houses table by CLI: 21 s
 def test_cli_convert_fit_predict_and_round_trip(tmp_path, capsys):
     source = shared_file("537_houses.tsv.gz")
     store = tmp_path / "houses.zarr"

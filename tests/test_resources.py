@@ -36,6 +36,7 @@ def test_the_threaded_scheduler_honours_the_cap_of_this_process(monkeypatch):
     assert (capped.slots, capped.cores, capped.thread_budget) == (1, 1, 1)
 
 
+@pytest.mark.slow  # starts two clusters of its own: 6 s
 @pytest.mark.skipif(available_cores() < 2, reason="needs a host with at least 2 cores")
 def test_a_cap_set_on_the_workers_reaches_the_client():
     """One single-threaded worker on a 2-core host: the engine takes both cores, unless the

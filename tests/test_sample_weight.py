@@ -306,33 +306,21 @@ def test_weights_with_compute_std_are_refused_before_any_work(name, tmp_path):
 
 
 # --------------------------------------------------------------------------- cluster
-@pytest.fixture(scope="module")
-def numpy_cluster2():
-    """Two single-threaded worker processes running the numpy engine (no numba compilation
-    in each worker: the fused engine's products are the same to round-off, see test_engine)."""
-    from distributed import Client, LocalCluster
-
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None,
-                      memory_limit="2GiB", env={"DASKKRR_ENGINE": "numpy"}) as cluster:
-        with Client(cluster, set_as_default=False) as client:
-            yield client
-
-
-def test_weighted_fit_from_zarr_on_a_cluster_equals_numpy(numpy_cluster2, tmp_path):
+def test_weighted_fit_from_zarr_on_a_cluster_equals_numpy(cluster2, tmp_path):
     X, y, w = _data(False, seed=6)
     path = tmp_path / "train.zarr"
     write_zarr(X, y, path, chunk_rows=40)
     zarr.open_group(str(path), mode="r+").create_array("w", shape=(N,), chunks=(40,), dtype="float64")[:] = w
     # "gram": the weighted Gram pass runs on the workers, the iterations on the client (a fast test).
     params = dict(n_centers=M, penalty=1e-3, tol=1e-11, max_iter=100, random_state=0, strategy="gram")
-    with numpy_cluster2.as_current():
+    with cluster2.as_current():
         on_cluster = _fit_quietly(FalkonRegressor(**params), str(path), sample_weight="w")
     in_memory = _fit_quietly(FalkonRegressor(**params), X, y, sample_weight=w)
     rel = np.linalg.norm(on_cluster.coef_ - in_memory.coef_) / np.linalg.norm(in_memory.coef_)
     assert rel <= 1e-8, rel
 
 
-def test_cli_fit_reads_weights_from_the_store_and_class_weight_flag(numpy_cluster2, tmp_path):
+def test_cli_fit_reads_weights_from_the_store_and_class_weight_flag(cluster2, tmp_path):
     from daskkrr import load
     from daskkrr.cli import main
 
@@ -341,7 +329,7 @@ def test_cli_fit_reads_weights_from_the_store_and_class_weight_flag(numpy_cluste
     write_zarr(X, y, path, chunk_rows=40)
     zarr.open_group(str(path), mode="r+").create_array("w", shape=(N,), chunks=(40,), dtype="float64")[:] = w
     flags = ["--estimator", "classifier", "--centers", str(M), "--penalty", "1e-3", "--tol", "1e-11",
-             "--max-iter", "100", "--seed", "0", "--no-progress", "--scheduler", numpy_cluster2.scheduler.address]
+             "--max-iter", "100", "--seed", "0", "--no-progress", "--scheduler", cluster2.scheduler.address]
     out = tmp_path / "model"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -361,7 +349,7 @@ def test_cli_fit_reads_weights_from_the_store_and_class_weight_flag(numpy_cluste
     assert load(tmp_path / "m3").class_weight == {"0": 1, "1": 2, "2": 3}
 
 
-def test_workflow_reads_the_weights_named_in_its_data_table(numpy_cluster2, tmp_path):
+def test_workflow_reads_the_weights_named_in_its_data_table(cluster2, tmp_path):
     from daskkrr import load
     from daskkrr.workflow import WorkflowError, run_workflow
     from daskkrr.workflow.spec import resolve
@@ -376,7 +364,7 @@ def test_workflow_reads_the_weights_named_in_its_data_table(numpy_cluster2, tmp_
                 "evaluation": {"method": "holdout", "split": "tail", "test_fraction": 0.25, "metrics": ["rmse"]}}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        result = run_workflow(workflow, client=numpy_cluster2)
+        result = run_workflow(workflow, client=cluster2)
     params = {k: v for k, v in model.items() if k != "estimator"}
     expected = _fit_quietly(FalkonRegressor(**params), X[:120], y[:120], sample_weight=w[:120])
     assert _rel(load(result.run_dir / "model").predict(X), expected.predict(X)) <= 1e-8

@@ -20,7 +20,7 @@ from daskkrr.models import (
     load_model,
     registry,
 )
-from daskkrr.models.schema import param_specs, union_specs
+from daskkrr.models.schema import parameter_docs, union_specs
 
 
 class KnobbedFalkon(FalkonRegressor):
@@ -58,11 +58,19 @@ def knobbed(monkeypatch):
 
 
 def test_every_init_parameter_is_declared():
+    """Each ``__init__`` parameter has constraints and a docstring entry, read from the class itself:
+    param_specs is built from the signature, so comparing its names with the signature checked nothing."""
+    problems = []
     for cls in registry.ESTIMATORS.values():
-        names = {s.name for s in param_specs(cls)}
-        assert names == set(inspect.signature(cls.__init__).parameters) - {"self"}
-        assert set(cls._parameter_constraints) >= names
-        assert all(s.help for s in param_specs(cls)), cls  # every parameter is documented
+        docs = parameter_docs(cls)
+        for name in inspect.signature(cls.__init__).parameters:
+            if name == "self":
+                continue
+            if name not in cls._parameter_constraints:
+                problems.append(f"{cls.__name__}.{name}: no _parameter_constraints entry")
+            if not docs.get(name):
+                problems.append(f"{cls.__name__}.{name}: no entry in the numpydoc Parameters section")
+    assert not problems, "\n".join(problems)
 
 
 def test_exact_kernel_ridge_has_no_nystrom_parameters():

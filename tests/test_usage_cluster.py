@@ -91,6 +91,7 @@ def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedP
     return proc
 
 
+@pytest.mark.slow  # starts `dask scheduler`/`dask worker` commands: 35 s
 def test_fit_and_predict_on_a_running_cluster_match_a_local_cluster(loopback_cluster, tmp_path):
     address, client = loopback_cluster
     store = tmp_path / "train.zarr"
@@ -130,6 +131,7 @@ def test_fit_and_predict_on_a_running_cluster_match_a_local_cluster(loopback_clu
     assert 1 - np.mean((y_pred - y) ** 2) / np.var(y) > 0.8
 
 
+@pytest.mark.slow  # the CLI starts and stops a cluster of its own: 6 s
 def test_cli_without_a_scheduler_closes_the_cluster_it_started(tmp_path, monkeypatch):
     """No --scheduler and no $DASK_SCHEDULER_ADDRESS: a local cluster is started, used and closed."""
     import psutil
