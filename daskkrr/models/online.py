@@ -1,6 +1,6 @@
 """Online and sliding-window kernel ridge regression (Ray and Musco): ``partial_fit`` on a stream.
 
-The sampling is :mod:`daskkrr.sampling.online_rls`, the regression and its
+The sampling is :mod:`daskkrr.solvers.online_rls`, the regression and its
 statistics :mod:`daskkrr.solvers.online`; this module is the estimator: input
 checks (all before any update, so a refused batch leaves the model as it was),
 batching, reading only the new rows of a growing Zarr store, and the fitted
