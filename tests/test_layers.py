@@ -200,7 +200,7 @@ def _edges(sources: dict[str, str]) -> list[Edge]:
             target = _resolve(imp.module, imp.name, modules, lazy)
             if target is not None and target != module:
                 edges.append(Edge(module, target, imp.line, imp.type_only))
-    return edges
+    return list(dict.fromkeys(edges))  # ``from a import b, c``: one edge
 
 
 def _unit(module: str) -> str:
@@ -218,12 +218,16 @@ def layer_violations(edges: list[Edge]) -> list[str]:
         src, dst = _unit(e.source), _unit(e.target)
         if src == dst or dst == "":  # inside a unit; or ``daskkrr`` itself (``__version__``): imports nothing
             continue
-        if src == "" or src not in layer or dst not in layer:
-            found.append(f"{e.source}:{e.line} imports {e.target}: {src or dst!r} has no layer in LAYERS")
+        unplaced = [u for u in (src, dst) if u not in layer]
+        if unplaced:
+            found.append(f"{e.source}:{e.line} imports {e.target}: "
+                         f"{unplaced[0] or 'daskkrr/__init__.py (it loads lazily, importing nothing)'!r} "
+                         "has no layer in LAYERS")
         elif layer[dst] >= layer[src]:
-            where = "the same layer" if layer[dst] == layer[src] else "a higher layer"
+            where = "the same layer as" if layer[dst] == layer[src] else "a higher layer than"
             found.append(f"{e.source}:{e.line} imports {e.target}{' (TYPE_CHECKING)' if e.type_only else ''}: "
-                         f"{dst!r} ({LAYERS[layer[dst]][0]}) is in {where} than {src!r} ({LAYERS[layer[src]][0]})")
+                         f"{dst!r} ({LAYERS[layer[dst]][0]}) is in {where} {src!r} ({LAYERS[layer[src]][0]}); "
+                         "move the code down, or have the upper layer pass it down")
     return found
 
 
@@ -421,13 +425,16 @@ def test_a_planted_upward_import_is_reported(sources, rank):
     module = _first_module(sources, unit)
     target = _first_module(sources, above).removesuffix(".__init__")
     plant = PLANTS[rank % len(PLANTS)].format(target=target, name="planted_name")
-    planted = {**sources, module: sources[module] + plant}
-    found = layer_violations(_edges(planted))
-    assert len(found) == 1 and found[0].startswith(f"{module}:") and target in found[0], found
+    before = set(layer_violations(_edges(sources)))
+    found = set(layer_violations(_edges({**sources, module: sources[module] + plant}))) - before
+    assert len(found) == 1, found
+    # the source ends with a newline, so the plant's line i (from 0) is the file's line len + i + 1
+    line = len(sources[module].splitlines()) + 1 + next(i for i, t in enumerate(plant.split("\n")) if "# planted" in t)
+    assert next(iter(found)).startswith(f"{module}:{line} imports {target}"), found
     if len(LAYERS[rank][1]) > 1:  # siblings of one layer are independent too
         sibling = _first_module(sources, LAYERS[rank][1][1]).removesuffix(".__init__")
         planted = {**sources, module: sources[module] + PLANTS[0].format(target=sibling, name="x")}
-        assert any("the same layer" in v for v in layer_violations(_edges(planted)))
+        assert any("the same layer" in v for v in set(layer_violations(_edges(planted))) - before)
 
 
 def test_a_planted_unplaced_unit_is_reported(sources):
