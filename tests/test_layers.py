@@ -60,14 +60,11 @@ DASK_EXCEPTIONS: dict[str, str] = {
     "daskkrr.sampling.exact": "isinstance(X, dask.array.Array) before gathering the rows on the client",
     "daskkrr.pipeline.stages": "builds the target graph (weights scaled by powers of two, a ones column)",
     "daskkrr.pipeline.unsupervised": "lazy_labels: predict-time k-means labels as a map_blocks graph",
-    "daskkrr.pipeline.posterior": "sum of squared targets for the noise variance, computed by the executor",
     "daskkrr.pipeline.logistic": "the +-1 codes and weights as one target array for the Newton passes",
     "daskkrr.pipeline.exact_pcg": "sqrt of the row weights rechunked to the kernel tiles",
     "daskkrr.models.classifier": "class labels: unique, and one-vs-all codes by map_blocks",
     "daskkrr.models.weights": "class weights per row by map_blocks; bincount of the class codes",
-    "daskkrr.models.online": "dask.compute of the column extremes of a dask input before the stream",
     "daskkrr.workflow.evaluate": "holdout and k-fold splits by map_blocks; the metrics' reductions",
-    "daskkrr.quickstart": "da.compute of the demo's RMSE",
 }
 
 

@@ -36,7 +36,6 @@ import warnings
 from numbers import Integral, Real
 from typing import Any, ClassVar
 
-import dask
 import numpy as np
 from sklearn.utils import Tags
 from sklearn.utils._param_validation import Interval
@@ -444,7 +443,7 @@ class _Source:
                              "batch was refused before any update: clean or impute the rows")
         Y = yd[:, None] if yd.ndim == 1 else yd
         if Xd.shape[0]:
-            x_absmax, y_absmax = dask.compute(abs(Xd).max(axis=0), abs(Y).max(axis=0))
+            x_absmax, y_absmax = executor.compute(abs(Xd).max(axis=0), abs(Y).max(axis=0))
             _check_stream_magnitudes(x_absmax, y_absmax, Xd.dtype)
         return cls(Xd, Y, int(Xd.shape[0]), int(Xd.shape[1]), int(Y.shape[1]), yd.ndim == 1, executor)
 
