@@ -64,7 +64,6 @@ DASK_EXCEPTIONS: dict[str, str] = {
     "daskkrr.pipeline.exact_pcg": "sqrt of the row weights rechunked to the kernel tiles",
     "daskkrr.models.classifier": "class labels: unique, and one-vs-all codes by map_blocks",
     "daskkrr.models.weights": "class weights per row by map_blocks; bincount of the class codes",
-    "daskkrr.workflow.evaluate": "holdout and k-fold splits by map_blocks; the metrics' reductions",
 }
 
 
