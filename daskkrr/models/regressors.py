@@ -353,7 +353,7 @@ class _NystromPenaltyPath:
         which T^{-1} amplifies. In float64 the factor carries the round-off jitter only, so the path's
         inner matrix is C + lambda I for every penalty.
         """
-        model = clone(self).set_params(penalty=float(penalties[0]), dtype="float64")  # type: ignore[arg-type]
+        model = clone(self).set_params(penalty=float(penalties[0]), dtype="float64")
         *shared, _ = nystrom_stages("direct")
         return model, (*shared, Stage("solve", functools.partial(direct_solve, penalties=penalties))), {}
 
