@@ -941,9 +941,9 @@ def _interruption(exc: BaseException) -> KeyboardInterrupt | None:
 def cli_message(message: str) -> str:
     """An error message of the library in the command line's words: ``pass overwrite=True`` ->
     ``pass --overwrite``, ``n_centers=5000`` -> ``--n-centers=5000``, ``force=True`` -> the variable."""
-    from daskkrr.guards import FORCE_ENV
     from daskkrr.models.registry import ESTIMATORS
     from daskkrr.models.schema import union_specs
+    from daskkrr.parallel.guards import FORCE_ENV
 
     message = message.replace(f"pass force=True (or set {FORCE_ENV}=1)", f"set {FORCE_ENV}=1")
     # "pass resume=True (daskkrr fit --resume)" -> "pass --resume"

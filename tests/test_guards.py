@@ -8,12 +8,12 @@ import time
 import numpy as np
 import pytest
 
-import daskkrr.guards as guards
+import daskkrr.parallel.guards as guards
 from daskkrr import ExactKernelRidge, FalkonRegressor
 from daskkrr.data import write_zarr
 from daskkrr.events import PassStarted, subscribe
-from daskkrr.guards import FORCE_ENV, ResourceGuardError, quadratic_cost
 from daskkrr.parallel import Executor
+from daskkrr.parallel.guards import FORCE_ENV, ResourceGuardError, quadratic_cost
 from daskkrr.sampling.exact import ExactRLSSampler
 
 

@@ -15,9 +15,8 @@ import logging
 import math
 import re
 from numbers import Integral, Real
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-import dask.array as da
 import numpy as np
 from sklearn.base import BaseEstimator
 from sklearn.utils import Tags
@@ -35,6 +34,9 @@ from daskkrr.data.inputs import is_in_memory, load_features
 from daskkrr.kernels import Kernel, kernel_key, make_kernel
 from daskkrr.kernels.engine import engine_for
 from daskkrr.solvers.variance import posterior_from_model, predict_with_std
+
+if TYPE_CHECKING:  # annotations only: the estimators build no dask graph here
+    import dask.array as da
 
 logger = logging.getLogger("daskkrr")
 

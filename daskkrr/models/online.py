@@ -1,6 +1,6 @@
 """Online and sliding-window kernel ridge regression (Ray and Musco): ``partial_fit`` on a stream.
 
-The sampling is :mod:`daskkrr.sampling.online_rls`, the regression and its
+The sampling is :mod:`daskkrr.solvers.online_rls`, the regression and its
 statistics :mod:`daskkrr.solvers.online`; this module is the estimator: input
 checks (all before any update, so a refused batch leaves the model as it was),
 batching, reading only the new rows of a growing Zarr store, and the fitted
@@ -36,7 +36,6 @@ import warnings
 from numbers import Integral, Real
 from typing import Any, ClassVar
 
-import dask
 import numpy as np
 from sklearn.utils import Tags
 from sklearn.utils._param_validation import Interval
@@ -444,7 +443,7 @@ class _Source:
                              "batch was refused before any update: clean or impute the rows")
         Y = yd[:, None] if yd.ndim == 1 else yd
         if Xd.shape[0]:
-            x_absmax, y_absmax = dask.compute(abs(Xd).max(axis=0), abs(Y).max(axis=0))
+            x_absmax, y_absmax = executor.compute(abs(Xd).max(axis=0), abs(Y).max(axis=0))
             _check_stream_magnitudes(x_absmax, y_absmax, Xd.dtype)
         return cls(Xd, Y, int(Xd.shape[0]), int(Xd.shape[1]), int(Y.shape[1]), yd.ndim == 1, executor)
 

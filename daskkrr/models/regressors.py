@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import textwrap
 from collections.abc import Sequence
 from numbers import Integral, Real
 from typing import Any, ClassVar
 
 import numpy as np
-from sklearn.base import RegressorMixin
+from sklearn.base import RegressorMixin, clone
 from sklearn.utils import Tags
 from sklearn.utils._param_validation import Interval, StrOptions
 
@@ -21,7 +22,7 @@ from daskkrr.models.weights import check_sample_weight, refuse_weighted_std
 from daskkrr.parallel import Executor
 from daskkrr.pipeline import run_fit
 from daskkrr.pipeline.exact_pcg import check_preconditioner, choose_solver, exact_krr_stages
-from daskkrr.pipeline.stages import training_shape
+from daskkrr.pipeline.stages import Stage, direct_solve, exact_solve, exact_stages, nystrom_stages, training_shape
 from daskkrr.solvers.variance import noise_variance
 
 #: numpydoc entry of every estimator parameter; each class lists those it takes (and
@@ -326,7 +327,38 @@ class _RegressorMixin(RegressorMixin):
         return float(np.mean(r2))
 
 
-class FalkonRegressor(_RegressorMixin, NystromModelBase):
+#: What a penalty path fits: the clone to fit, its stages, and fitted attributes set besides the stages'.
+PathPlan = tuple[KernelModelBase, tuple[Stage, ...], dict[str, Any]]
+
+
+class _NystromPenaltyPath:
+    """The penalty path of a squared-loss Nystrom regressor (:mod:`daskkrr.pipeline.penalty_path` calls it).
+
+    The estimator says whether and how it is fitted along a path, so the pipeline needs no
+    list of estimator classes (it sits below :mod:`daskkrr.models`).
+    """
+
+    def _penalty_path_unsupported(self, n_rows: int | None = None, n_features: int | None = None) -> str | None:
+        """Why this estimator has no penalty path (None: it has); the centers must not depend on the penalty."""
+        sampler = self.get_params().get("sampler", "uniform")  # type: ignore[attr-defined]
+        if not (isinstance(sampler, str) and sampler == "uniform"):
+            return f"its centers depend on the penalty (sampler={sampler!r}); only 'uniform' ones do not"
+        return None
+
+    def _penalty_path_plan(self, penalties: np.ndarray) -> PathPlan:
+        """NystromRegressor's stages, the solve along ``penalties``, in float64 whatever the estimator's dtype.
+
+        A float32 fit factors with a jitter floor that keeps part of the penalty in a near-singular term
+        (each penalty would need its own factorisation), and a float32 Gram pass loses eps_32 ||K||^2,
+        which T^{-1} amplifies. In float64 the factor carries the round-off jitter only, so the path's
+        inner matrix is C + lambda I for every penalty.
+        """
+        model = clone(self).set_params(penalty=float(penalties[0]), dtype="float64")
+        *shared, _ = nystrom_stages("direct")
+        return model, (*shared, Stage("solve", functools.partial(direct_solve, penalties=penalties))), {}
+
+
+class FalkonRegressor(_NystromPenaltyPath, _RegressorMixin, NystromModelBase):
     __doc__ = f"""Nystrom kernel ridge regression solved by FALKON's preconditioned CG.
 
     Each CG iteration is one pass over the row blocks of the data, computed on the
@@ -429,7 +461,7 @@ class FalkonRegressor(_RegressorMixin, NystromModelBase):
     fit.__doc__ = (fit.__doc__ or "").replace("{SAMPLE_WEIGHT_DOC}", SAMPLE_WEIGHT_DOC)
 
 
-class NystromRegressor(_RegressorMixin, NystromModelBase):
+class NystromRegressor(_NystromPenaltyPath, _RegressorMixin, NystromModelBase):
     __doc__ = f"""Nystrom kernel ridge regression solved directly.
 
     One pass over the data accumulates ``K_MN K_NM`` and ``K_MN y`` (a tree sum of
@@ -502,7 +534,7 @@ class ExactKernelRidge(_RegressorMixin, KernelModelBase):
       matrix. It refuses ``n > max_samples``, and, before any pass over the data,
       an ``n`` whose three ``n x n`` matrices would not fit in this machine's or
       the workers' memory (the message gives the estimate; ``DASKKRR_FORCE_EXACT=1``
-      runs it anyway, see :mod:`daskkrr.guards`).
+      runs it anyway, see :mod:`daskkrr.parallel.guards`).
     - "pcg" solves the same system on the Dask workers by CG preconditioned with
       random features (Avron, Clarkson and Woodruff, "Faster kernel ridge
       regression using sketching and preconditioning"): one product with the
@@ -627,6 +659,26 @@ class ExactKernelRidge(_RegressorMixin, KernelModelBase):
                 raise ParameterError(
                     f"srht_features must be smaller than n_features={self.n_features}; got {self.srht_features}",
                     parameter="srht_features")
+
+    def _penalty_path_unsupported(self, n_rows: int | None = None, n_features: int | None = None) -> str | None:
+        """Why this estimator has no penalty path (None: it has): the path is the direct solve's.
+
+        Refused with ``solver="pcg"``, and with ``solver="auto"`` where ``n_rows`` (when given)
+        would take PCG (:func:`~daskkrr.pipeline.exact_pcg.choose_solver`).
+        """
+        if self.solver == "pcg":
+            return "solver='pcg' solves one penalty at a time; the path is the direct solve's"
+        if self.solver == "auto" and n_rows is not None and choose_solver(self, int(n_rows),
+                                                                          int(n_features or 1)) != "direct":
+            return f"solver='auto' takes PCG for {n_rows} rows; the path is the direct solve's"
+        return None
+
+    def _penalty_path_plan(self, penalties: np.ndarray) -> PathPlan:
+        """The direct solve's stages, solved along ``penalties`` (one eigendecomposition)."""
+        model = clone(self).set_params(penalty=float(penalties[0]), solver="direct")
+        statistics, _ = exact_stages()
+        return model, (statistics, Stage("solve", functools.partial(exact_solve, penalties=penalties))), {
+            "solver_": "direct"}
 
     def fit(self, X: Any, y: Any = None, sample_weight: Any = None, *, checkpoint: Any = None,
             checkpoint_every: int = 5, resume: bool = False) -> ExactKernelRidge:

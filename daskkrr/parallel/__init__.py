@@ -8,6 +8,7 @@
 - :mod:`~daskkrr.parallel.preconditioner_cost`: the expected time to the tolerance of each size of the
   preconditioner's row sketch (``preconditioner_rows="auto"``);
 - :mod:`~daskkrr.parallel.resources`: slots, cores, memory and thread budgets;
+- :mod:`~daskkrr.parallel.guards`: the memory and time checks of the n^2 methods, from those resources;
 - :mod:`~daskkrr.parallel.client`: clusters started or joined by the CLI and workflows;
 - :mod:`~daskkrr.parallel.tasks`: independent whole-function tasks (one model fit each), as a search runs.
 """

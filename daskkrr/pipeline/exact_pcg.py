@@ -40,9 +40,9 @@ import dask.array as da
 import numpy as np
 
 from daskkrr import events as ev
-from daskkrr.guards import SLOW_SECONDS
 from daskkrr.kernels.random_features import NystromFeatures, has_random_features, random_features
 from daskkrr.parallel import Executor
+from daskkrr.parallel.guards import SLOW_SECONDS
 from daskkrr.parallel.tiles import (
     BlockOps,
     FeatureBlocks,

@@ -21,43 +21,29 @@ about 20 times one factorisation (3x a whole direct fit at n = 2000, 6x at n = 5
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from sklearn.base import clone
 
 from daskkrr.pipeline.run import run_fit
-from daskkrr.pipeline.stages import Stage, direct_solve, exact_solve, exact_stages, nystrom_stages
 
 
 def path_unsupported(estimator: Any, n_rows: int | None = None, n_features: int | None = None) -> str | None:
     """Why ``estimator`` cannot be fitted along a penalty path (None: it can).
 
-    For :class:`~daskkrr.models.ExactKernelRidge` the path is its direct solve: refused
-    with ``solver="pcg"``, and with ``solver="auto"`` where ``n_rows`` (when given) would
-    take PCG (:func:`~daskkrr.pipeline.exact_pcg.choose_solver`).
+    The estimator answers through its ``_penalty_path_unsupported(n_rows, n_features)``
+    (squared-loss regressors define it; :class:`~daskkrr.models.ExactKernelRidge` refuses
+    ``solver="pcg"``, and ``solver="auto"`` where ``n_rows``, when given, would take PCG);
+    an estimator without it is not a squared-loss kernel ridge regressor.
     """
-    from daskkrr.models.regressors import ExactKernelRidge, FalkonRegressor, NystromRegressor
-
     if getattr(estimator, "compute_std", False):
         return "compute_std=True keeps a posterior for one penalty"
-    if isinstance(estimator, ExactKernelRidge):
-        if estimator.solver == "pcg":
-            return "solver='pcg' solves one penalty at a time; the path is the direct solve's"
-        if estimator.solver == "auto" and n_rows is not None:
-            from daskkrr.pipeline.exact_pcg import choose_solver
-
-            if choose_solver(estimator, int(n_rows), int(n_features or 1)) != "direct":
-                return f"solver='auto' takes PCG for {n_rows} rows; the path is the direct solve's"
-        return None
-    if not isinstance(estimator, (FalkonRegressor, NystromRegressor)):
+    unsupported = getattr(estimator, "_penalty_path_unsupported", None)
+    if unsupported is None:
         return f"{type(estimator).__name__} is not a squared-loss kernel ridge regressor"
-    sampler = estimator.get_params().get("sampler", "uniform")
-    if not (isinstance(sampler, str) and sampler == "uniform"):
-        return f"its centers depend on the penalty (sampler={sampler!r}); only 'uniform' ones do not"
-    return None
+    why: str | None = unsupported(n_rows, n_features)
+    return why
 
 
 def fit_penalty_path(estimator: Any, X: Any, y: Any, penalties: Sequence[float] | np.ndarray) -> Any:
@@ -66,7 +52,8 @@ def fit_penalty_path(estimator: Any, X: Any, y: Any, penalties: Sequence[float] 
     Its ``coef_`` is ``(M, P)`` and its ``intercept_`` ``(P,)``, so ``predict`` returns one
     column per penalty. ``y`` must be one target. The path is computed in float64 (the clone's
     ``dtype``), whatever ``estimator``'s. Raises ValueError where
-    :func:`path_unsupported` says why not.
+    :func:`path_unsupported` says why not. The clone and its stages come from the
+    estimator's ``_penalty_path_plan(penalties)``.
     """
     why = path_unsupported(estimator)
     if why is not None:
@@ -75,24 +62,7 @@ def fit_penalty_path(estimator: Any, X: Any, y: Any, penalties: Sequence[float] 
     lams = np.asarray(penalties, dtype=np.float64).reshape(-1)
     if lams.size == 0 or not np.all(np.isfinite(lams)) or not np.all(lams > 0):
         raise ValueError(f"penalties must be a non-empty sequence of positive numbers; got {penalties!r}")
-    from daskkrr.models.regressors import ExactKernelRidge
-
-    if isinstance(estimator, ExactKernelRidge):
-        # its direct solve's stages, solved along the path
-        model = clone(estimator).set_params(penalty=float(lams[0]), solver="direct")
-        statistics, _ = exact_stages()
-        stages: tuple[Stage, ...] = (statistics, Stage("solve", functools.partial(exact_solve, penalties=lams)))
-        fitted: dict[str, Any] = {"solver_": "direct"}
-    else:
-        # NystromRegressor's stages, in float64 whatever the estimator's dtype: a float32 fit factors
-        # with a jitter floor that keeps part of the penalty in a near-singular term (each penalty
-        # would need its own factorisation), and a float32 Gram pass loses eps_32 ||K||^2, which
-        # T^{-1} amplifies. In float64 the factor carries the round-off jitter only, so the path's
-        # inner matrix is C + lambda I for every penalty.
-        model = clone(estimator).set_params(penalty=float(lams[0]), dtype="float64")
-        *shared, _ = nystrom_stages("direct")
-        stages = (*shared, Stage("solve", functools.partial(direct_solve, penalties=lams)))
-        fitted = {}
+    model, stages, fitted = estimator._penalty_path_plan(lams)
     model._validate_params()
     X, y = model._check_fit_input(X, y)
     if np.ndim(y) != 1:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import logging
 import time
 
-import dask.array as da
 import numpy as np
 
 from daskkrr.pipeline.context import FitContext
@@ -32,7 +31,7 @@ logger = logging.getLogger("daskkrr")
 
 def _targets_square_norms(ctx: FitContext) -> np.ndarray:
     """``||y_j||^2`` of the targets the solver saw (centred when they were)."""
-    (y_sq,) = ctx.executor.compute(da.sum(ctx.Y * ctx.Y, axis=0))
+    (y_sq,) = ctx.executor.compute((ctx.Y * ctx.Y).sum(axis=0))
     return np.asarray(y_sq, dtype=np.float64).reshape(-1)
 
 

@@ -32,7 +32,7 @@ from daskkrr.data.extremes import check_fit_magnitudes, times_power_of_two
 from daskkrr.data.feature_names import fitted_feature_names
 from daskkrr.data.inputs import is_in_memory, load_training_data, refuse_unknown_chunks
 from daskkrr.data.sample_weight import open_sample_weight
-from daskkrr.guards import check_quadratic, quadratic_cost
+from daskkrr.parallel.guards import check_quadratic, quadratic_cost
 from daskkrr.parallel.sketch_pass import WorkerRowSketch
 from daskkrr.parallel.strategies import make_operator, plan_sketch, plan_strategy, prepare_passes
 from daskkrr.parallel.weighted import make_weighted_operator, with_weights
@@ -383,7 +383,7 @@ EXACT_KRR_CUBIC_FLOPS = 1 / 3
 
 
 def check_exact_resources(params: Any, n: int, d: int, executor: Any = None) -> None:
-    """Refuse exact KRR above ``max_samples`` or beyond the memory (see :mod:`daskkrr.guards`)."""
+    """Refuse exact KRR above ``max_samples`` or beyond the memory (see :mod:`daskkrr.parallel.guards`)."""
     cost = quadratic_cost(type(params).__name__, n, d, matrices=EXACT_KRR_MATRICES, cubic=EXACT_KRR_CUBIC_FLOPS)
     check_quadratic(cost, alternative="use FalkonRegressor (Nystrom centers: memory O(n M), not O(n^2))",
                     executor=executor, max_rows=int(params.max_samples), max_rows_name="max_samples")

@@ -30,9 +30,9 @@ from typing import Any
 import dask.array as da
 import numpy as np
 
-from daskkrr.guards import QuadraticCost, check_quadratic, quadratic_cost
 from daskkrr.kernels import Kernel
 from daskkrr.parallel.executor import Executor
+from daskkrr.parallel.guards import QuadraticCost, check_quadratic, quadratic_cost
 from daskkrr.sampling.base import (
     CenterDictionary,
     CenterSampler,
@@ -189,7 +189,7 @@ class ExactRLSSampler(CenterSampler):
         The n x n kernel matrix is formed: larger n is refused.
     force : bool
         Run even when the memory estimate exceeds what this machine or the workers
-        have (also ``$DASKKRR_FORCE_EXACT=1``; see :mod:`daskkrr.guards`).
+        have (also ``$DASKKRR_FORCE_EXACT=1``; see :mod:`daskkrr.parallel.guards`).
 
     Notes
     -----
@@ -200,7 +200,7 @@ class ExactRLSSampler(CenterSampler):
     """
 
     name = "rls"
-    #: float64 n x n matrices held at once, and flops / n^3 (see :mod:`daskkrr.guards`).
+    #: float64 n x n matrices held at once, and flops / n^3 (see :mod:`daskkrr.parallel.guards`).
     MATRICES = 5
     CUBIC_FLOPS = 6.0
 
@@ -214,7 +214,7 @@ class ExactRLSSampler(CenterSampler):
     def check_resources(self, n: int, d: int, executor: Any = None) -> QuadraticCost:
         """Refuse ``n`` rows of ``d`` features before any work if the exact scores would not fit.
 
-        Raises ValueError above ``max_rows`` and :class:`~daskkrr.guards.ResourceGuardError`
+        Raises ValueError above ``max_rows`` and :class:`~daskkrr.parallel.guards.ResourceGuardError`
         when the memory estimate exceeds this machine's or the workers' (unless ``force``).
         """
         cost = quadratic_cost(type(self).__name__, n, d, matrices=self.MATRICES, cubic=self.CUBIC_FLOPS)

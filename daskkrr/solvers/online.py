@@ -49,7 +49,7 @@ import numpy as np
 import scipy.linalg as sla
 
 from daskkrr.kernels import Kernel
-from daskkrr.sampling.online_rls import (
+from daskkrr.solvers.online_rls import (
     extend_factor,
     online_rule,
     span_rule,

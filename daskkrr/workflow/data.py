@@ -16,9 +16,10 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import dask.array as da
+if TYPE_CHECKING:  # annotations only: the data layer builds the arrays
+    import dask.array as da
 
 logger = logging.getLogger("daskkrr.workflow")
 

@@ -14,9 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import daskkrr
+from daskkrr.data.splits import holdout_split, kfold
 from daskkrr.workflow import rundir as rd
 from daskkrr.workflow.data import load_data, load_sample_weight
-from daskkrr.workflow.evaluate import better, compute_metrics, holdout_split, kfold, summarize_folds
+from daskkrr.workflow.evaluate import better, compute_metrics, summarize_folds
 from daskkrr.workflow.spec import WorkflowError, model_variants, read_workflow, resolve
 
 logger = logging.getLogger("daskkrr.workflow")
