@@ -145,13 +145,20 @@ def register(cls: S) -> S:
     return cls
 
 
-def make_sampler(sampler: str | CenterSampler, **params: Any) -> CenterSampler:
-    """Return a sampler object from a registry name or pass one through."""
+def make_sampler(sampler: str | CenterSampler | np.ndarray, **params: Any) -> CenterSampler:
+    """Return a sampler object from a registry name or pass one through.
+
+    An array (the centers themselves) gives :class:`~daskkrr.sampling.fixed.FixedCenters`.
+    """
     if isinstance(sampler, CenterSampler):
         return sampler
+    if isinstance(sampler, np.ndarray):
+        from daskkrr.sampling.fixed import FixedCenters  # fixed.py imports this module
+
+        return FixedCenters(sampler)
     if not isinstance(sampler, str):
         raise TypeError(
-            f"sampler must be a name or a CenterSampler; got {type(sampler).__name__}"
+            f"sampler must be a name, a CenterSampler or an array of centers; got {type(sampler).__name__}"
         )
     key = sampler.lower()
     if key not in SAMPLERS:
