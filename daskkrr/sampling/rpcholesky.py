@@ -86,8 +86,7 @@ def accept_candidates(residual: np.ndarray, proposal: np.ndarray, uniforms: np.n
     Parameters
     ----------
     residual : ndarray of shape (c, c)
-        The candidates' residual kernel matrix given the pivots before this round
-        (overwritten: eliminated as pivots are accepted).
+        The candidates' residual kernel matrix given the pivots before this round (not modified).
     proposal : ndarray of shape (c,)
         The residual diagonal each candidate was drawn with.
     uniforms : ndarray of shape (c,)
@@ -97,18 +96,22 @@ def accept_candidates(residual: np.ndarray, proposal: np.ndarray, uniforms: np.n
     floor : float
         Residuals at or below it count as zero (never accepted).
     """
+    # Left-looking: F holds the eliminated pivots' columns, so a rejected candidate costs one dot product
+    # (its residual H_jj - |F_j|^2) and an accepted one a matrix-vector product, not a c x c update.
     H = residual
+    F = np.zeros((H.shape[0], min(budget, H.shape[0])))
     accepted: list[int] = []
     for j in range(H.shape[0]):
-        r = H[j, j]
+        k = len(accepted)
+        r = H[j, j] - F[j, :k] @ F[j, :k]
         if r <= floor or uniforms[j] * proposal[j] >= r:
             continue
         accepted.append(j)
-        if len(accepted) == budget:
+        if k + 1 == budget:
             break
-        # eliminate pivot j from the candidates after it (the earlier ones are decided)
-        h = H[j + 1:, j] / math.sqrt(r)
-        H[j + 1:, j + 1:] -= np.outer(h, h)
+        root = math.sqrt(r)
+        F[j, k] = root
+        F[j + 1:, k] = (H[j + 1:, j] - F[j + 1:, :k] @ F[j, :k]) / root
     return np.asarray(accepted, dtype=np.int64)
 
 
@@ -242,7 +245,7 @@ class RPCholeskySampler(CenterSampler):
         Z = np.asarray(passes.gather_rows(unique), dtype=np.float64)[where]
         W = pivots.project(kernel, Z)
         schur = np.asarray(kernel(Z, Z), dtype=np.float64) - W.T @ W
-        chosen = accept_candidates(schur.copy(), d[cand], uniforms, needed, floor)
+        chosen = accept_candidates(schur, d[cand], uniforms, needed, floor)
         if chosen.size:
             pivots.extend(cand[chosen], Z[chosen], W[:, chosen], schur[np.ix_(chosen, chosen)])
         return int(chosen.size)
