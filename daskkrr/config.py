@@ -93,6 +93,11 @@ def _convert_online_penalty(model: dict[str, Any], where: str) -> dict[str, Any]
     return model
 
 
+#: A config file names a sampler; an array of centers cannot be written in TOML.
+CENTERS_HINT = (". Centers of your own (an array, e.g. from a .npy file) can be passed from Python only: "
+                "FalkonRegressor(sampler=np.load('centers.npy'))")
+
+
 def check_model_config(model: dict[str, Any], where: str = "config", from_file: bool = False) -> dict[str, Any]:
     """Check keys, types and values of a model config dict against the chosen estimator.
 
@@ -117,7 +122,8 @@ def check_model_config(model: dict[str, Any], where: str = "config", from_file: 
         try:
             params[key] = specs[key].convert(value)
         except ValueError as exc:
-            raise ConfigError(f"{where}: {exc}") from None
+            hint = CENTERS_HINT if key == "sampler" else ""
+            raise ConfigError(f"{where}: {exc}{hint}") from None
     try:  # values (n_centers >= 1, kernel names, ...) by the estimator's checks, before any work
         ESTIMATORS[name](**params)._validate_params()
     except (TypeError, ValueError) as exc:

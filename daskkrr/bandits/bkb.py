@@ -73,6 +73,23 @@ def confidence_width(
             + (1.0 + 1.0 / math.sqrt(1.0 - epsilon)) * math.sqrt(penalty) * norm_bound)
 
 
+#: The value of a parameter estimated online.
+AUTO = "auto"
+#: What "auto" means before any reward, and for penalty/norm_bound in the paper's setting (its defaults).
+PAPER_DEFAULT = 1.0
+#: The estimated noise variance is kept at least this fraction of the rewards' variance (so lambda >= 1e-6).
+MIN_NOISE_RATIO = 1e-6
+
+
+def _auto_or_real(name: str, value: Any, **bounds: Any) -> float | str:
+    """``"auto"`` or a real number checked by :func:`_check_real`."""
+    if isinstance(value, str):
+        if value != AUTO:
+            raise ValueError(f"{name} must be a finite real number or {AUTO!r}; got {value!r}")
+        return value
+    return _check_real(name, value, **bounds)
+
+
 def _check_real(name: str, value: Any, *, low: float, high: float = math.inf, closed_low: bool = False,
                 closed_high: bool = False) -> float:
     if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(float(value)):
@@ -148,18 +165,25 @@ class BKB:
     sigma : float, array-like of shape (d,) or None, default=1.0
         Length scale of a stationary kernel; a vector gives one per feature (ARD).
         None for kernels without one (``linear``, ``polynomial``).
-    penalty : float, default=1.0
+    penalty : float or "auto", default="auto"
         ``lambda``: the regularisation, i.e. the noise variance relative to the prior.
+        "auto": ``noise_bound_^2 / s^2`` with the estimates below when
+        ``noise_bound="auto"``, else 1.0 (the paper's setting).
     qbar : float, default=4.0
         Oversampling of the dictionary: larger keeps more arms (more accurate and
         slower). The paper's guarantee needs ``qbar >= 6 alpha log(4 T / delta) / eps^2``;
         a few units work in practice.
     delta : float, default=0.5
         Confidence: the bounds hold with probability ``1 - delta``.
-    noise_bound : float, default=1.0
-        ``xi``, the sub-Gaussian bound of the reward noise.
-    norm_bound : float, default=1.0
-        ``F``, a bound on the RKHS norm of the reward function.
+    noise_bound : float or "auto", default="auto"
+        ``xi``, the sub-Gaussian bound of the reward noise. "auto" estimates it and
+        the rewards' scale online (empirical Bayes, see Notes); a number gives the
+        paper's width with that bound (``noise_bound=1.0, penalty=1.0, norm_bound=1.0``
+        is the paper's default).
+    norm_bound : float or "auto", default="auto"
+        ``F``, a bound on the RKHS norm of the reward function. "auto": the
+        estimated reward amplitude ``s`` when ``noise_bound="auto"`` (a function drawn
+        from the prior ``GP(0, s^2 k)`` has RKHS-norm scale ``s``), else 1.0.
     epsilon : float, default=0.5
         ``eps`` in [0, 1), the accuracy of the Nystrom approximation that ``beta~``
         allows for (``alpha = (1 + eps) / (1 - eps)``); 0 gives exact GP-UCB's width.
@@ -170,10 +194,29 @@ class BKB:
     random_state : int, numpy Generator or None, default=None
         Seeds the dictionary draws and the breaking of ties between arms.
 
+    Notes
+    -----
+    With ``noise_bound="auto"`` the rewards are centred by their running mean (the
+    prior mean), and after each update: ``s^2`` is the variance of the rewards seen so far;
+    the noise variance is ``RSS / (t - d_eff)``, the residual sum of squares of the
+    current posterior mean over its residual degrees of freedom (``d_eff`` the trace
+    of its hat matrix: the estimate of a linear smoother, as ``compute_std`` uses), or
+    ``s^2`` while ``t - d_eff < 1`` (all variation taken as noise: the widest
+    width); it is kept in ``[1e-6 s^2, s^2]``. ``xi``, ``lambda = xi^2 / s^2`` and
+    ``F = s`` then enter Theorem 1's ``beta~_t`` unchanged, so the width is in
+    the rewards' units whatever their scale. A reward of scale 1 with noise 0.01
+    gets ``xi`` near 0.01, where the fixed ``xi = 1`` made BKB explore like
+    random search.
+
     Attributes
     ----------
     t_ : int
         Rewards told so far.
+    penalty_, noise_bound_, norm_bound_ : float
+        The ``lambda``, ``xi`` and ``F`` in use (estimated with "auto").
+    reward_offset_ : float
+        The prior mean subtracted from the rewards (their running mean with
+        ``noise_bound="auto"``, else 0).
     dictionary_ : ndarray of int
         Arm indices in the current dictionary ``S_t``.
     dictionary_size_ : list of int
@@ -204,21 +247,27 @@ class BKB:
         *,
         kernel: str | Kernel = "gaussian",
         sigma: Any = 1.0,
-        penalty: float = 1.0,
+        penalty: float | str = AUTO,
         qbar: float = 4.0,
         delta: float = 0.5,
-        noise_bound: float = 1.0,
-        norm_bound: float = 1.0,
+        noise_bound: float | str = AUTO,
+        norm_bound: float | str = AUTO,
         epsilon: float = 0.5,
         beta_scale: float = 1.0,
         random_state: Any = None,
     ):
         self.arms = check_arms(arms)
-        self.penalty = _check_real("penalty", penalty, low=0.0)
+        self.penalty = _auto_or_real("penalty", penalty, low=0.0)
         self.qbar = _check_real("qbar", qbar, low=0.0)
         self.delta = _check_real("delta", delta, low=0.0, high=1.0)
-        self.noise_bound = _check_real("noise_bound", noise_bound, low=0.0, closed_low=True)
-        self.norm_bound = _check_real("norm_bound", norm_bound, low=0.0, closed_low=True)
+        self.noise_bound = _auto_or_real("noise_bound", noise_bound, low=0.0, closed_low=True)
+        self.norm_bound = _auto_or_real("norm_bound", norm_bound, low=0.0, closed_low=True)
+        self._estimate = self.noise_bound == AUTO
+        # Before any reward (and in the paper's setting): the fixed values, the paper's defaults for "auto".
+        self.penalty_ = PAPER_DEFAULT if self.penalty == AUTO else float(self.penalty)
+        self.noise_bound_ = PAPER_DEFAULT if self.noise_bound == AUTO else float(self.noise_bound)
+        self.norm_bound_ = PAPER_DEFAULT if self.norm_bound == AUTO else float(self.norm_bound)
+        self.reward_offset_ = 0.0
         self.epsilon = _check_real("epsilon", epsilon, low=0.0, high=1.0, closed_low=True)
         self.beta_scale = _check_real("beta_scale", beta_scale, low=0.0)
         self.kernel, self._scale = scaled_kernel(kernel, sigma, self.arms.shape[1])
@@ -229,6 +278,7 @@ class BKB:
         self.kappa2_ = float(self.kernel_diag_.max())
         self.counts_ = np.zeros(n, dtype=np.int64)
         self.reward_sums_ = np.zeros(n)
+        self._reward_squares = np.zeros(n)  # per arm: the sum of its squared rewards (for the noise estimate)
         self.t_ = 0
         self.dictionary_ = np.zeros(0, dtype=np.int64)
         self.dictionary_size_: list[int] = []
@@ -296,6 +346,7 @@ class BKB:
         self.kappa2_ = float(self.kernel_diag_.max())
         self.counts_ = np.concatenate([self.counts_, np.zeros(n_new, dtype=np.int64)])
         self.reward_sums_ = np.concatenate([self.reward_sums_, np.zeros(n_new)])
+        self._reward_squares = np.concatenate([self._reward_squares, np.zeros(n_new)])
         self._excluded = np.concatenate([self._excluded, np.zeros(n_new, dtype=bool)])
         with blas_threads(1):  # small matrices: see _update
             self._refresh_posterior()
@@ -350,6 +401,7 @@ class BKB:
         for i, r in zip(indices, rewards, strict=True):
             self.counts_[i] += 1
             self.reward_sums_[i] += r
+            self._reward_squares[i] += r * r
         self.t_ += len(indices)
 
     def _update(self, ratio: float = 1.0) -> None:
@@ -358,6 +410,8 @@ class BKB:
         # than they save (25x slower per step on a loaded 2-core machine).
         with blas_threads(1):
             self._resample_dictionary(self.variance_)
+            if self._estimate:
+                self._estimate_scales()
             self._refresh_posterior()
             self._update_beta(ratio)
 
@@ -374,16 +428,42 @@ class BKB:
         self.dictionary_ = kept
         self.dictionary_size_.append(int(kept.size))
 
+    def _estimate_scales(self) -> None:
+        """``s^2``, ``xi`` and the running mean from the rewards so far, the noise from the residuals of
+        the current posterior mean (see the class Notes); then ``lambda`` and ``F`` where they are "auto"."""
+        if self.t_ == 0:  # a first batch whose evaluations all failed: nothing to estimate from
+            return
+        t = float(self.t_)
+        pulled = np.flatnonzero(self.counts_)
+        c, sums, squares = self.counts_[pulled], self.reward_sums_[pulled], self._reward_squares[pulled]
+        offset = float(sums.sum()) / t
+        signal = max(float(squares.sum()) / t - offset**2, 0.0)
+        # residuals of the posterior mean (fitted before these rewards' update) to every reward told
+        mean = self.mean_[pulled]
+        rss = max(float(np.sum(squares - 2.0 * mean * sums + c * mean**2)), 0.0)
+        # d_eff = tr(hat) = sum over pulls of z^T G^{-1} z, the projected part of the unit-noise variance
+        dof = float(c @ self.posterior_.projected_variance[pulled])
+        noise = rss / (t - dof) if t - dof >= 1.0 else signal
+        noise = min(max(noise, MIN_NOISE_RATIO * signal), signal)
+        self.reward_offset_ = offset
+        self.noise_bound_ = math.sqrt(noise)
+        if signal > 0.0:  # all rewards equal so far: keep the previous scales
+            if self.penalty == AUTO:
+                self.penalty_ = noise / signal
+            if self.norm_bound == AUTO:
+                self.norm_bound_ = math.sqrt(signal)
+
     def _refresh_posterior(self) -> None:
         Z = nystrom_embedding(self.kernel, self._points, self.dictionary_)
-        self.posterior_ = NystromPosterior(Z, self.kernel_diag_, self.counts_, self.reward_sums_, self.penalty)
-        self.mean_ = self.posterior_.mean
+        centred = self.reward_sums_ - self.reward_offset_ * self.counts_
+        self.posterior_ = NystromPosterior(Z, self.kernel_diag_, self.counts_, centred, self.penalty_)
+        self.mean_ = self.posterior_.mean + self.reward_offset_
         self.variance_ = self.posterior_.variance
 
     def _update_beta(self, ratio: float = 1.0) -> None:
         self._beta_ratio = ratio  # add_arms recomputes beta~ with the same widening
         self.beta_ = self.beta_scale * confidence_width(
             variance_sum=float(self.variance_ @ self.counts_), t=self.t_, kappa2=self.kappa2_,
-            penalty=self.penalty, noise_bound=self.noise_bound, norm_bound=self.norm_bound,
+            penalty=self.penalty_, noise_bound=self.noise_bound_, norm_bound=self.norm_bound_,
             delta=self.delta, epsilon=self.epsilon, ratio=ratio,
         )

@@ -85,7 +85,9 @@ class NystromPosterior:
         self.mean = Z @ self.weights
         # Part of k(x, x) outside the dictionary's span: round-off can make it slightly negative.
         self.residual = np.maximum(kernel_diag - np.einsum("ij,ij->i", Z, Z), 0.0)
-        self.variance = self.residual / self.penalty + self._projected_variance(Z)
+        #: ``z^T G^{-1} z`` per arm: summed over the pulls it is the trace of the hat matrix (d_eff).
+        self.projected_variance = self._projected_variance(Z)
+        self.variance = self.residual / self.penalty + self.projected_variance
 
     def _projected_variance(self, Z: np.ndarray) -> np.ndarray:
         if Z.shape[1] == 0:

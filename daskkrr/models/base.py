@@ -32,7 +32,7 @@ class NystromModelBase(KernelModelBase):
     _parameter_constraints: ClassVar[dict[str, Any]] = {
         **KernelModelBase._parameter_constraints,
         "n_centers": [positive(Integral)],
-        "sampler": [StrOptions(set(SAMPLERS)), CenterSampler],
+        "sampler": [StrOptions(set(SAMPLERS)), CenterSampler, np.ndarray],
         "dtype": [StrOptions({"float32", "float64"})],
         "random_state": [Interval(Integral, 0, None, closed="left"), np.random.Generator,
                          np.random.RandomState, None],

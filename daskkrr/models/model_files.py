@@ -22,6 +22,7 @@ from sklearn.utils._param_validation import InvalidParameterError
 
 import daskkrr
 from daskkrr.models.persistence import ARRAYS_FILE, FORMAT_NAME, FORMAT_VERSION, METADATA_FILE, ModelFileError
+from daskkrr.utils.jsonable import SAMPLER_CENTERS_ARRAY
 from daskkrr.utils.safe_files import contained_file, read_json_object, read_npz
 
 #: Top-level fields of ``daskkrr-model.json``; any other is refused (format version 1 has exactly these).
@@ -143,6 +144,12 @@ class ModelFile:
         for key, value in (defaults or {}).items():
             if key in accepted:
                 params.setdefault(key, value)
+        sampler = params.get("sampler")
+        if isinstance(sampler, dict):  # centers of the user's own, kept in the arrays
+            if sampler != {"array": SAMPLER_CENTERS_ARRAY}:
+                raise self.meta_error("params.sampler", f"is {sampler!r}; a dict there can only be "
+                                      f"{{'array': {SAMPLER_CENTERS_ARRAY!r}}}")
+            params["sampler"] = self.array(SAMPLER_CENTERS_ARRAY)
         model = cls(**params)
         try:
             model._validate_params()

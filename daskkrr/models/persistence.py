@@ -24,7 +24,7 @@ import numpy as np
 
 import daskkrr
 from daskkrr.utils.atomic import atomic_directory
-from daskkrr.utils.jsonable import dumps_strict, jsonable_params
+from daskkrr.utils.jsonable import SAMPLER_CENTERS_ARRAY, dumps_strict, jsonable_params
 from daskkrr.utils.safe_files import FileFieldError
 
 FORMAT_NAME = "daskkrr-model"
@@ -56,6 +56,12 @@ class ModelFileError(ModelFormatError, FileFieldError):
     fix = "the file is damaged or was edited: save the model again from a fitted estimator"
 
 
+def parameter_arrays(model: Any) -> dict[str, np.ndarray]:
+    """Parameters that are arrays (centers passed as ``sampler=``), by their name in the file's arrays."""
+    sampler = model.get_params(deep=False).get("sampler")
+    return {SAMPLER_CENTERS_ARRAY: np.asarray(sampler)} if isinstance(sampler, np.ndarray) else {}
+
+
 def save_model(model: Any, path: str | os.PathLike, *, overwrite: bool = False) -> Path:
     """Write a fitted estimator to the directory ``path``; return the path."""
     model._check_fitted()
@@ -75,6 +81,7 @@ def save_model(model: Any, path: str | os.PathLike, *, overwrite: bool = False) 
     # Any: numpy's savez stub lets a str-keyed dict collide with its allow_pickle flag.
     arrays: dict[str, Any] = {k.rstrip("_"): np.asarray(getattr(model, k)) for k in (*_ARRAYS, *_OPTIONAL_ARRAYS)
               if hasattr(model, k)}
+    arrays.update(parameter_arrays(model))
     if hasattr(model, "class_weight_"):  # classifiers: the weight of each class in the fit
         arrays["class_weight"] = np.asarray(model.class_weight_, dtype=np.float64)
     posterior = getattr(model, "posterior_", None)

@@ -43,8 +43,10 @@ PARAM_DOCS = {
     ``KernelRidge(alpha=penalty * n)``.""",
     "n_centers": """n_centers : int, default=1000
     Number of Nystrom centers M (cost per pass is O(n M d)).""",
-    "sampler": """sampler : str or CenterSampler, default="uniform"
-    How centers are chosen (see :mod:`daskkrr.sampling`). With ``fit``'s
+    "sampler": """sampler : str, CenterSampler or ndarray of shape (M, n_features), default="uniform"
+    How centers are chosen (see :mod:`daskkrr.sampling`): "uniform", "rpcholesky"
+    (randomly pivoted Cholesky), a leverage-score sampler, or the centers
+    themselves, in X's units (used as given; ``n_centers`` is then not used). With ``fit``'s
     ``sample_weight``, "uniform" draws rows in proportion to their weights; the
     leverage-score samplers choose as if unweighted (the weighted problem is
     then solved exactly on their centers).""",

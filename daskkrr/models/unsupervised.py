@@ -99,7 +99,7 @@ _COMMON_CONSTRAINTS: dict[str, Any] = {
     "kernel": KernelModelBase._parameter_constraints["kernel"],
     "sigma": KernelModelBase._parameter_constraints["sigma"],
     "n_centers": [positive(Integral)],
-    "sampler": [StrOptions(set(SAMPLERS)), CenterSampler],
+    "sampler": [StrOptions(set(SAMPLERS)), CenterSampler, np.ndarray],
     "penalty": [positive(Real)],
     "kernel_params": [dict, None],
     "standardize": ["boolean"],

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 import daskkrr
-from daskkrr.models.persistence import ARRAYS_FILE, FORMAT_NAME, FORMAT_VERSION, METADATA_FILE
+from daskkrr.models.persistence import ARRAYS_FILE, FORMAT_NAME, FORMAT_VERSION, METADATA_FILE, parameter_arrays
 from daskkrr.utils.atomic import atomic_directory
 from daskkrr.utils.jsonable import dumps_strict, jsonable_params
 
@@ -43,6 +43,7 @@ def save_unsupervised(model: Any, path: str | os.PathLike, *, overwrite: bool = 
     if getattr(model, "feature_names_in_", None) is not None:
         meta["feature_names"] = [str(name) for name in model.feature_names_in_]
     arrays: dict[str, Any] = {k.rstrip("_"): np.asarray(getattr(model, k)) for k in model._saved_arrays}
+    arrays.update(parameter_arrays(model))
     with atomic_directory(path, overwrite=overwrite) as tmp:
         np.savez(tmp / ARRAYS_FILE, **arrays)
         (tmp / METADATA_FILE).write_text(dumps_strict(meta, indent=2, sort_keys=True))

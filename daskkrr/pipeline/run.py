@@ -25,6 +25,8 @@ def sampler_name(sampler: Any) -> str:
     """The registry name of a sampler parameter (a name or a sampler object)."""
     if isinstance(sampler, str):
         return sampler.lower()
+    if isinstance(sampler, np.ndarray):  # the user's centers (FixedCenters)
+        return "fixed"
     return str(getattr(sampler, "name", "") or type(sampler).__name__)
 
 

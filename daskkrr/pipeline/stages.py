@@ -38,7 +38,7 @@ from daskkrr.parallel.strategies import make_operator, plan_sketch, plan_strateg
 from daskkrr.parallel.weighted import make_weighted_operator, with_weights
 from daskkrr.pipeline.context import FitContext
 from daskkrr.pipeline.fingerprint import fit_fingerprint
-from daskkrr.sampling import make_sampler
+from daskkrr.sampling import FixedCenters, make_sampler
 from daskkrr.solvers import FalkonPreconditioner, falkon_solve
 from daskkrr.solvers.exact import exact_krr_path, exact_krr_solve
 from daskkrr.solvers.falkon import factor_precision, jitter_floor
@@ -151,6 +151,8 @@ def choose_centers(ctx: FitContext) -> None:
     else:
         t0 = time.perf_counter()
         sampler = make_sampler(p.sampler)
+        if isinstance(sampler, FixedCenters):  # the user's centers are in X's units: scale them as X
+            sampler = sampler.in_units_of(ctx.scaler)
         weighted = ctx.sample_weight is not None and "sample_weight" in inspect.signature(sampler.select).parameters
         dictionary = sampler.select(
             ctx.X, ctx.kernel, n_centers=ctx.n_centers, penalty=float(p.penalty),

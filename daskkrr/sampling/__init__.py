@@ -6,7 +6,11 @@ Registered names (``make_sampler(name, **params)``, ``FalkonRegressor(sampler=na
 - ``"rls"``: :class:`ExactRLSSampler`, exact ridge leverage scores (small n, the oracle; ``exact.py``);
 - ``"squeak"``: :class:`SqueakSampler`, one sequential pass (Calandriello et al.; ``squeak.py``);
 - ``"disqueak"``: :class:`DisqueakSampler`, leaves in parallel merged along a tree (``squeak.py``);
-- ``"bless"``: :class:`BlessSampler`, coarse-to-fine regularisations (Rudi et al. 2018; ``bless.py``).
+- ``"bless"``: :class:`BlessSampler`, coarse-to-fine regularisations (Rudi et al. 2018; ``bless.py``);
+- ``"rpcholesky"``: :class:`RPCholeskySampler`, randomly pivoted Cholesky (Chen et al. 2023; ``rpcholesky.py``).
+
+An array of shape (M, n_features) passed as ``sampler=`` is used as the centers
+(:class:`FixedCenters`, ``fixed.py``).
 
 Leverage-score samplers take ``gamma`` in kernel-matrix units; ``gamma=None`` means
 ``penalty * n`` (FALKON's lambda times the number of rows). Every sampler runs its
@@ -32,6 +36,8 @@ from daskkrr.sampling.exact import (
     selection_weights,
     spectral_error_bounds,
 )
+from daskkrr.sampling.fixed import FixedCenters
+from daskkrr.sampling.rpcholesky import RPCholeskySampler
 from daskkrr.sampling.squeak import DisqueakSampler, SqueakSampler
 from daskkrr.sampling.uniform import UniformSampler
 
@@ -42,6 +48,8 @@ __all__ = [
     "CenterSampler",
     "DisqueakSampler",
     "ExactRLSSampler",
+    "FixedCenters",
+    "RPCholeskySampler",
     "SqueakSampler",
     "UniformSampler",
     "effective_dimension",

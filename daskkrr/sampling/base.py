@@ -145,14 +145,17 @@ def register(cls: S) -> S:
     return cls
 
 
-def make_sampler(sampler: str | CenterSampler, **params: Any) -> CenterSampler:
+def make_sampler(sampler: str | CenterSampler | np.ndarray, **params: Any) -> CenterSampler:
     """Return a sampler object from a registry name or pass one through.
+
+    An array (the centers themselves) gives :class:`~daskkrr.sampling.fixed.FixedCenters`.
 
     Parameters
     ----------
-    sampler : str or CenterSampler
+    sampler : str, CenterSampler or ndarray of shape (n_centers, n_features)
         A name in :data:`SAMPLERS` (``"uniform"``, ``"rls"``, ``"squeak"``,
-        ``"disqueak"``, ``"bless"``) or a sampler object (returned as is).
+        ``"disqueak"``, ``"bless"``, ``"rpcholesky"``), a sampler object (returned
+        as is), or the centers themselves.
     **params
         Passed to the sampler's constructor.
 
@@ -163,9 +166,13 @@ def make_sampler(sampler: str | CenterSampler, **params: Any) -> CenterSampler:
     """
     if isinstance(sampler, CenterSampler):
         return sampler
+    if isinstance(sampler, np.ndarray):
+        from daskkrr.sampling.fixed import FixedCenters  # fixed.py imports this module
+
+        return FixedCenters(sampler)
     if not isinstance(sampler, str):
         raise TypeError(
-            f"sampler must be a name or a CenterSampler; got {type(sampler).__name__}"
+            f"sampler must be a name, a CenterSampler or an array of centers; got {type(sampler).__name__}"
         )
     key = sampler.lower()
     if key not in SAMPLERS:

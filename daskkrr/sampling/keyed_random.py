@@ -20,6 +20,7 @@ STREAM_BLESS_LEVEL = 3
 STREAM_THINNING = 4
 STREAM_EXACT_RLS = 5
 STREAM_PILOT = 6
+STREAM_RPCHOLESKY = 7
 
 
 def resolve_seed(random_state: int | np.integer | None) -> int:

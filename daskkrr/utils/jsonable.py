@@ -14,7 +14,10 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["dumps_strict", "jsonable", "jsonable_params"]
+__all__ = ["SAMPLER_CENTERS_ARRAY", "dumps_strict", "jsonable", "jsonable_params"]
+
+#: Name, in a model file's arrays, of the centers the user passed as ``sampler=``.
+SAMPLER_CENTERS_ARRAY = "sampler_centers"
 
 
 def jsonable(value: Any) -> Any:
@@ -59,14 +62,17 @@ def jsonable_params(estimator: Any) -> dict[str, Any]:
     """An estimator's ``get_params(deep=False)`` as JSON-ready values.
 
     The ``client`` is left out (it belongs to the session, not the model); a
-    sampler object is recorded by its name, a kernel object by its ``to_dict()``,
+    sampler object is recorded by its name, an array of centers as ``{"array": "sampler_centers"}``
+    (the model file's arrays hold it), a kernel object by its ``to_dict()``,
     and a ``random_state`` that is not an int or None (a Generator) as None.
     """
     params = {}
     for key, value in estimator.get_params(deep=False).items():
         if key == "client":
             continue
-        if key == "sampler" and not isinstance(value, str):
+        if key == "sampler" and isinstance(value, np.ndarray):  # the user's centers: in the arrays, named here
+            value = {"array": SAMPLER_CENTERS_ARRAY}
+        elif key == "sampler" and not isinstance(value, str):
             value = getattr(value, "name", None) or type(value).__name__
         if key == "kernel" and not isinstance(value, str):
             value = value.to_dict()

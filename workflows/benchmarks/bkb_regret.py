@@ -20,6 +20,8 @@ the first thousand steps; smaller constants are the usual practice.
   per step); the textbook step that refactors and re-solves for all arms
   (O(t^3 + t^2 A)) is timed separately at a few t (``exact_recompute_step_s``);
 - ``bkb``: :class:`daskkrr.bandits.BKB`, qbar = 2;
+- ``bkb-defaults``: :class:`daskkrr.bandits.BKB` with its defaults but ``sigma``: the noise
+  bound, penalty and norm bound estimated online (``"auto"``), the paper's eps = 0.5, qbar = 4;
 - ``batch-bkb-B``: :class:`daskkrr.bandits.BatchBKB` with a fixed batch of B arms;
 - ``batch-bkb-adaptive``: BatchBKB with BBKB's adaptive rule (C~ = 2).
 
@@ -164,6 +166,8 @@ def child(args) -> dict:
                 bandit = ExactGPUCB(arms, sigma, xi, F, rng)
             elif args.method == "bkb":
                 bandit = BKB(arms, random_state=rng, **params)
+            elif args.method == "bkb-defaults":  # only the kernel's length scale given: noise and scale estimated
+                bandit = BKB(arms, sigma=sigma, random_state=rng)
             else:
                 size = None if args.method.endswith("adaptive") else int(args.method.rsplit("-", 1)[1])
                 bandit = BatchBKB(arms, random_state=rng, batch_size=size, ratio_threshold=2.0,
@@ -237,7 +241,7 @@ def main(argv=None) -> list[dict]:
     ap.add_argument("--seeds", type=int, default=None, help="seeds per method (default 20, --quick 3)")
     ap.add_argument("--T", type=int, default=1000, help="steps")
     ap.add_argument("--problems", default="branin,hartmann6")
-    ap.add_argument("--methods", default="gp-ucb,bkb,batch-bkb-10,batch-bkb-adaptive")
+    ap.add_argument("--methods", default="gp-ucb,bkb,bkb-defaults,batch-bkb-10,batch-bkb-adaptive")
     ap.add_argument("--timeout", type=float, default=3600)
     ap.add_argument("--out", default=None)
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
