@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import dask.array as da
@@ -145,6 +146,11 @@ def register(cls: S) -> S:
     return cls
 
 
+#: The sampler an array of centers becomes (:class:`~daskkrr.sampling.fixed.FixedCenters`, which sets
+#: it on import: a registration like :func:`register`'s, so that this module need not import its subclass).
+ARRAY_SAMPLER: Callable[[np.ndarray], CenterSampler] | None = None
+
+
 def make_sampler(sampler: str | CenterSampler | np.ndarray, **params: Any) -> CenterSampler:
     """Return a sampler object from a registry name or pass one through.
 
@@ -167,9 +173,9 @@ def make_sampler(sampler: str | CenterSampler | np.ndarray, **params: Any) -> Ce
     if isinstance(sampler, CenterSampler):
         return sampler
     if isinstance(sampler, np.ndarray):
-        from daskkrr.sampling.fixed import FixedCenters  # fixed.py imports this module
-
-        return FixedCenters(sampler)
+        if ARRAY_SAMPLER is None:  # set when daskkrr.sampling (hence sampling.fixed) is imported
+            raise RuntimeError("import daskkrr.sampling before passing an array of centers")
+        return ARRAY_SAMPLER(sampler)
     if not isinstance(sampler, str):
         raise TypeError(
             f"sampler must be a name, a CenterSampler or an array of centers; got {type(sampler).__name__}"

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from daskkrr.kernels import Kernel
+from daskkrr.sampling import base as _base
 from daskkrr.sampling.base import CenterDictionary, CenterSampler
 
 if TYPE_CHECKING:
@@ -100,3 +101,6 @@ class FixedCenters(CenterSampler):
             centers=Z.astype(X.dtype), indices=np.full(Z.shape[0], NOT_A_ROW, dtype=np.int64),
             weights=np.ones(Z.shape[0]), info={"sampler": self.name, "unique": int(np.unique(Z, axis=0).shape[0])},
         )
+
+
+_base.ARRAY_SAMPLER = FixedCenters  # make_sampler(array) -> FixedCenters(array)
