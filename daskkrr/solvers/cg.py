@@ -318,13 +318,12 @@ class _CG:
         self.active = state.active & (self.history[-1] > self.tol)
         self.stagnated = bool(state.stagnated)
         if stagnation_checks is not None:
-            best_x = ops.from_numpy(state.best_x)
             # A state saved before the divergence guard existed starts it here.
-            low = state.low_x is not None and state.low_rel is not None
-            self.guards = _Guards(stagnation_checks, best_x, state.best_phi.copy(), state.best_rel.copy(),
-                                  ops.from_numpy(state.low_x) if low else self.X,
-                                  state.low_rel.copy() if low else self.history[-1].copy(),
-                                  state.checks_without_progress)
+            low_x, low_rel = self.X, self.history[-1].copy()
+            if state.low_x is not None and state.low_rel is not None:
+                low_x, low_rel = ops.from_numpy(state.low_x), state.low_rel.copy()
+            self.guards = _Guards(stagnation_checks, ops.from_numpy(state.best_x), state.best_phi.copy(),
+                                  state.best_rel.copy(), low_x, low_rel, state.checks_without_progress)
 
     def snapshot(self) -> CGState:
         ops, g = self.ops, self.guards
