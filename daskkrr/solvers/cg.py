@@ -34,8 +34,8 @@ class CGResult:
 
     Attributes
     ----------
-    x : ndarray of shape (m,) or (m, t)
-        The approximate solution.
+    x : ndarray of shape (m,) or (m, t), or a vector of ``ops``' kind
+        The approximate solution (the latter from :func:`cg_solve` and ``pcg``).
     n_iter : int
         Iterations done (matrix-vector products for search directions; the
         true-residual recomputations are counted in ``n_matvec``).
@@ -56,7 +56,7 @@ class CGResult:
         CG step lengths and direction updates (for :func:`daskkrr.solvers.pcg.ritz_bounds`).
     """
 
-    x: np.ndarray
+    x: Any  # ndarray from conjugate_gradient; a vector of ops' kind from cg_solve and pcg
     n_iter: int
     n_matvec: int
     residuals: np.ndarray
