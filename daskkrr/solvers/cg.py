@@ -15,6 +15,11 @@ Long solves can be interrupted and continued exactly: ``on_state`` receives a
 ``state_every`` iterations and at the end, and ``state=`` continues from one.
 With a deterministic ``matvec`` the continued solve is bit-for-bit the solve
 that was never interrupted.
+
+The recurrence itself, :func:`cg_solve`, reaches its vectors only through
+:class:`VectorOps` (dot products, linear combinations, conversion to numpy), so the
+same code serves numpy arrays here and row blocks on the workers
+(:func:`daskkrr.solvers.pcg.pcg`); the stagnation and divergence guards are optional.
 """
 
 from __future__ import annotations
