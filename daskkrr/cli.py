@@ -594,8 +594,7 @@ def _progress_bar(args: argparse.Namespace) -> bool:
 
 
 def _cmd_run(args: argparse.Namespace) -> None:
-    import tomllib
-
+    from daskkrr.utils.toml_file import read_toml
     from daskkrr.workflow import run_workflow
     from daskkrr.workflow.unsupervised import is_unsupervised, run_unsupervised_workflow
 
@@ -604,9 +603,8 @@ def _cmd_run(args: argparse.Namespace) -> None:
         ("tls_ca_file", args.tls_ca_file), ("tls_cert", args.tls_cert), ("tls_key", args.tls_key)) if value)]
 
     try:
-        with open(args.workflow, "rb") as fh:
-            unsupervised = is_unsupervised(tomllib.load(fh))
-    except (OSError, tomllib.TOMLDecodeError):
+        unsupervised = is_unsupervised(read_toml(args.workflow))
+    except (OSError, ValueError):
         unsupervised = False  # run_workflow reports the problem
     if unsupervised:
         done = run_unsupervised_workflow(args.workflow, overrides=args.overrides, runs_dir=args.runs_dir,

@@ -20,13 +20,13 @@ parameter accepts None (e.g. ``sigma = "none"``, ``preconditioner_rows = "none"`
 from __future__ import annotations
 
 import os
-import tomllib
 import warnings
 from typing import Any
 
 from daskkrr.models.online import OnlineKernelRidge
 from daskkrr.models.registry import DEFAULT_ESTIMATOR, ESTIMATORS
 from daskkrr.models.schema import config_specs
+from daskkrr.utils.toml_file import read_toml, unknown_keys
 
 
 class ConfigError(ValueError):
@@ -35,22 +35,10 @@ class ConfigError(ValueError):
 
 def read_config(path: str | os.PathLike) -> dict[str, Any]:
     """Read and validate a TOML config; return ``{"estimator": name, **params}``."""
-    try:
-        with open(path, "rb") as fh:
-            raw = tomllib.load(fh)
-    except FileNotFoundError:
-        raise FileNotFoundError(f"config file {path} does not exist") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path} is not valid TOML: {exc}") from exc
-    except UnicodeDecodeError as exc:
-        raise ConfigError(
-            f"{path} is not a TOML file: it is not UTF-8 text ({exc.reason} at byte {exc.start})"
-        ) from exc
-    except IsADirectoryError:
-        raise ConfigError(f"config {path} is a directory; pass the path of a .toml file") from None
-    unknown = sorted(set(raw) - {"model"})
+    raw = read_toml(path, error=ConfigError, what="config file")
+    unknown = unknown_keys(raw, {"model"}, where=str(path), what="table")
     if unknown:
-        raise ConfigError(f"{path}: unknown table(s) {unknown}; only [model] is allowed")
+        raise ConfigError(unknown)
     model = raw.get("model", {})
     if not isinstance(model, dict):
         raise ConfigError(f"{path}: 'model' must be a table")
@@ -115,10 +103,11 @@ def check_model_config(model: dict[str, Any], where: str = "config", from_file: 
     if from_file and ESTIMATORS[name] is OnlineKernelRidge:
         model = _convert_online_penalty(model, where)
     specs = config_specs(ESTIMATORS[name], exclude=frozenset())
+    unknown = unknown_keys(model, specs, where=where, context=f" for estimator {name!r}")
+    if unknown:
+        raise ConfigError(unknown)
     params = {}
     for key, value in model.items():
-        if key not in specs:
-            raise ConfigError(f"{where}: unknown key {key!r} for estimator {name!r}; accepted: {sorted(specs)}")
         try:
             params[key] = specs[key].convert(value)
         except ValueError as exc:

@@ -137,15 +137,15 @@ def test_missing_values_in_a_table_are_caught_by_fit(tmp_path):
 @pytest.mark.parametrize(
     "text, match",
     [
-        ("[model]\nsigmaa = 1.0\n", r"unknown key 'sigmaa' for estimator 'falkon'; accepted: \["),
-        ("[modle]\nsigma = 1.0\n", r"unknown table\(s\) \['modle'\]; only \[model\] is allowed"),
+        ("[model]\nsigmaa = 1.0\n", r"unknown key 'sigmaa' for estimator 'falkon' \(did you mean 'sigma'\?\);"),
+        ("[modle]\nsigma = 1.0\n", r"unknown table 'modle' \(did you mean 'model'\?\); accepted: \['model'\]"),
         ("[model]\nn_centers = 10.5\n", r"n_centers must be int; got 10.5 \(float\)"),
         ("[model]\nsigma = \"1.0\"\n", r"sigma must be int or float or list of numbers; got '1.0' \(str\)"),
         ("[model]\nsigma = true\n", r"sigma must be int or float or list of numbers; got True \(bool\)"),
         ("[model]\nstandardize = 1\n", r"standardize must be bool; got 1 \(int\)"),
         ("[model]\nestimator = \"svm\"\n", r"unknown estimator 'svm'; choose one of"),
-        ("[model]\nmax_iter = 10\n[model]\n", "is not valid TOML"),
-        ("[model\n", "is not valid TOML"),
+        ("[model]\nmax_iter = 10\n[model]\n", r"is not valid TOML \(line 3, column 7\): Cannot declare"),
+        ("[model\n", r"is not valid TOML \(line 1, column 7\)"),
         ("model = 3\n", "'model' must be a table"),
     ],
 )

@@ -194,10 +194,11 @@ def test_multinomial_sample_weights_equal_duplicated_rows():
     path = penalty_path(1e-3, "auto", 30)
 
     def solve(Xr, Yr, total, fractions):
-        return softmax.newton_solve(
+        return newton_solve(
             factor, lambda c, b: softmax.gradient_block(Xr, Yr, kernel, Z, c, b),
             lambda c, b, U: softmax.hessian_block(Xr, Yr, kernel, Z, c, b, U), path=path, weight_sum=total,
-            intercept0=softmax.start_intercept(fractions), fit_intercept=True, tol=1e-13, max_iter=100)
+            intercept0=softmax.start_intercept(fractions), fit_intercept=True, tol=1e-13, max_iter=100,
+            loss=softmax.Multinomial())
 
     weighted = solve(X, np.column_stack([codes, s]), s.sum(), np.bincount(y, weights=s) / s.sum())
     rep = np.repeat(np.arange(len(y)), s.astype(int))

@@ -15,6 +15,7 @@ from sklearn.utils.validation import column_or_1d
 
 from daskkrr.data.inputs import is_in_memory
 from daskkrr.models.base import NystromModelBase
+from daskkrr.models.kernel_model import store_params
 from daskkrr.models.regressors import FALKON_PARAMS, SAMPLE_WEIGHT_DOC, FalkonRegressor, params_doc
 from daskkrr.models.weights import check_class_weight, check_sample_weight, class_row_weights, refuse_weighted_std
 
@@ -114,24 +115,7 @@ class FalkonClassifier(ClassifierMixin, NystromModelBase):
         compute_std: bool = False,
         class_weight: dict | str | None = None,
     ):
-        self.kernel = kernel
-        self.sigma = sigma
-        self.penalty = penalty
-        self.n_centers = n_centers
-        self.sampler = sampler
-        self.max_iter = max_iter
-        self.tol = tol
-        self.kernel_params = kernel_params
-        self.dtype = dtype
-        self.standardize = standardize
-        self.chunks = chunks
-        self.random_state = random_state
-        self.verbose = verbose
-        self.strategy = strategy
-        self.fit_intercept = fit_intercept
-        self.preconditioner_rows = preconditioner_rows
-        self.compute_std = compute_std
-        self.class_weight = class_weight
+        store_params(self, locals())
 
     def _check_params(self) -> None:
         super()._check_params()

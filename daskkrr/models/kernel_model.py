@@ -70,6 +70,25 @@ def positive(kind: type) -> Interval:
     return Interval(Real, 0, None, closed="neither")
 
 
+def store_params(estimator: BaseEstimator, params: dict[str, Any]) -> None:
+    """The whole body of an estimator's ``__init__``: ``store_params(self, locals())``.
+
+    scikit-learn's contract is that ``__init__`` stores every parameter, unchanged,
+    under its own name and does nothing else (``clone``, ``get_params`` and
+    ``set_params`` rely on it); checks and conversions happen in ``fit``.
+
+    Parameters
+    ----------
+    estimator : BaseEstimator
+        The estimator being constructed (``self``).
+    params : dict
+        ``locals()`` at the top of ``__init__``: ``self`` and the parameters.
+    """
+    for name, value in params.items():
+        if name not in ("self", "__class__"):
+            setattr(estimator, name, value)
+
+
 def describe_constraints(constraints: list[Any]) -> str:
     """Constraints in words, as scikit-learn's messages write them (options sorted)."""
     words = []

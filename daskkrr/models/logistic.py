@@ -11,7 +11,7 @@ from scipy.special import log_softmax
 from sklearn.utils._param_validation import StrOptions
 
 from daskkrr.models.classifier import FalkonClassifier
-from daskkrr.models.kernel_model import positive
+from daskkrr.models.kernel_model import positive, store_params
 from daskkrr.models.regressors import PARAM_DOCS
 from daskkrr.pipeline import Stage
 from daskkrr.pipeline.logistic import LOGISTIC_STRATEGIES, logistic_stages
@@ -232,25 +232,7 @@ class LogisticFalkonClassifier(FalkonClassifier):
         newton_iterations: int = 8,
         multi_class: str = "multinomial",
     ):
-        self.kernel = kernel
-        self.sigma = sigma
-        self.penalty = penalty
-        self.n_centers = n_centers
-        self.sampler = sampler
-        self.max_iter = max_iter
-        self.tol = tol
-        self.kernel_params = kernel_params
-        self.dtype = dtype
-        self.standardize = standardize
-        self.chunks = chunks
-        self.random_state = random_state
-        self.verbose = verbose
-        self.strategy = strategy
-        self.fit_intercept = fit_intercept
-        self.class_weight = class_weight
-        self.penalty_schedule = penalty_schedule
-        self.newton_iterations = newton_iterations
-        self.multi_class = multi_class
+        store_params(self, locals())
 
     def _check_params(self) -> None:
         super()._check_params()

@@ -44,7 +44,7 @@ from sklearn.utils.validation import validate_data
 from daskkrr.data.extremes import check_feature_magnitudes, check_target_magnitudes
 from daskkrr.data.inputs import is_in_memory, is_store, load_training_data
 from daskkrr.data.scaling import Standardizer
-from daskkrr.models.kernel_model import KernelModelBase, positive
+from daskkrr.models.kernel_model import KernelModelBase, positive, store_params
 from daskkrr.models.regressors import PARAM_DOCS, _RegressorMixin
 from daskkrr.parallel import Executor
 from daskkrr.solvers.online import (
@@ -202,18 +202,7 @@ class OnlineKernelRidge(_RegressorMixin, KernelModelBase):
         random_state: int | None = None,
         verbose: bool = False,
     ):
-        self.kernel = kernel
-        self.sigma = sigma
-        self.penalty = penalty
-        self.gamma = gamma
-        self.standardize = standardize
-        self.window = window
-        self.c = c
-        self.batch_size = batch_size
-        self.kernel_params = kernel_params
-        self.chunks = chunks
-        self.random_state = random_state
-        self.verbose = verbose
+        store_params(self, locals())
 
     def __sklearn_tags__(self) -> Tags:
         tags = super().__sklearn_tags__()

@@ -17,7 +17,7 @@ from daskkrr.data.feature_names import check_feature_names
 from daskkrr.data.inputs import is_in_memory, load_training_data
 from daskkrr.data.sample_weight import open_sample_weight
 from daskkrr.models.base import NystromModelBase
-from daskkrr.models.kernel_model import KernelModelBase, ParameterError, positive
+from daskkrr.models.kernel_model import KernelModelBase, ParameterError, positive, store_params
 from daskkrr.models.weights import check_sample_weight, refuse_weighted_std
 from daskkrr.parallel import Executor
 from daskkrr.pipeline import run_fit
@@ -408,23 +408,7 @@ class FalkonRegressor(_NystromPenaltyPath, _RegressorMixin, NystromModelBase):
         preconditioner_rows: int | str | None = "auto",
         compute_std: bool = False,
     ):
-        self.kernel = kernel
-        self.sigma = sigma
-        self.penalty = penalty
-        self.n_centers = n_centers
-        self.sampler = sampler
-        self.max_iter = max_iter
-        self.tol = tol
-        self.kernel_params = kernel_params
-        self.dtype = dtype
-        self.standardize = standardize
-        self.chunks = chunks
-        self.random_state = random_state
-        self.verbose = verbose
-        self.strategy = strategy
-        self.fit_intercept = fit_intercept
-        self.preconditioner_rows = preconditioner_rows
-        self.compute_std = compute_std
+        store_params(self, locals())
 
     def fit(
         self,
@@ -496,20 +480,7 @@ class NystromRegressor(_NystromPenaltyPath, _RegressorMixin, NystromModelBase):
         fit_intercept: bool = True,
         compute_std: bool = False,
     ):
-        self.kernel = kernel
-        self.sigma = sigma
-        self.penalty = penalty
-        self.n_centers = n_centers
-        self.sampler = sampler
-        self.kernel_params = kernel_params
-        self.dtype = dtype
-        self.standardize = standardize
-        self.chunks = chunks
-        self.random_state = random_state
-        self.verbose = verbose
-        self.strategy = strategy
-        self.fit_intercept = fit_intercept
-        self.compute_std = compute_std
+        store_params(self, locals())
 
     def fit(self, X: Any, y: Any = None, sample_weight: Any = None) -> NystromRegressor:
         """Fit on anything :func:`daskkrr.open_dataset` takes.
@@ -623,25 +594,7 @@ class ExactKernelRidge(_RegressorMixin, KernelModelBase):
         tile_dtype: str = "auto",
         random_state: Any = None,
     ):
-        self.kernel = kernel
-        self.sigma = sigma
-        self.penalty = penalty
-        self.kernel_params = kernel_params
-        self.standardize = standardize
-        self.chunks = chunks
-        self.max_samples = max_samples
-        self.verbose = verbose
-        self.compute_std = compute_std
-        self.solver = solver
-        self.preconditioner = preconditioner
-        self.n_features = n_features
-        self.preconditioner_penalty = preconditioner_penalty
-        self.srht_features = srht_features
-        self.tol = tol
-        self.max_iter = max_iter
-        self.kernel_tiles = kernel_tiles
-        self.tile_dtype = tile_dtype
-        self.random_state = random_state
+        store_params(self, locals())
 
     def _check_params(self) -> None:
         super()._check_params()

@@ -35,6 +35,7 @@ from daskkrr.models.kernel_model import (
     _check_extreme_rows,
     _check_finite_rows,
     positive,
+    store_params,
 )
 from daskkrr.models.regressors import PARAM_DOCS
 from daskkrr.parallel import Executor
@@ -239,17 +240,7 @@ class NystromKernelPCA(TransformerMixin, NystromUnsupervisedBase):
                  n_centers: int = 1000, sampler: Any = "uniform", penalty: float = 1e-6,
                  kernel_params: dict | None = None, standardize: bool = True, chunks: int | None = None,
                  random_state: Any = None, verbose: bool = False):
-        self.n_components = n_components
-        self.kernel = kernel
-        self.sigma = sigma
-        self.n_centers = n_centers
-        self.sampler = sampler
-        self.penalty = penalty
-        self.kernel_params = kernel_params
-        self.standardize = standardize
-        self.chunks = chunks
-        self.random_state = random_state
-        self.verbose = verbose
+        store_params(self, locals())
 
     def _check_params(self) -> None:
         super()._check_params()
@@ -342,24 +333,7 @@ class NystromKernelKMeans(ClusterMixin, NystromUnsupervisedBase):
                  oversampling_factor: float = 2.0,
                  strategy: str = "auto", kernel_params: dict | None = None, standardize: bool = True,
                  chunks: int | None = None, random_state: Any = None, verbose: bool = False):
-        self.n_clusters = n_clusters
-        self.kernel = kernel
-        self.sigma = sigma
-        self.n_centers = n_centers
-        self.sampler = sampler
-        self.penalty = penalty
-        self.init = init
-        self.n_init = n_init
-        self.max_iter = max_iter
-        self.tol = tol
-        self.init_rounds = init_rounds
-        self.oversampling_factor = oversampling_factor
-        self.strategy = strategy
-        self.kernel_params = kernel_params
-        self.standardize = standardize
-        self.chunks = chunks
-        self.random_state = random_state
-        self.verbose = verbose
+        store_params(self, locals())
 
     def _check_params(self) -> None:
         super()._check_params()

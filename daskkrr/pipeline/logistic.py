@@ -34,6 +34,7 @@ from daskkrr.pipeline.stages import Stage, choose_centers, guarded_statistics, s
 from daskkrr.solvers import softmax
 from daskkrr.solvers.falkon import jitter_floor
 from daskkrr.solvers.logistic import (
+    BinaryLogistic,
     CenterFactor,
     NewtonState,
     gradient_block,
@@ -172,9 +173,9 @@ def newton(ctx: FitContext) -> None:
         ctx.events.emit(ev.SolverState(s))
 
     fit_intercept = bool(getattr(p, "fit_intercept", False))
-    solve = softmax.newton_solve if multinomial else newton_solve
-    result = solve(
+    result = newton_solve(
         factor, ctx.operator.gradient, ctx.operator.hessian, path=path,
+        loss=softmax.Multinomial() if multinomial else BinaryLogistic(),
         weight_sum=weight_sum(ctx), intercept0=_start_intercept(ctx, t),
         fit_intercept=fit_intercept, tol=float(p.tol), max_iter=int(p.max_iter), state=state,
         on_state=save if enabled else None, on_step=step,

@@ -15,12 +15,18 @@ Long solves can be interrupted and continued exactly: ``on_state`` receives a
 ``state_every`` iterations and at the end, and ``state=`` continues from one.
 With a deterministic ``matvec`` the continued solve is bit-for-bit the solve
 that was never interrupted.
+
+The recurrence itself, :func:`cg_solve`, reaches its vectors only through
+:class:`VectorOps` (dot products, linear combinations, conversion to numpy), so the
+same code serves numpy arrays here and row blocks on the workers
+(:func:`daskkrr.solvers.pcg.pcg`); the stagnation and divergence guards are optional.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -33,8 +39,8 @@ class CGResult:
 
     Attributes
     ----------
-    x : ndarray of shape (m,) or (m, t)
-        The approximate solution.
+    x : ndarray of shape (m,) or (m, t), or a vector of ``ops``' kind
+        The approximate solution (the latter from :func:`cg_solve` and ``pcg``).
     n_iter : int
         Iterations done (matrix-vector products for search directions; the
         true-residual recomputations are counted in ``n_matvec``).
@@ -51,14 +57,18 @@ class CGResult:
         :data:`DIVERGED_FACTOR` times above the lowest residual it had reached (CG
         diverged on a nearly singular system); ``x`` is then the iterate with the
         smallest true residual among those compared.
+    alphas, betas : ndarray of shape (n_iter, t)
+        CG step lengths and direction updates (for :func:`daskkrr.solvers.pcg.ritz_bounds`).
     """
 
-    x: np.ndarray
+    x: Any  # ndarray from conjugate_gradient; a vector of ops' kind from cg_solve and pcg
     n_iter: int
     n_matvec: int
     residuals: np.ndarray
     converged: bool
     stagnated: bool = False
+    alphas: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros((0, 1)))
+    betas: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros((0, 1)))
 
 
 @dataclasses.dataclass
@@ -164,14 +174,336 @@ class CGState:
 #: has diverged; it returns the better of the two iterates (see conjugate_gradient).
 DIVERGED_FACTOR = 2.0
 
-
-def _energy(X: np.ndarray, B: np.ndarray, R: np.ndarray) -> np.ndarray:
-    """``x^T A x / 2 - b^T x`` per column, from the true residual ``R = B - A X``."""
-    return -0.5 * np.einsum("ij,ij->j", X, B + R)
+Vector = Any
 
 
-def _colnorm(a: np.ndarray) -> np.ndarray:
-    return np.sqrt(np.einsum("ij,ij->j", a, a))
+class VectorOps(Protocol):
+    """What :func:`cg_solve` needs to know about its vectors (``(n, t)``, columns = right-hand sides).
+
+    The recurrence only adds vectors, scales their columns and asks for column dot
+    products (``(t,)`` arrays on the client), so the vectors may live anywhere: in
+    this process (:class:`NumpyOps`) or as row blocks on the workers
+    (:class:`daskkrr.parallel.tiles.BlockOps`). An ``ops`` may also offer
+    ``lincombs(combos)`` (several combinations in one round trip) and, for the
+    stagnation and divergence guards, ``select(mask, a, b)`` (column ``j`` from ``a``
+    where ``mask[j]``, else from ``b``).
+    """
+
+    def dots(self, pairs: list[tuple[Vector, Vector]]) -> list[np.ndarray]:
+        """Column dot products ``sum_i a_ij b_ij`` (``(t,)`` each) of every pair, at once."""
+        ...
+
+    def lincomb(self, terms: list[tuple[Any, Vector]]) -> Vector:
+        """``sum_k v_k * c_k`` (in this order) with scalar or per-column ``(t,)`` coefficients."""
+        ...
+
+    def to_numpy(self, v: Vector) -> np.ndarray:
+        """The vector here (for a checkpoint)."""
+        ...
+
+    def from_numpy(self, a: np.ndarray) -> Vector:
+        """A vector from a numpy array (to resume from a checkpoint)."""
+        ...
+
+
+class NumpyOps:
+    """:class:`VectorOps` for numpy arrays in this process (with the guards' ``select``)."""
+
+    def dots(self, pairs: list[tuple[Vector, Vector]]) -> list[np.ndarray]:
+        return [np.einsum("ij,ij->j", a, b) for a, b in pairs]
+
+    def lincomb(self, terms: list[tuple[Any, Vector]]) -> Vector:
+        out = None
+        for c, v in terms:
+            out = v * c if out is None else out + v * c
+        return out
+
+    def select(self, mask: np.ndarray, a: Vector, b: Vector) -> Vector:
+        return np.where(mask[None, :], a, b)
+
+    def to_numpy(self, v: Vector) -> np.ndarray:
+        return np.asarray(v, dtype=np.float64)
+
+    def from_numpy(self, a: np.ndarray) -> Vector:
+        return np.asarray(a, dtype=np.float64)
+
+
+def _lincombs(ops: VectorOps, combos: list[list[tuple[Any, Vector]]]) -> list[Vector]:
+    """Several linear combinations, at once when ``ops`` can (one round trip to the workers)."""
+    many = getattr(ops, "lincombs", None)
+    if many is not None:
+        return list(many(combos))
+    return [ops.lincomb(terms) for terms in combos]
+
+
+def _safe_div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return np.divide(a, b, out=np.zeros_like(a), where=b != 0)
+
+
+@dataclasses.dataclass
+class _Guards:
+    """The stagnation and divergence guards' memory (see :func:`cg_solve`).
+
+    ``best_*``: the iterate with the lowest CG energy at a true-residual check, that
+    energy and the lowest residuals seen at checks; ``low_*``: per column, the iterate
+    with the lowest residual of any iteration.
+    """
+
+    checks: int
+    best_x: Vector
+    best_phi: np.ndarray
+    best_rel: np.ndarray
+    low_x: Vector
+    low_rel: np.ndarray
+    without_progress: int = 0
+
+
+class _CG:
+    """The recurrence of :func:`cg_solve`; its attributes are the :class:`CGState`."""
+
+    def __init__(self, matvec: Callable[[Vector], Vector], b: Vector, ops: VectorOps,
+                 preconditioner: Callable[[Vector], Vector] | None, tol: float) -> None:
+        self.matvec, self.b, self.ops, self.tol = matvec, b, ops, tol
+        self.M = preconditioner if preconditioner is not None else (lambda r: r)
+        (bb,) = ops.dots([(b, b)])
+        self.bnorm = np.sqrt(np.maximum(bb, 0.0))
+        self.t = self.bnorm.size
+        self.safe = np.where(self.bnorm > 0, self.bnorm, 1.0)
+        self.alphas: list[np.ndarray] = []
+        self.betas: list[np.ndarray] = []
+        self.guards: _Guards | None = None
+        self.stagnated = False
+
+    def relative(self, R: Vector) -> np.ndarray:
+        """``||r_j|| / ||b_j||`` per column (0 for a zero right-hand side)."""
+        (rr,) = self.ops.dots([(R, R)])
+        rel = np.sqrt(np.maximum(rr, 0.0)) / self.safe
+        rel[self.bnorm == 0] = 0.0
+        return rel
+
+    def true_residual(self, X: Vector) -> Vector:
+        self.n_matvec += 1
+        return self.ops.lincomb([(1.0, self.b), (-1.0, self.matvec(X))])
+
+    def energy(self, X: Vector, R: Vector) -> np.ndarray:
+        """``x^T A x / 2 - b^T x`` per column, from the true residual ``R = b - A x``."""
+        (xbr,) = self.ops.dots([(X, self.ops.lincomb([(1.0, self.b), (1.0, R)]))])
+        return -0.5 * xbr
+
+    def start(self, x0: Vector | None, stagnation_checks: int | None) -> None:
+        ops = self.ops
+        self.n_matvec = self.it = self.last_true = 0
+        if x0 is None:
+            self.X, self.R = ops.lincomb([(0.0, self.b)]), self.b
+        else:
+            self.X = x0
+            self.R = self.true_residual(x0)
+        # From x = 0 the relative residual is exactly 1 (spares a reduction over the data).
+        rel = np.where(self.bnorm > 0, 1.0, 0.0) if x0 is None else self.relative(self.R)
+        self.history = [rel.copy()]
+        self.active = rel > self.tol
+        Zr = self.M(self.R)
+        self.P = Zr
+        (self.rz,) = ops.dots([(self.R, Zr)])
+        if stagnation_checks is not None:
+            # CG decreases the energy phi(x) = x^T A x / 2 - b^T x at every step in exact
+            # arithmetic (the residual norm need not fall); an increase at a check means
+            # round-off has taken over. phi comes free with the true residual r = b - A x.
+            self.guards = _Guards(stagnation_checks, self.X, self.energy(self.X, self.R), rel.copy(),
+                                  self.X, rel.copy())
+
+    def resume(self, state: CGState, stagnation_checks: int | None) -> None:
+        ops = self.ops
+        _check_state(state, ops.to_numpy(self.b))
+        self.X, self.R, self.P = (ops.from_numpy(getattr(state, k)) for k in ("x", "r", "p"))
+        self.rz = state.rz.copy()
+        self.history = [row.copy() for row in state.history]
+        self.it, self.n_matvec, self.last_true = state.iteration, state.n_matvec, state.last_true
+        # Columns stopped where p^T A p <= 0 stay stopped; a changed tol applies to the others.
+        self.active = state.active & (self.history[-1] > self.tol)
+        self.stagnated = bool(state.stagnated)
+        if stagnation_checks is not None:
+            # A state saved before the divergence guard existed starts it here.
+            low_x, low_rel = self.X, self.history[-1].copy()
+            if state.low_x is not None and state.low_rel is not None:
+                low_x, low_rel = ops.from_numpy(state.low_x), state.low_rel.copy()
+            self.guards = _Guards(stagnation_checks, ops.from_numpy(state.best_x), state.best_phi.copy(),
+                                  state.best_rel.copy(), low_x, low_rel, state.checks_without_progress)
+
+    def snapshot(self) -> CGState:
+        ops, g = self.ops, self.guards
+        x = np.array(ops.to_numpy(self.X))
+        return CGState(
+            b=np.array(ops.to_numpy(self.b)), x=x, r=np.array(ops.to_numpy(self.R)),
+            p=np.array(ops.to_numpy(self.P)), rz=self.rz.copy(), active=self.active.copy(),
+            history=np.array(self.history), iteration=self.it, n_matvec=self.n_matvec, last_true=self.last_true,
+            stagnated=self.stagnated,
+            best_x=x if g is None else np.array(ops.to_numpy(g.best_x)),
+            best_phi=np.zeros(self.t) if g is None else np.array(g.best_phi, dtype=np.float64),
+            best_rel=self.history[-1].copy() if g is None else g.best_rel.copy(),
+            checks_without_progress=0 if g is None else g.without_progress,
+            low_x=None if g is None else np.array(ops.to_numpy(g.low_x)),
+            low_rel=None if g is None else g.low_rel.copy(),
+        )
+
+    def check_progress(self, rel: np.ndarray) -> None:
+        """The stagnation guard, at a true-residual check: stop at the best iterate when
+        the energy rose (or the residual exploded) ``checks`` times in a row."""
+        g = self.guards
+        if g is None:
+            return
+        phi = self.energy(self.X, self.R)
+        # The residual may rise in exact CG too, but not by orders of magnitude from its
+        # best once near the round-off floor.
+        diverging = np.any(rel > 100 * np.maximum(g.best_rel, self.tol))
+        if np.all(phi <= g.best_phi + 1e-12 * np.abs(g.best_phi)) and not diverging:
+            g.best_phi, g.best_x = phi, self.X
+            g.best_rel = np.minimum(g.best_rel, rel)
+            g.without_progress = 0
+        elif (rel > self.tol).any():
+            g.without_progress += 1
+            if g.without_progress >= g.checks:
+                # Round-off in the operator bounds the attainable accuracy; going on
+                # would only amplify it. Keep the best iterate.
+                self.X, self.stagnated = g.best_x, True
+
+    def step(self, true_residual_every: int, callback: Callable[[int, np.ndarray], None] | None) -> bool:
+        """One iteration; False when the solve is over."""
+        ops = self.ops
+        AP = self.matvec(self.P)
+        self.n_matvec += 1
+        self.it += 1
+        (pAp,) = ops.dots([(self.P, AP)])
+        # p^T A p <= 0 only when round-off makes the operator look indefinite: that column stops.
+        ok = self.active & (pAp > 0)
+        alpha = np.where(ok, _safe_div(self.rz, pAp), 0.0)
+        self.alphas.append(alpha)
+        self.X, self.R = _lincombs(ops, [[(1.0, self.X), (alpha, self.P)], [(1.0, self.R), (-alpha, AP)]])
+        rel = self.relative(self.R)
+        periodic = bool(true_residual_every) and self.it - self.last_true >= true_residual_every
+        if periodic or not (rel > self.tol).any():
+            # Residual replacement: periodically, and to confirm convergence.
+            self.R = self.true_residual(self.X)
+            self.last_true = self.it
+            rel = self.relative(self.R)
+            self.check_progress(rel)
+        if self.stagnated:
+            self.R = self.true_residual(self.X)
+            self.history.append(self.relative(self.R))
+            self.active = np.zeros(self.t, dtype=bool)
+            return False
+        self.history.append(rel.copy())
+        g = self.guards
+        if g is not None:
+            lower = rel < g.low_rel
+            if lower.any():
+                g.low_x = ops.select(lower, self.X, g.low_x)  # type: ignore[attr-defined]
+                g.low_rel = np.where(lower, rel, g.low_rel)
+        if callback is not None:
+            callback(self.it, rel.copy())
+        self.active = (rel > self.tol) & ok
+        if not self.active.any():
+            return False
+        Zr = self.M(self.R)
+        (rz_new,) = ops.dots([(self.R, Zr)])
+        beta = np.where(self.active, _safe_div(rz_new, self.rz), 0.0)
+        self.betas.append(beta)
+        self.P = ops.lincomb([(1.0, Zr), (beta, self.P)])
+        self.rz = rz_new
+        return True
+
+    def divergence_guard(self) -> None:
+        """Stopped (budget spent, or p^T A p <= 0) well above the lowest residual seen, i.e.
+        CG diverged on a nearly singular system: return the better of the two iterates per
+        column (by true residual) rather than one that fits worse than an earlier one."""
+        g = self.guards
+        if g is None or self.stagnated or not np.any(self.history[-1] > DIVERGED_FACTOR * np.maximum(g.low_rel,
+                                                                                                     self.tol)):
+            return
+        self.R = self.true_residual(self.X)
+        rel, rel_low = self.relative(self.R), self.relative(self.true_residual(g.low_x))
+        better = rel_low < rel
+        if better.any():
+            self.X = self.ops.select(better, g.low_x, self.X)  # type: ignore[attr-defined]
+            rel = np.where(better, rel_low, rel)
+            self.stagnated = True
+        self.history[-1] = rel  # the residual of the iterate returned
+
+
+def cg_solve(
+    matvec: Callable[[Vector], Vector],
+    b: Vector,
+    ops: VectorOps,
+    *,
+    x0: Vector | None = None,
+    preconditioner: Callable[[Vector], Vector] | None = None,
+    tol: float,
+    max_iter: int,
+    true_residual_every: int,
+    stagnation_checks: int | None = None,
+    callback: Callable[[int, np.ndarray], None] | None = None,
+    state: CGState | None = None,
+    on_state: Callable[[CGState], None] | None = None,
+    state_every: int = 1,
+) -> CGResult:
+    """Preconditioned CG on the vectors of ``ops``: the one recurrence behind
+    :func:`conjugate_gradient` (numpy, with the guards) and :func:`daskkrr.solvers.pcg.pcg`.
+
+    Parameters
+    ----------
+    matvec, preconditioner : callable
+        ``A v`` and ``M^{-1} r`` (symmetric positive definite; None: plain CG) on vectors of ``ops``.
+    b : vector (m, t)
+        Right-hand sides.
+    ops : VectorOps
+        The vector operations (``select`` is needed when ``stagnation_checks`` is given).
+    x0 : vector, optional
+        Starting point (zeros by default); ignored when ``state`` is given.
+    tol, max_iter, true_residual_every
+        As in :func:`conjugate_gradient`.
+    stagnation_checks : int or None
+        Enable the stagnation and divergence guards (see :func:`conjugate_gradient`) with
+        this many consecutive checks; None disables them (no energy is computed).
+    callback, state, on_state, state_every
+        As in :func:`conjugate_gradient`.
+
+    Returns
+    -------
+    CGResult
+        ``x`` is a vector of ``ops``' kind.
+
+    Raises
+    ------
+    ValueError
+        For ``tol <= 0``, ``max_iter < 0``, ``state_every < 1``, or a ``state``
+        that belongs to another right-hand side.
+    """
+    if not tol > 0:
+        raise ValueError(f"tol must be > 0; got {tol!r}")
+    if max_iter < 0:
+        raise ValueError(f"max_iter must be >= 0; got {max_iter!r}")
+    if on_state is not None and int(state_every) < 1:
+        raise ValueError(f"state_every must be >= 1; got {state_every!r}")
+    cg = _CG(matvec, b, ops, preconditioner, tol)
+    if state is None:
+        cg.start(x0, stagnation_checks)
+    else:
+        cg.resume(state, stagnation_checks)
+    while cg.it < max_iter and cg.active.any() and not cg.stagnated:
+        if not cg.step(true_residual_every, callback):
+            break
+        if on_state is not None and cg.it % int(state_every) == 0 and cg.it < max_iter:
+            on_state(cg.snapshot())
+    cg.divergence_guard()
+    if on_state is not None:
+        on_state(cg.snapshot())
+    t = cg.t
+    betas = cg.betas + [np.zeros(t)] * (len(cg.alphas) - len(cg.betas))
+    return CGResult(
+        x=cg.X, n_iter=cg.it, n_matvec=cg.n_matvec, residuals=np.array(cg.history),
+        converged=bool((cg.history[-1] <= tol).all()), stagnated=cg.stagnated,
+        alphas=np.array(cg.alphas).reshape(-1, t), betas=np.array(betas).reshape(-1, t),
+    )
 
 
 def conjugate_gradient(
@@ -213,7 +545,9 @@ def conjugate_gradient(
         Stop, returning the best iterate, when this many consecutive true-residual
         checks find the CG energy ``x^T A x / 2 - b^T x`` higher than its best (in
         exact arithmetic it only falls) or the residual 100 times above its best:
-        round-off in the operator has taken over.
+        round-off in the operator has taken over. When the solve ends more than
+        :data:`DIVERGED_FACTOR` times above the lowest residual it reached, the
+        iterate with the smaller true residual of the two is returned.
     callback : callable, optional
         ``callback(iteration, relative_residuals)`` after each iteration.
     state : CGState, optional
@@ -226,170 +560,35 @@ def conjugate_gradient(
     state_every : int, default=1
         How often ``on_state`` is called, in iterations.
 
+    Returns
+    -------
+    CGResult
+        ``x`` of the shape of ``b``.
+
     Raises
     ------
     ValueError
         For ``tol <= 0``, ``max_iter < 0``, ``state_every < 1``, or a ``state``
         that belongs to another right-hand side.
     """
-    if tol <= 0:
-        raise ValueError(f"tol must be > 0; got {tol!r}")
-    if max_iter < 0:
-        raise ValueError(f"max_iter must be >= 0; got {max_iter!r}")
-    if on_state is not None and int(state_every) < 1:
-        raise ValueError(f"state_every must be >= 1; got {state_every!r}")
     b = np.asarray(b, dtype=np.float64)
     vector = b.ndim == 1
     B = b.reshape(b.shape[0], -1)
     m, t = B.shape
 
     def A(P: np.ndarray) -> np.ndarray:
-        out = np.asarray(matvec(P), dtype=np.float64).reshape(m, t)
-        if out.shape != (m, t):  # pragma: no cover - defensive
-            raise ValueError(f"matvec returned shape {out.shape}; expected {(m, t)}")
-        return out
+        return np.asarray(matvec(P), dtype=np.float64).reshape(m, t)
 
-    Mprec = (lambda R: R) if preconditioner is None else (
+    prec = None if preconditioner is None else (
         lambda R: np.asarray(preconditioner(R), dtype=np.float64).reshape(m, t)
     )
-
-    bnorm = _colnorm(B)
-    safe_bnorm = np.where(bnorm > 0, bnorm, 1.0)
-    if state is None:
-        X = np.zeros((m, t)) if x0 is None else np.array(x0, dtype=np.float64).reshape(m, t)
-        n_matvec = 0
-        if x0 is None:
-            R = B.copy()
-        else:
-            R = B - A(X)
-            n_matvec += 1
-        rel = _colnorm(R) / safe_bnorm
-        rel[bnorm == 0] = 0.0
-        history = [rel.copy()]
-        active = rel > tol
-        Zr = Mprec(R)
-        P = Zr.copy()
-        rz = np.einsum("ij,ij->j", R, Zr)
-        it = 0
-        last_true = 0
-        # CG decreases the energy phi(x) = x^T A x / 2 - b^T x at every step in exact
-        # arithmetic (the residual norm need not fall); an increase at a check means
-        # round-off has taken over. phi comes free with the true residual r = b - A x.
-        # The residual norm may rise in exact CG too, but not by orders of magnitude
-        # from its best once near the round-off floor.
-        best_phi, best_rel, best_X = _energy(X, B, R), rel.copy(), X.copy()
-        checks_without_progress = 0
-        stagnated = False
-    else:
-        _check_state(state, B)
-        X, R, P = state.x.copy(), state.r.copy(), state.p.copy()
-        rz, active = state.rz.copy(), state.active.copy()
-        history = [row.copy() for row in state.history]
-        best_X, best_phi, best_rel = state.best_x.copy(), state.best_phi.copy(), state.best_rel.copy()
-        it, n_matvec, last_true = state.iteration, state.n_matvec, state.last_true
-        checks_without_progress, stagnated = state.checks_without_progress, state.stagnated
-
-    # The divergence guard: per column, the iterate with the lowest residual so far
-    # (from the state; a state saved before the guard existed starts it here).
-    if state is not None and state.low_x is not None and state.low_rel is not None:
-        low_X, low_rel = state.low_x.copy(), state.low_rel.copy()
-    else:
-        low_X, low_rel = X.copy(), history[-1].copy()
-
-    def snapshot() -> CGState:
-        return CGState(
-            b=B.copy(), x=X.copy(), r=R.copy(), p=P.copy(), rz=rz.copy(), active=active.copy(),
-            history=np.array(history), best_x=best_X.copy(), best_phi=np.array(best_phi, dtype=np.float64),
-            best_rel=best_rel.copy(), iteration=it, n_matvec=n_matvec, last_true=last_true,
-            checks_without_progress=checks_without_progress, stagnated=stagnated,
-            low_x=low_X.copy(), low_rel=low_rel.copy(),
-        )
-
-    while it < max_iter and active.any() and not stagnated:
-        AP = A(P)
-        n_matvec += 1
-        it += 1
-        pAp = np.einsum("ij,ij->j", P, AP)
-        step = np.zeros(t)
-        ok = active & (pAp > 0)
-        step[ok] = rz[ok] / pAp[ok]
-        X += P * step
-        R -= AP * step
-        rel = _colnorm(R) / safe_bnorm
-        rel[bnorm == 0] = 0.0
-        periodic = bool(true_residual_every) and it - last_true >= true_residual_every
-        if periodic or not (rel > tol).any():
-            # Residual replacement: periodically, and to confirm convergence.
-            R = B - A(X)
-            n_matvec += 1
-            last_true = it
-            rel = _colnorm(R) / safe_bnorm
-            rel[bnorm == 0] = 0.0
-            phi = _energy(X, B, R)
-            diverging = np.any(rel > 100 * np.maximum(best_rel, tol))
-            if np.all(phi <= best_phi + 1e-12 * np.abs(best_phi)) and not diverging:
-                best_phi, best_X = phi, X.copy()
-                best_rel = np.minimum(best_rel, rel)
-                checks_without_progress = 0
-            elif (rel > tol).any():
-                checks_without_progress += 1
-                if checks_without_progress >= stagnation_checks:
-                    # Round-off in the operator bounds the attainable accuracy;
-                    # going on would only amplify it. Keep the best iterate.
-                    X, stagnated = best_X, True
-        if stagnated:
-            R = B - A(X)
-            n_matvec += 1
-            rel = _colnorm(R) / safe_bnorm
-            rel[bnorm == 0] = 0.0
-            history.append(rel.copy())
-            active = np.zeros(t, dtype=bool)
-            break
-        history.append(rel.copy())
-        lower = rel < low_rel
-        if lower.any():
-            low_X[:, lower], low_rel[lower] = X[:, lower], rel[lower]
-        if callback is not None:
-            callback(it, rel.copy())
-        active = (rel > tol) & ok
-        if not active.any():
-            break
-        Zr = Mprec(R)
-        rz_new = np.einsum("ij,ij->j", R, Zr)
-        beta = np.zeros(t)
-        beta[active] = rz_new[active] / np.where(rz[active] != 0, rz[active], 1.0)
-        P = Zr + P * beta
-        rz = rz_new
-        if on_state is not None and it % int(state_every) == 0 and it < max_iter:
-            on_state(snapshot())
-    if not stagnated and np.any(history[-1] > DIVERGED_FACTOR * np.maximum(low_rel, tol)):
-        # Stopped (budget spent, or p^T A p <= 0: round-off made the operator look
-        # indefinite) well above the lowest residual seen, i.e. CG diverged on a
-        # nearly singular system: return the better of the two iterates per column
-        # (by true residual) rather than one that fits worse than an earlier one.
-        R = B - A(X)
-        R_low = B - A(low_X)
-        n_matvec += 2
-        rel, rel_low = _colnorm(R) / safe_bnorm, _colnorm(R_low) / safe_bnorm
-        rel[bnorm == 0] = rel_low[bnorm == 0] = 0.0
-        better = rel_low < rel
-        if better.any():
-            X[:, better] = low_X[:, better]
-            rel[better] = rel_low[better]
-            stagnated = True
-        history[-1] = rel.copy()  # the residual of the iterate returned
-    if on_state is not None:
-        on_state(snapshot())
-    converged = bool((history[-1] <= tol).all())
-    x_out = X[:, 0] if vector else X
-    return CGResult(
-        x=x_out,
-        n_iter=it,
-        n_matvec=n_matvec,
-        residuals=np.array(history),
-        converged=converged,
-        stagnated=stagnated,
-    )
+    X0 = None if x0 is None or state is not None else np.array(x0, dtype=np.float64).reshape(m, t)
+    result = cg_solve(A, B, NumpyOps(), x0=X0, preconditioner=prec, tol=tol, max_iter=max_iter,
+                      true_residual_every=true_residual_every, stagnation_checks=stagnation_checks,
+                      callback=callback, state=state, on_state=on_state, state_every=state_every)
+    if vector:
+        result.x = result.x[:, 0]
+    return result
 
 
 def _check_state(state: CGState, B: np.ndarray) -> None:

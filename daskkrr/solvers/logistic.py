@@ -33,7 +33,7 @@ import contextlib
 import dataclasses
 import functools
 from collections.abc import Callable, Iterator
-from typing import Any, ClassVar, Concatenate, ParamSpec
+from typing import Any, ClassVar, Concatenate, ParamSpec, Protocol
 
 import numpy as np
 
@@ -415,6 +415,113 @@ def center_threads(solve: Callable[Concatenate[CenterFactor, NewtonParams], Newt
     return wrapper
 
 
+@dataclasses.dataclass
+class NewtonSystem:
+    """What a loss needs to compute one Newton direction (see :class:`NewtonLoss`).
+
+    Attributes
+    ----------
+    factor : CenterFactor
+        ``K_MM`` and its factor, for the preconditioner.
+    G : ndarray
+        The gradient pass's sums at the current point (the loss's ``gradient_terms``).
+    coef, intercept : ndarray (M, t), (t,)
+        The current point.
+    active : ndarray of bool
+        Problems still iterating.
+    penalty, weight_sum : float
+        ``lambda`` of this step and ``N``.
+    fit_intercept : bool
+        Whether the intercepts are unknowns (eliminated by a Schur complement).
+    hessian_pass : callable
+        ``hessian_pass(coef, intercept, U)``, the sum of the loss's ``hessian_terms``.
+    solve : callable
+        ``solve(operator, rhs)``: the preconditioned CG of the step (its tolerance and
+        iteration budget set by the driver); returns the solution.
+    """
+
+    factor: CenterFactor
+    G: np.ndarray
+    coef: np.ndarray
+    intercept: np.ndarray
+    active: np.ndarray
+    penalty: float
+    weight_sum: float
+    fit_intercept: bool
+    hessian_pass: HessianPass
+    solve: Callable[[Callable[[np.ndarray], np.ndarray], np.ndarray], np.ndarray]
+
+
+class NewtonLoss(Protocol):
+    """The loss-specific parts of :func:`newton_solve`: :class:`BinaryLogistic` (one problem
+    per column) and :class:`daskkrr.solvers.softmax.Multinomial` (one problem over the classes)."""
+
+    def problems(self, t: int) -> int:
+        """How many problems ``t`` columns of ``coef`` are (the length of the per-problem arrays)."""
+        ...
+
+    def columns(self, problems: np.ndarray, t: int) -> np.ndarray:
+        """The columns (of ``t``) of ``coef`` of the problems in the boolean mask ``problems``."""
+        ...
+
+    def objective(self, G: np.ndarray, Kmm: np.ndarray, coef: np.ndarray, penalty: float,
+                  weight_sum: float) -> np.ndarray:
+        """The objective of every problem from the gradient pass's sums."""
+        ...
+
+    def direction(self, system: NewtonSystem) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The Newton step ``(d_coef, d_intercept)`` (the point moves to ``x - d``) and the
+        squared Newton decrement of every problem."""
+        ...
+
+
+class BinaryLogistic:
+    """:class:`NewtonLoss` of the binary logistic loss, one independent problem per column."""
+
+    def problems(self, t: int) -> int:
+        return t
+
+    def columns(self, problems: np.ndarray, t: int) -> np.ndarray:
+        return problems
+
+    def objective(self, G: np.ndarray, Kmm: np.ndarray, coef: np.ndarray, penalty: float,
+                  weight_sum: float) -> np.ndarray:
+        M, t = coef.shape
+        return G[M + 1, :t] / weight_sum + 0.5 * penalty * np.einsum("ij,ij->j", coef, Kmm @ coef)
+
+    def direction(self, system: NewtonSystem) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        G, coef, active, lam, N = system.G, system.coef, system.active, system.penalty, system.weight_sum
+        Kmm = system.factor.Kmm
+        M, t = coef.shape
+        # gradient in alpha and b; the Schur complement eliminates b
+        g_a = G[:M, :t] / N + lam * (Kmm @ coef)
+        g_b = G[M, :t] / N
+        h_bb = G[M, t:] / N
+        hb = G[:M, t:] / N  # H_ab, one column per problem
+        g_s = g_a - hb * (g_b / h_bb)[None, :] if system.fit_intercept else g_a
+        g_s[:, ~active] = 0.0
+        centers_f = Kmm @ coef + system.intercept  # predictions at the centers
+        _, _, curv = loss_derivatives(np.ones_like(centers_f), centers_f)
+        pre = LogisticPreconditioner.build(system.factor, curv, lam, system.fit_intercept)
+
+        def schur(U: np.ndarray) -> np.ndarray:
+            HU = system.hessian_pass(coef, system.intercept, U) / N + lam * (Kmm @ U)
+            if system.fit_intercept:
+                HU -= hb * (np.einsum("ij,ij->j", hb, U) / h_bb)[None, :]
+            return HU
+
+        x = system.solve(lambda beta: pre.adjoint(schur(pre.to_coefficients(beta.reshape(M, t)))),
+                         pre.adjoint(g_s))
+        d_a = pre.to_coefficients(x.reshape(M, t))
+        d_a[:, ~active] = 0.0
+        decrement = np.einsum("ij,ij->j", g_s, d_a)
+        d_b = (g_b - np.einsum("ij,ij->j", hb, d_a)) / h_bb if system.fit_intercept else np.zeros(t)
+        if system.fit_intercept:
+            decrement = decrement + g_b * g_b / h_bb
+        d_b[~active] = 0.0
+        return d_a, d_b, decrement
+
+
 @center_threads
 def newton_solve(
     factor: CenterFactor,
@@ -427,6 +534,7 @@ def newton_solve(
     fit_intercept: bool,
     tol: float,
     max_iter: int,
+    loss: NewtonLoss | None = None,
     state: NewtonState | None = None,
     on_state: Callable[[NewtonState], None] | None = None,
     on_step: Callable[[int, float], None] | None = None,
@@ -434,8 +542,10 @@ def newton_solve(
 ) -> NewtonResult:
     """Newton's method along ``path``; each system by preconditioned CG (:func:`conjugate_gradient`).
 
-    ``gradient_pass(coef, intercept)`` returns the sum of :func:`gradient_terms` over the
-    data, ``hessian_pass(coef, intercept, U)`` the sum of :func:`hessian_terms`. A warm-up
+    ``gradient_pass(coef, intercept)`` returns the sum of the loss's ``gradient_terms`` over
+    the data, ``hessian_pass(coef, intercept, U)`` the sum of its ``hessian_terms``; ``loss``
+    (default :class:`BinaryLogistic`; :class:`daskkrr.solvers.softmax.Multinomial` for the
+    softmax model) turns them into objectives and Newton directions. A warm-up
     step makes :data:`WARMUP_CG_ITERATIONS` CG iterations (FALKON's rule), a step at the
     target up to ``max_iter``, to a relative residual ``tol``. A problem stops at the
     target once its squared Newton decrement ``g^T H^{-1} g`` (which bounds twice the
@@ -445,72 +555,45 @@ def newton_solve(
     """
     from daskkrr.solvers.cg import conjugate_gradient
 
+    loss = BinaryLogistic() if loss is None else loss
     Kmm = factor.Kmm
     M = Kmm.shape[0]
     N = float(weight_sum)
-    st = NewtonState.start(M, np.asarray(intercept0, dtype=np.float64)) if state is None else state.copy()
-    t = st.coef.shape[1]
-    objective = np.full(t, np.nan)
+    intercept0 = np.asarray(intercept0, dtype=np.float64)
+    problems = loss.problems(intercept0.shape[0])
+    st = NewtonState.start(M, intercept0, problems=problems) if state is None else state.copy()
     while st.step < len(path) and st.active.any():
         lam, target = path[st.step]
         G = gradient_pass(st.coef, st.intercept)
-        K1, K2 = G[:M, :t], G[:M, t:]
-        s1, s2 = G[M, :t], G[M, t:]
-        objective = G[M + 1, :t] / N + 0.5 * lam * np.einsum("ij,ij->j", st.coef, Kmm @ st.coef)
+        objective = loss.objective(G, Kmm, st.coef, lam, N)
         if target:
             rose = st.active & (objective > st.prev_objective + 1e-13 * np.abs(st.prev_objective))
             if rose.any() and st.halvings < max_halvings:
                 # Halve the last step of the problems whose objective rose, and look again.
-                st.coef[:, rose] = (st.coef[:, rose] + st.prev_coef[:, rose]) / 2
-                st.intercept[rose] = (st.intercept[rose] + st.prev_intercept[rose]) / 2
+                cols = loss.columns(rose, st.coef.shape[1])
+                st.coef[:, cols] = (st.coef[:, cols] + st.prev_coef[:, cols]) / 2
+                st.intercept[cols] = (st.intercept[cols] + st.prev_intercept[cols]) / 2
                 st.halvings += 1
                 continue
         st.history = np.vstack([st.history, objective])
-        # gradient in alpha and b; the Schur complement eliminates b
-        g_a = K1 / N + lam * (Kmm @ st.coef)
-        g_b = s1 / N
-        h_bb = s2 / N
-        hb = K2 / N  # H_ab, one column per problem
-        if fit_intercept:
-            g_s = g_a - hb * (g_b / h_bb)[None, :]
-        else:
-            g_s = g_a
-        g_s[:, ~st.active] = 0.0
-        centers_f = Kmm @ st.coef + st.intercept  # predictions at the centers
-        _, _, curv = loss_derivatives(np.ones_like(centers_f), centers_f)
-        pre = LogisticPreconditioner.build(factor, curv, lam, fit_intercept)
-
-        coef_now, b_now = st.coef.copy(), st.intercept.copy()
-
-        def schur(U: np.ndarray, lam: float = lam, coef_now: np.ndarray = coef_now,
-                  b_now: np.ndarray = b_now, hb: np.ndarray = hb, h_bb: np.ndarray = h_bb) -> np.ndarray:
-            HU = hessian_pass(coef_now, b_now, U) / N + lam * (Kmm @ U)
-            if fit_intercept:
-                HU -= hb * (np.einsum("ij,ij->j", hb, U) / h_bb)[None, :]
-            return HU
-
-        def operator(beta: np.ndarray, pre: LogisticPreconditioner = pre, schur: Any = schur) -> np.ndarray:
-            beta = beta.reshape(M, t)
-            return pre.adjoint(schur(pre.to_coefficients(beta)))
 
         def callback(it: int, rel: np.ndarray) -> None:
             if on_step is not None:
                 on_step(st.cg_iterations + it, float(np.max(rel)))
 
-        result = conjugate_gradient(operator, pre.adjoint(g_s), tol=forcing_tolerance(st, tol) if target else tol,
-                                    max_iter=max_iter if target else min(max_iter, WARMUP_CG_ITERATIONS),
-                                    callback=callback)
-        st.cg_iterations += int(result.n_iter)
-        d_a = pre.to_coefficients(result.x.reshape(M, t))
-        d_a[:, ~st.active] = 0.0
-        decrement = np.einsum("ij,ij->j", g_s, d_a)
-        d_b = (g_b - np.einsum("ij,ij->j", hb, d_a)) / h_bb if fit_intercept else np.zeros(t)
-        if fit_intercept:
-            decrement = decrement + g_b * g_b / h_bb
-        d_b[~st.active] = 0.0
+        def solve(operator: Callable[[np.ndarray], np.ndarray], rhs: np.ndarray, target: bool = target) -> np.ndarray:
+            result = conjugate_gradient(operator, rhs, tol=forcing_tolerance(st, tol) if target else tol,
+                                        max_iter=max_iter if target else min(max_iter, WARMUP_CG_ITERATIONS),
+                                        callback=callback)
+            st.cg_iterations += int(result.n_iter)
+            return result.x
+
+        d_a, d_b, decrement = loss.direction(NewtonSystem(
+            factor=factor, G=G, coef=st.coef.copy(), intercept=st.intercept.copy(), active=st.active, penalty=lam,
+            weight_sum=N, fit_intercept=fit_intercept, hessian_pass=hessian_pass, solve=solve))
         st.decrements = np.vstack([st.decrements, decrement])
         st.prev_coef, st.prev_intercept = st.coef.copy(), st.intercept.copy()
-        st.prev_objective = objective.copy() if target else np.full(t, np.inf)
+        st.prev_objective = objective.copy() if target else np.full(problems, np.inf)
         st.coef = st.coef - d_a
         st.intercept = st.intercept - d_b
         if target:
@@ -521,6 +604,5 @@ def newton_solve(
             on_state(st.copy())
     converged = not st.active.any()
     G = gradient_pass(st.coef, st.intercept)
-    lam = path[-1][0]
-    objective = G[M + 1, :t] / N + 0.5 * lam * np.einsum("ij,ij->j", st.coef, Kmm @ st.coef)
+    objective = loss.objective(G, Kmm, st.coef, path[-1][0], N)
     return NewtonResult(coef=st.coef, intercept=st.intercept, objective=objective, converged=converged, state=st)

@@ -28,12 +28,11 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable
-from typing import Any, Protocol
 
 import numpy as np
 import scipy.linalg as sla
 
-from daskkrr.solvers.cg import CGState
+from daskkrr.solvers.cg import CGResult, CGState, NumpyOps, Vector, VectorOps, cg_solve
 
 __all__ = [
     "NumpyOps",
@@ -45,83 +44,9 @@ __all__ = [
     "ritz_bounds",
 ]
 
-Vector = Any
 Operator = Callable[[Vector], Vector]
-
-
-class VectorOps(Protocol):
-    """What :func:`pcg` needs to know about its vectors (``(n, t)``, columns = right-hand sides)."""
-
-    def dots(self, pairs: list[tuple[Vector, Vector]]) -> list[np.ndarray]:
-        """Column dot products ``sum_i a_ij b_ij`` (``(t,)`` each) of every pair, at once."""
-        ...
-
-    def lincomb(self, terms: list[tuple[Any, Vector]]) -> Vector:
-        """``sum_k c_k v_k`` with scalar or per-column ``(t,)`` coefficients, materialised where it lives."""
-        ...
-
-    def to_numpy(self, v: Vector) -> np.ndarray:
-        """The vector here (for a checkpoint)."""
-        ...
-
-    def from_numpy(self, a: np.ndarray) -> Vector:
-        """A vector from a numpy array (to resume from a checkpoint)."""
-        ...
-
-
-class NumpyOps:
-    """:class:`VectorOps` for numpy arrays in this process."""
-
-    def dots(self, pairs: list[tuple[Vector, Vector]]) -> list[np.ndarray]:
-        return [np.einsum("ij,ij->j", a, b) for a, b in pairs]
-
-    def lincomb(self, terms: list[tuple[Any, Vector]]) -> Vector:
-        out = None
-        for c, v in terms:
-            out = v * c if out is None else out + v * c
-        return out
-
-    def to_numpy(self, v: Vector) -> np.ndarray:
-        return np.asarray(v, dtype=np.float64)
-
-    def from_numpy(self, a: np.ndarray) -> Vector:
-        return np.asarray(a, dtype=np.float64)
-
-
-@dataclasses.dataclass
-class PCGResult:
-    """Outcome of :func:`pcg`.
-
-    Attributes
-    ----------
-    x : vector (n, t)
-        The solution, of the kind ``ops`` works with.
-    n_iter : int
-        Iterations (products with the operator for new search directions).
-    n_matvec : int
-        All products with the operator (true-residual checks included).
-    residuals : ndarray (n_iter + 1, t)
-        Relative residuals ``||b - A x|| / ||b||`` after each iteration.
-    converged : bool
-        Every column reached ``tol``.
-    alphas, betas : ndarray (n_iter, t)
-        CG step lengths and direction updates (for :func:`ritz_bounds`).
-    stagnated : bool
-        Always False (for the not-converged warning shared with FALKON's CG).
-    """
-
-    x: Vector
-    n_iter: int
-    n_matvec: int
-    residuals: np.ndarray
-    converged: bool
-    alphas: np.ndarray
-    betas: np.ndarray
-    stagnated: bool = False
-
-
-def _safe_div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return np.divide(a, b, out=np.zeros_like(a), where=b != 0)
+#: The outcome of :func:`pcg` (``stagnated`` is always False: the guards are off).
+PCGResult = CGResult
 
 
 def pcg(
@@ -137,8 +62,11 @@ def pcg(
     state: CGState | None = None,
     on_state: Callable[[CGState], None] | None = None,
     state_every: int = 1,
-) -> PCGResult:
+) -> CGResult:
     """Solve ``A x = b`` (symmetric positive definite, several columns) by preconditioned CG.
+
+    :func:`daskkrr.solvers.cg.cg_solve` without the stagnation guards (whose energy
+    would cost another reduction over the data per check).
 
     Parameters
     ----------
@@ -166,97 +94,19 @@ def pcg(
     state_every : int
         How often ``on_state`` is called.
 
+    Returns
+    -------
+    CGResult
+        ``x`` of ``ops``' kind, with the CG coefficients ``alphas`` and ``betas`` (for :func:`ritz_bounds`).
+
     Raises
     ------
     ValueError
         For ``tol <= 0``, ``max_iter < 0`` or a state of another right-hand side.
     """
-    if not tol > 0:
-        raise ValueError(f"tol must be > 0; got {tol!r}")
-    if max_iter < 0:
-        raise ValueError(f"max_iter must be >= 0; got {max_iter!r}")
-    M = preconditioner if preconditioner is not None else (lambda r: r)
-    (bb,) = ops.dots([(b, b)])
-    bnorm = np.sqrt(bb)
-    t = bnorm.size
-    safe = np.where(bnorm > 0, bnorm, 1.0)
-    alphas: list[np.ndarray] = []
-    betas: list[np.ndarray] = []
-    if state is None:
-        X = ops.lincomb([(0.0, b)])
-        R = b
-        Zr = M(R)
-        P = Zr
-        (rz,) = ops.dots([(R, Zr)])
-        rel = np.where(bnorm > 0, 1.0, 0.0)
-        history = [rel.copy()]
-        it = n_matvec = last_true = 0
-    else:
-        if state.b.shape[1] != t or not np.allclose(ops.to_numpy(b), state.b, rtol=1e-10, atol=1e-12 * safe.max()):
-            raise ValueError("the PCG state was saved for a different right-hand side; it belongs to another problem")
-        X, R, P = (ops.from_numpy(getattr(state, k)) for k in ("x", "r", "p"))
-        rz = state.rz.copy()
-        history = [row.copy() for row in state.history]
-        rel = history[-1].copy()
-        it, n_matvec, last_true = state.iteration, state.n_matvec, state.last_true
-    active = rel > tol
-
-    def snapshot() -> CGState:
-        xn = ops.to_numpy(X)
-        return CGState(
-            b=ops.to_numpy(b), x=xn, r=ops.to_numpy(R), p=ops.to_numpy(P), rz=rz.copy(), active=active.copy(),
-            history=np.array(history), best_x=xn, best_phi=np.zeros(t), best_rel=rel.copy(),
-            iteration=it, n_matvec=n_matvec, last_true=last_true,
-        )
-
-    while it < max_iter and active.any():
-        AP = matvec(P)
-        n_matvec += 1
-        it += 1
-        (pAp,) = ops.dots([(P, AP)])
-        alpha = np.where(active, _safe_div(rz, pAp), 0.0)
-        X, R = _lincombs(ops, [[(1.0, X), (alpha, P)], [(1.0, R), (-alpha, AP)]])
-        (rr,) = ops.dots([(R, R)])
-        rel = np.sqrt(np.maximum(rr, 0.0)) / safe
-        if (true_residual_every and it - last_true >= true_residual_every) or not (rel > tol).any():
-            R = ops.lincomb([(1.0, b), (-1.0, matvec(X))])  # residual replacement; confirms convergence
-            n_matvec += 1
-            last_true = it
-            (rr,) = ops.dots([(R, R)])
-            rel = np.sqrt(np.maximum(rr, 0.0)) / safe
-        rel[bnorm == 0] = 0.0
-        history.append(rel.copy())
-        alphas.append(alpha)
-        if callback is not None:
-            callback(it, rel.copy())
-        active = rel > tol
-        if not active.any():
-            betas.append(np.zeros(t))
-            break
-        Zr = M(R)
-        (rz_new,) = ops.dots([(R, Zr)])
-        beta = np.where(active, _safe_div(rz_new, rz), 0.0)
-        betas.append(beta)
-        P = ops.lincomb([(1.0, Zr), (beta, P)])
-        rz = rz_new
-        if on_state is not None and it % max(1, int(state_every)) == 0 and it < max_iter:
-            on_state(snapshot())
-    if on_state is not None:
-        on_state(snapshot())
-    if len(betas) < len(alphas):
-        betas.append(np.zeros(t))
-    return PCGResult(
-        x=X, n_iter=it, n_matvec=n_matvec, residuals=np.array(history), converged=bool((history[-1] <= tol).all()),
-        alphas=np.array(alphas).reshape(-1, t), betas=np.array(betas).reshape(-1, t),
-    )
-
-
-def _lincombs(ops: VectorOps, combos: list[list[tuple[Any, Vector]]]) -> list[Vector]:
-    """Several linear combinations, at once when ``ops`` can (one round trip to the workers)."""
-    many = getattr(ops, "lincombs", None)
-    if many is not None:
-        return list(many(combos))
-    return [ops.lincomb(terms) for terms in combos]
+    return cg_solve(matvec, b, ops, preconditioner=preconditioner, tol=tol, max_iter=max_iter,
+                    true_residual_every=true_residual_every, stagnation_checks=None, callback=callback,
+                    state=state, on_state=on_state, state_every=max(1, int(state_every)))
 
 
 def ritz_bounds(alphas: np.ndarray, betas: np.ndarray) -> tuple[float, float]:

@@ -7,9 +7,10 @@ With ``C`` classes, coefficients ``U`` of shape ``(M, C)`` and intercepts ``b``
 
 with the row weights ``s_i`` and ``N = sum_i s_i`` of :mod:`daskkrr.solvers.logistic`
 and ``b`` unpenalised, as there. It is solved by the same globally convergent
-scheme (Marteau-Ferey, Bach and Rudi 2019): one Newton step per warm-up penalty,
-Newton steps at the target, each Newton system by preconditioned CG, now on the
-stacked ``M * C`` unknowns, since the classes are coupled in every row's Hessian
+scheme (Marteau-Ferey, Bach and Rudi 2019) and the same driver
+(:func:`daskkrr.solvers.logistic.newton_solve` with the :class:`Multinomial` loss): one
+Newton step per warm-up penalty, Newton steps at the target, each Newton system by
+preconditioned CG, now on the stacked ``M * C`` unknowns, since the classes are coupled in every row's Hessian
 ``H_i = diag(p_i) - p_i p_i^T`` (``p_i = softmax(f(x_i))``).
 
 The data enter through two per-block products, summed over the row blocks:
@@ -44,26 +45,11 @@ Two facts about the softmax shape the solver:
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
 import numpy as np
 from scipy.special import log_softmax
 
 from daskkrr.kernels.base import Kernel
-from daskkrr.solvers.logistic import (
-    WARMUP_CG_ITERATIONS,
-    CenterFactor,
-    GradientPass,
-    HessianPass,
-    LogisticPreconditioner,
-    NewtonResult,
-    NewtonState,
-    _tiles,
-    center_threads,
-    forcing_tolerance,
-    split_targets,
-)
+from daskkrr.solvers.logistic import LogisticPreconditioner, NewtonSystem, _tiles, split_targets
 
 
 # --------------------------------------------------------------------------- the loss
@@ -177,57 +163,29 @@ def centred(U: np.ndarray) -> np.ndarray:
     return U - U.mean(axis=1, keepdims=True)
 
 
-# --------------------------------------------------------------------------- the Newton loop
-def _objective(G: np.ndarray, Kmm: np.ndarray, coef: np.ndarray, lam: float, N: float) -> np.ndarray:
-    M = Kmm.shape[0]
-    return np.array([G[M + 1, 0] / N + 0.5 * lam * float(np.einsum("ij,ij->", coef, Kmm @ coef))])
+# --------------------------------------------------------------------------- the Newton loss
+class Multinomial:
+    """:class:`~daskkrr.solvers.logistic.NewtonLoss` of the multinomial model for
+    :func:`daskkrr.solvers.logistic.newton_solve`: one problem over the ``C`` classes
+    (the state's per-problem arrays have one entry), each Newton system one CG on the
+    ``M * C`` stacked unknowns."""
 
+    def problems(self, t: int) -> int:
+        return 1
 
-@center_threads
-def newton_solve(
-    factor: CenterFactor,
-    gradient_pass: GradientPass,
-    hessian_pass: HessianPass,
-    *,
-    path: list[tuple[float, bool]],
-    weight_sum: float,
-    intercept0: np.ndarray,
-    fit_intercept: bool,
-    tol: float,
-    max_iter: int,
-    state: NewtonState | None = None,
-    on_state: Callable[[NewtonState], None] | None = None,
-    on_step: Callable[[int, float], None] | None = None,
-    max_halvings: int = 30,
-) -> NewtonResult:
-    """The multinomial model by Newton's method along ``path``, as
-    :func:`daskkrr.solvers.logistic.newton_solve` (same arguments, same stopping
-    rule and step halving) but with one problem: ``gradient_pass`` and
-    ``hessian_pass`` sum this module's :func:`gradient_terms` and
-    :func:`hessian_terms`, the state's ``objective``/``active`` arrays have one
-    entry, and each Newton system is one CG on the ``M * C`` stacked unknowns.
-    """
-    from daskkrr.solvers.cg import conjugate_gradient
+    def columns(self, problems: np.ndarray, t: int) -> np.ndarray:
+        return np.full(t, bool(problems[0]))
 
-    Kmm = factor.Kmm
-    M = Kmm.shape[0]
-    N = float(weight_sum)
-    st = (NewtonState.start(M, np.asarray(intercept0, dtype=np.float64), problems=1) if state is None
-          else state.copy())
-    C = st.coef.shape[1]
-    while st.step < len(path) and st.active.any():
-        lam, target = path[st.step]
-        G = gradient_pass(st.coef, st.intercept)
-        objective = _objective(G, Kmm, st.coef, lam, N)
-        if target and objective[0] > st.prev_objective[0] + 1e-13 * abs(st.prev_objective[0]) \
-                and st.halvings < max_halvings:
-            # The last step raised the objective: halve it and look again.
-            st.coef = (st.coef + st.prev_coef) / 2
-            st.intercept = (st.intercept + st.prev_intercept) / 2
-            st.halvings += 1
-            continue
-        st.history = np.vstack([st.history, objective])
-        g_a = G[:M, :C] / N + lam * (Kmm @ st.coef)
+    def objective(self, G: np.ndarray, Kmm: np.ndarray, coef: np.ndarray, penalty: float,
+                  weight_sum: float) -> np.ndarray:
+        M = Kmm.shape[0]
+        return np.array([G[M + 1, 0] / weight_sum + 0.5 * penalty * float(np.einsum("ij,ij->", coef, Kmm @ coef))])
+
+    def direction(self, system: NewtonSystem) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        G, coef, lam, N, fit_intercept = system.G, system.coef, system.penalty, system.weight_sum, system.fit_intercept
+        Kmm = system.factor.Kmm
+        M, C = coef.shape
+        g_a = G[:M, :C] / N + lam * (Kmm @ coef)
         # The intercepts are eliminated (Schur complement); H_ab[m, c, c'] couples U[m, c] and b[c'].
         g_b = G[M, :C] / N if fit_intercept else np.zeros(C)
         H_ab = G[:M, C:].reshape(M, C, C) / N if fit_intercept else np.zeros((M, C, C))
@@ -236,52 +194,24 @@ def newton_solve(
         # Block-diagonal preconditioner: class c's FALKON factor weighted by p_c (1 - p_c) at the
         # centers, the diagonal of H_i; H_i <= 2 diag(p_i (1 - p_i)) since its rows sum to zero
         # (module docstring), so no curvature is overestimated more than twice.
-        centers_p = softmax(Kmm @ st.coef + st.intercept)
-        curvature = centers_p * (1.0 - centers_p)
-        pre = LogisticPreconditioner.build(factor, curvature, lam, fit_intercept)
-        coef_now, b_now = st.coef.copy(), st.intercept.copy()
+        centers_p = softmax(Kmm @ coef + system.intercept)
+        pre = LogisticPreconditioner.build(system.factor, centers_p * (1.0 - centers_p), lam, fit_intercept)
 
-        def schur(U: np.ndarray, lam: float = lam, coef_now: np.ndarray = coef_now,
-                  b_now: np.ndarray = b_now, H_ab: np.ndarray = H_ab,
-                  H_bb_pinv: np.ndarray = H_bb_pinv) -> np.ndarray:
-            HU = hessian_pass(coef_now, b_now, U) / N + lam * (Kmm @ U)
+        def schur(U: np.ndarray) -> np.ndarray:
+            HU = system.hessian_pass(coef, system.intercept, U) / N + lam * (Kmm @ U)
             if fit_intercept:
                 HU -= np.einsum("mcd,d->mc", H_ab, H_bb_pinv @ np.einsum("mcd,mc->d", H_ab, U))
             return HU
 
-        def operator(beta: np.ndarray, pre: LogisticPreconditioner = pre, schur: Any = schur) -> np.ndarray:
-            return pre.adjoint(schur(pre.to_coefficients(beta.reshape(M, C)))).reshape(-1)
-
-        def callback(it: int, rel: np.ndarray) -> None:
-            if on_step is not None:
-                on_step(st.cg_iterations + it, float(np.max(rel)))
-
         # The gradient's class-mean is lambda K_MM mean_c(U_c) (the loss part sums to zero over the
         # classes), where the Schur complement is lambda K_MM: that part of the Newton step is
         # mean_c(U_c) itself, exactly. CG solves the rest, whose solution has zero class-sum.
-        mean_coef = st.coef.mean(axis=1, keepdims=True)
-        result = conjugate_gradient(operator, pre.adjoint(centred(g_s)).reshape(-1),
-                                    tol=forcing_tolerance(st, tol) if target else tol,
-                                    max_iter=max_iter if target else min(max_iter, WARMUP_CG_ITERATIONS),
-                                    callback=callback)
-        st.cg_iterations += int(result.n_iter)
+        mean_coef = coef.mean(axis=1, keepdims=True)
+        x = system.solve(lambda beta: pre.adjoint(schur(pre.to_coefficients(beta.reshape(M, C)))).reshape(-1),
+                         pre.adjoint(centred(g_s)).reshape(-1))
         # Projecting CG's direction on the zero-sum matrices only brings it nearer the exact one
         # (the Schur complement maps that subspace and its complement to themselves).
-        d_a = centred(pre.to_coefficients(result.x.reshape(M, C))) + mean_coef
+        d_a = centred(pre.to_coefficients(x.reshape(M, C))) + mean_coef
         decrement = float(np.einsum("ij,ij->", g_s, d_a) + g_b @ H_bb_pinv @ g_b)
         d_b = H_bb_pinv @ (g_b - np.einsum("mcd,mc->d", H_ab, d_a))
-        st.decrements = np.vstack([st.decrements, [decrement]])
-        st.prev_coef, st.prev_intercept = st.coef.copy(), st.intercept.copy()
-        st.prev_objective = objective.copy() if target else np.full(1, np.inf)
-        st.coef = st.coef - d_a
-        st.intercept = st.intercept - d_b
-        if target and decrement <= 2 * tol * max(abs(float(objective[0])), np.finfo(float).tiny):
-            st.active[:] = False
-        st.step += 1
-        st.halvings = 0
-        if on_state is not None:
-            on_state(st.copy())
-    converged = not st.active.any()
-    G = gradient_pass(st.coef, st.intercept)
-    objective = _objective(G, Kmm, st.coef, path[-1][0], N)
-    return NewtonResult(coef=st.coef, intercept=st.intercept, objective=objective, converged=converged, state=st)
+        return d_a, d_b, np.array([decrement])

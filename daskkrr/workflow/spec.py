@@ -66,6 +66,7 @@ from sklearn.base import ClassifierMixin
 
 from daskkrr.config import ConfigError, check_model_config
 from daskkrr.models.registry import ESTIMATORS
+from daskkrr.utils.toml_file import read_toml, unknown_keys
 
 REGRESSION_METRICS = ("rmse", "mae", "r2")
 CLASSIFICATION_METRICS = ("accuracy",)
@@ -198,13 +199,7 @@ def read_workflow(path: str | os.PathLike, overrides: list[str] | dict[str, Any]
         table and key.
     """
     path = Path(path)
-    try:
-        with open(path, "rb") as fh:
-            raw = tomllib.load(fh)
-    except FileNotFoundError:
-        raise FileNotFoundError(f"workflow file {path} does not exist") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise WorkflowError(f"{path} is not valid TOML: {exc}") from exc
+    raw = read_toml(path, error=WorkflowError, what="workflow file")
     raw = apply_overrides(raw, overrides)
     return resolve(raw, base_dir=path.resolve().parent, default_name=path.stem, where=str(path))
 
@@ -220,17 +215,17 @@ def resolve(raw: dict[str, Any], *, base_dir: str | os.PathLike, default_name: s
             where: str = "workflow") -> dict[str, Any]:
     """Check a workflow dict and fill in defaults; paths become absolute (relative to ``base_dir``)."""
     base_dir = Path(base_dir)
-    unknown = sorted(set(raw) - _TABLES)
+    unknown = unknown_keys(raw, _TABLES, where=where, what="table")
     if unknown:
-        raise WorkflowError(f"{where}: unknown table(s) {unknown}; allowed: {sorted(_TABLES)}")
+        raise WorkflowError(unknown)
     out: dict[str, Any] = {}
     for table, schema in _SCHEMA.items():
         section = raw.get(table, {})
         if not isinstance(section, dict):
             raise WorkflowError(f"{where}: [{table}] must be a table")
-        bad = sorted(set(section) - set(schema))
-        if bad:
-            raise WorkflowError(f"{where}: unknown key(s) {bad} in [{table}]; accepted: {sorted(schema)}")
+        unknown = unknown_keys(section, schema, where=where, context=f" in [{table}]")
+        if unknown:
+            raise WorkflowError(unknown)
         resolved = {}
         for key, (types, default) in schema.items():
             if key in section:
@@ -320,9 +315,9 @@ def _check_data(data: dict[str, Any], base_dir: Path, where: str) -> None:
         raise WorkflowError(f"{where}: [data] sample_weight names an array of the store; it needs store = \"...\"")
     if data["generate"] is not None:
         gen = dict(data["generate"])
-        bad = sorted(set(gen) - set(_GENERATE))
-        if bad:
-            raise WorkflowError(f"{where}: unknown key(s) {bad} in [data] generate; accepted: {sorted(_GENERATE)}")
+        unknown = unknown_keys(gen, _GENERATE, where=where, context=" in [data] generate")
+        if unknown:
+            raise WorkflowError(unknown)
         for key in ("n", "d"):
             if key not in gen:
                 raise WorkflowError(f"{where}: [data] generate needs {key}, e.g. generate = {{ n = 20000, d = 8 }}")

@@ -42,13 +42,13 @@ from __future__ import annotations
 import logging
 import os
 import time
-import tomllib
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 import daskkrr
+from daskkrr.utils.toml_file import read_toml, unknown_keys
 from daskkrr.workflow import rundir as rd
 from daskkrr.workflow.data import resolve_store
 from daskkrr.workflow.runner import RunResult, WorkflowRunError, _client_for, check_run_paths, workflow_security
@@ -75,11 +75,7 @@ def read_unsupervised_workflow(path: str | os.PathLike, overrides: list[str] | d
                                ) -> dict[str, Any]:
     """Read, override and check an unsupervised workflow file; paths become absolute."""
     path = Path(path)
-    with open(path, "rb") as fh:
-        try:
-            raw = tomllib.load(fh)
-        except tomllib.TOMLDecodeError as exc:
-            raise WorkflowError(f"{path} is not valid TOML: {exc}") from exc
+    raw = read_toml(path, error=WorkflowError, what="workflow file")
     raw = _overridden(raw, overrides)
     return resolve_unsupervised(raw, base_dir=path.resolve().parent, default_name=path.stem, where=str(path))
 
@@ -109,17 +105,17 @@ def resolve_unsupervised(raw: dict[str, Any], *, base_dir: str | os.PathLike, de
     from daskkrr.models.registry import UNSUPERVISED
 
     base_dir = Path(base_dir)
-    unknown = sorted(set(raw) - set(_TABLES) - set(_MODELS))
+    unknown = unknown_keys(raw, {*_TABLES, *_MODELS}, where=where, what="table")
     if unknown:
-        raise WorkflowError(f"{where}: unknown table(s) {unknown}; allowed: {sorted({*_TABLES, *_MODELS})}")
+        raise WorkflowError(unknown)
     if not is_unsupervised(raw):
         raise WorkflowError(f"{where}: an unsupervised workflow needs a [kpca] or a [kmeans] table")
     out: dict[str, Any] = {}
     for table, defaults in _TABLES.items():
         section = raw.get(table, {})
-        bad = sorted(set(section) - set(defaults))
-        if bad:
-            raise WorkflowError(f"{where}: unknown key(s) {bad} in [{table}]; allowed: {sorted(defaults)}")
+        unknown = unknown_keys(section, defaults, where=where, context=f" in [{table}]")
+        if unknown:
+            raise WorkflowError(unknown)
         out[table] = {**defaults, **section}
     for name in _MODELS:
         if name in raw:
