@@ -131,14 +131,7 @@ def test_readme_command_line(tmpdir_):
         p.name for p in made[0].iterdir()}  # every output under the block's mktemp -d
 
 
-#: Known failures, by file: the reason, until the cause is fixed (strict: the test says when it is).
-_KNOWN = {
-    "cluster_store.toml": "k-means on [data] generate's classification data, which has no cluster structure "
-                          "(standard-normal X; the classes are level sets of a smooth function): Lloyd creeps "
-                          "past max_iter (not converged) and the ARI is ~0.07; needs clustered synthetic data",
-}
-WORKFLOW_FILES = [pytest.param(p, marks=pytest.mark.xfail(reason=_KNOWN[p.name], strict=True)) if p.name in _KNOWN
-                  else p for p in sorted(EXAMPLES.rglob("*.toml"))]
+WORKFLOW_FILES = sorted(EXAMPLES.rglob("*.toml"))
 
 
 def test_every_workflow_file_has_commands():
