@@ -191,3 +191,15 @@ def test_blobs_are_clusters_labelled_by_blob(tmp_path):
 def test_invalid_blob_arguments(kwargs, message):
     with pytest.raises(ValueError, match=message):
         make_blobs(100, 2, **kwargs)
+
+
+def test_a_workflow_generates_blobs_or_classes_not_both(tmp_path):
+    from daskkrr.workflow.data import generated_store
+    from daskkrr.workflow.spec import WorkflowError, _check_data
+
+    data = {"store": None, "table": None, "target": None, "sep": None, "cache": None, "sample_weight": None,
+            "generate": {"n": 50, "d": 2, "classes": 3, "clusters": 3}}
+    with pytest.raises(WorkflowError, match="classes .* or clusters .*not both"):
+        _check_data(data, tmp_path, "w.toml")
+    store = generated_store({"n": 600, "d": 2, "clusters": 3, "seed": 0, "chunk_rows": 200}, tmp_path)
+    assert zarr.open_group(store, mode="r").attrs["synthetic"]["generator"] == "make_blobs"
