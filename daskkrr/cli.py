@@ -325,6 +325,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--n", type=_positive_int, default=100_000, help="rows")
     p.add_argument("--d", type=_positive_int, default=8, help="features")
     p.add_argument("--classes", type=int, default=0, help="0 for regression, k >= 2 for classification")
+    p.add_argument("--clusters", type=int, default=0,
+                   help="k >= 2 for k Gaussian blobs labelled by blob (data for k-means; instead of --classes)")
     p.add_argument("--chunk-rows", type=_positive_int, default=50_000, help="rows per chunk of the store")
     p.add_argument("--seed", type=int, default=0, help="random seed")
     p.add_argument("--overwrite", action="store_true", help="replace an existing output")
@@ -457,14 +459,19 @@ def _cmd_convert(args: argparse.Namespace) -> None:
 
 
 def _cmd_generate(args: argparse.Namespace) -> None:
-    from daskkrr.data import write_classification_zarr, write_regression_zarr
+    from daskkrr.data import write_blobs_zarr, write_classification_zarr, write_regression_zarr
     from daskkrr.parallel import cluster_client
     from daskkrr.utils.output_paths import check_paths
 
+    if args.classes and args.clusters:
+        raise UsageError("generate takes --classes (classification data) or --clusters (blobs), not both")
     check_paths(outputs={"output": args.output}, overwrite=args.overwrite)  # fail before starting a cluster
     # The blocks are generated on the workers.
     with cluster_client(args.scheduler, n_workers=args.workers, security=args.security):
-        if args.classes:
+        if args.clusters:
+            write_blobs_zarr(args.output, args.n, args.d, n_clusters=args.clusters, chunk_rows=args.chunk_rows,
+                             random_state=args.seed, overwrite=args.overwrite)
+        elif args.classes:
             write_classification_zarr(args.output, args.n, args.d, n_classes=args.classes,
                                       chunk_rows=args.chunk_rows, random_state=args.seed, overwrite=args.overwrite)
         else:

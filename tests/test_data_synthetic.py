@@ -10,9 +10,11 @@ import pytest
 import zarr
 
 from daskkrr.data import (
+    make_blobs,
     make_classification,
     make_regression,
     open_dataset,
+    write_blobs_zarr,
     write_classification_zarr,
     write_regression_zarr,
 )
@@ -160,3 +162,44 @@ def test_write_classification_zarr(tmp_path):
 def test_generated_data_is_lazy_dask():
     X, y = make_classification(100, 2, chunk_rows=10)
     assert isinstance(X, da.Array) and isinstance(y, da.Array)
+
+
+def test_blobs_are_clusters_labelled_by_blob(tmp_path):
+    X, y = make_blobs(6_000, 3, n_clusters=4, chunk_rows=1_000, cluster_std=0.1, random_state=3)
+    Xn, yn = X.compute(), y.compute()
+    assert Xn.shape == (6_000, 3) and set(np.unique(yn)) == {0, 1, 2, 3}
+    for k in range(4):
+        rows = Xn[yn == k]
+        # Each blob is its center plus 0.1 N(0, I): the spread's relative error over m rows is
+        # about 1/sqrt(2 m) (m >= 1 000 here: 2.2%); 5 of those leave a failure odds below 1e-6.
+        np.testing.assert_allclose(rows.std(axis=0), 0.1, rtol=5 / np.sqrt(2 * len(rows)))
+    # The blobs are apart: every row is nearer its own blob's mean than any other's (seed 3's
+    # closest centers are 3.4 apart, 17 cluster std to the midpoint: no row crosses it).
+    means = np.stack([Xn[yn == k].mean(axis=0) for k in range(4)])
+    nearest = np.argmin(((Xn[:, None, :] - means[None]) ** 2).sum(axis=2), axis=1)
+    np.testing.assert_array_equal(nearest, yn)
+    again = make_blobs(6_000, 3, n_clusters=4, chunk_rows=1_000, cluster_std=0.1, random_state=3)
+    np.testing.assert_array_equal(again[0].compute(), Xn)
+    store = write_blobs_zarr(tmp_path / "blobs.zarr", 6_000, 3, n_clusters=4, chunk_rows=1_000, cluster_std=0.1,
+                             random_state=3)
+    Xs, ys = open_dataset(store)
+    np.testing.assert_array_equal(ys.compute(), yn)
+    assert zarr.open_group(store, mode="r").attrs["synthetic"]["n_clusters"] == 4
+
+
+@pytest.mark.parametrize("kwargs, message", [({"n_clusters": 1}, "n_clusters"), ({"cluster_std": 0.0}, "cluster_std")])
+def test_invalid_blob_arguments(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        make_blobs(100, 2, **kwargs)
+
+
+def test_a_workflow_generates_blobs_or_classes_not_both(tmp_path):
+    from daskkrr.workflow.data import generated_store
+    from daskkrr.workflow.spec import WorkflowError, _check_data
+
+    data = {"store": None, "table": None, "target": None, "sep": None, "cache": None, "sample_weight": None,
+            "generate": {"n": 50, "d": 2, "classes": 3, "clusters": 3}}
+    with pytest.raises(WorkflowError, match="classes .* or clusters .*not both"):
+        _check_data(data, tmp_path, "w.toml")
+    store = generated_store({"n": 600, "d": 2, "clusters": 3, "seed": 0, "chunk_rows": 200}, tmp_path)
+    assert zarr.open_group(store, mode="r").attrs["synthetic"]["generator"] == "make_blobs"

@@ -7,7 +7,7 @@ row boundaries.
 * :func:`open_dataset` -- Zarr (v2/v3), xarray, numpy or dask sources -> ``(X, y)``.
 * :func:`write_zarr`, :func:`write_array_zarr` -- atomic, block-by-block Zarr v3 writers.
 * :func:`convert_table` -- stream a CSV/TSV (optionally gzip) table into Zarr.
-* :func:`make_regression`, :func:`make_classification` and their
+* :func:`make_regression`, :func:`make_classification`, :func:`make_blobs` and their
   ``write_*_zarr`` counterparts -- lazy synthetic data, one seed per block.
 * :class:`Standardizer` -- per-column scaling fitted in one pass.
 """
@@ -18,8 +18,10 @@ from daskkrr.data.chunking import auto_chunk_rows
 from daskkrr.data.loading import open_dataset
 from daskkrr.data.scaling import Standardizer
 from daskkrr.data.synthetic import (
+    make_blobs,
     make_classification,
     make_regression,
+    write_blobs_zarr,
     write_classification_zarr,
     write_regression_zarr,
 )
@@ -33,9 +35,11 @@ __all__ = [
     "Standardizer",
     "auto_chunk_rows",
     "convert_table",
+    "make_blobs",
     "make_classification",
     "make_regression",
     "open_dataset",
+    "write_blobs_zarr",
     "write_classification_zarr",
     "write_array_zarr",
     "write_regression_zarr",

@@ -2,7 +2,7 @@
 
 Names come from the containers that carry them:
 
-* a pandas DataFrame: its columns (as scikit-learn reads them: all strings, or none);
+* a pandas or dask DataFrame: its columns (as scikit-learn reads them: all strings, or none);
 * an xarray DataArray: the string coordinate of its feature (second) dimension;
   an xarray Dataset: that of its feature variable, else its ``feature_names`` attribute;
 * a Zarr store (path, store or group): its ``feature_names`` attribute, which
@@ -149,7 +149,7 @@ def _listed(names: list[Any]) -> str:
 def _names(X: Any, x: str) -> Any:
     """Raw names of any container, unchecked (None when it has none)."""
     module = type(X).__module__.split(".", 1)[0]
-    if module == "pandas" and hasattr(X, "columns"):
+    if module in ("pandas", "dask") and hasattr(X, "columns"):  # a pandas or dask DataFrame
         return list(X.columns)
     if module == "xarray":
         return _xarray_names(X, x)
@@ -204,9 +204,11 @@ def _store_names(X: Any, x: str) -> Any:
 
 
 def _can_carry_names(X: Any) -> bool:
-    """Containers that could have carried names (dask and zarr arrays cannot)."""
+    """Containers that could have carried names (dask and zarr arrays cannot; dask DataFrames can)."""
     module = type(X).__module__.split(".", 1)[0]
-    return module != "dask" and not (module == "zarr" and type(X).__name__ == "Array")
+    if module == "dask":
+        return hasattr(X, "columns")
+    return not (module == "zarr" and type(X).__name__ == "Array")
 
 
 __all__ = ["STORE_ATTRIBUTE", "check_feature_names", "feature_names_of", "fitted_feature_names",

@@ -9,17 +9,22 @@ from typing import Any
 import dask.array as da
 import numpy as np
 import scipy.sparse as sp
+from dask.base import is_dask_collection
 
 from daskkrr.data.chunking import auto_chunk_rows
-from daskkrr.data.loading import open_dataset
+from daskkrr.data.loading import frame_rows, is_dask_frame, open_dataset
+from daskkrr.data.validation import check_feature_columns
 
 
 def is_in_memory(X: Any) -> bool:
     """True for numpy arrays, lists, pandas objects, scipy sparse matrices and other
-    array-likes that are already in memory (the estimators check them as scikit-learn does)."""
+    array-likes that are already in memory (the estimators check them as scikit-learn does).
+
+    Dask collections (arrays, DataFrames, Series) are lazy although they have ``__array__``:
+    ``np.asarray`` would compute them on the client."""
     if isinstance(X, (np.ndarray, list, tuple)) or sp.issparse(X):
         return True
-    lazy = isinstance(X, da.Array) or _module_of(X) in ("xarray", "zarr")
+    lazy = is_dask_collection(X) or _module_of(X) in ("xarray", "zarr")
     return hasattr(X, "__array__") and not lazy
 
 
@@ -62,10 +67,26 @@ def load_training_data(X: Any, y: Any, chunks: int | None) -> tuple[da.Array, da
     return Xd, yd
 
 
-def load_features(X: Any, chunks: int | None = None) -> da.Array:
-    """Open features only (for predict)."""
+def load_features(X: Any, chunks: int | None = None, *, for_fit: bool = False) -> da.Array:
+    """Open features only (for predict, or ``for_fit`` for an unsupervised fit).
+
+    For predict a dask DataFrame becomes its lazy values, row counts unknown: a prediction
+    is one task per partition and needs no row count, so nothing is computed here (its
+    result has the frame's partitions as blocks). A fit needs the counts (one pass).
+    """
+    if is_dask_frame(X) and not for_fit:
+        return frame_features(X, chunks)
     refuse_unknown_chunks(X, "X")
     Xd, _ = open_dataset(X, y=None, chunks=chunks)
+    return Xd
+
+
+def frame_features(X: Any, chunks: int | None) -> da.Array:
+    """A dask DataFrame's values for a blockwise pass, checked on metadata only (2-D, numeric)."""
+    Xd = X.to_dask_array()
+    check_feature_columns(Xd, "X")
+    if chunks is not None:  # rows per block given: the lengths are needed to rechunk
+        return open_dataset(frame_rows(X), y=None, chunks=chunks)[0]
     return Xd
 
 

@@ -19,7 +19,7 @@ import dask.array as da
 import numpy as np
 import xarray as xr
 import zarr
-from dask.base import tokenize
+from dask.base import is_dask_collection, tokenize
 from zarr.abc.store import Store
 
 from daskkrr.data.chunking import FORMAT_VERSION, align_rows, as_row_blocks, numpy_to_dask
@@ -323,6 +323,8 @@ def as_array(a: Any, name: str) -> np.ndarray | da.Array:
         a = a.data
     if isinstance(a, zarr.Array):
         return checked_from_zarr(a, f"Zarr array {a.path or '/'!r} of {a.store}", name)
+    if is_dask_frame(a):
+        return frame_rows(a)
     if isinstance(a, (da.Array, np.ndarray)):
         return a
     try:
@@ -332,6 +334,22 @@ def as_array(a: Any, name: str) -> np.ndarray | da.Array:
             f"cannot read {name} of type {type(a).__name__} as an array; pass a numpy "
             f"or dask array, an xarray object or a path to a Zarr store"
         ) from exc
+
+
+def is_dask_frame(a: Any) -> bool:
+    """True for a dask DataFrame or Series."""
+    return is_dask_collection(a) and hasattr(a, "to_dask_array")
+
+
+def frame_rows(frame: Any) -> da.Array:
+    """A dask DataFrame's (or Series') values as a lazy dask array with known row chunks.
+
+    A DataFrame does not know how many rows each partition holds, and the passes need
+    every block's row count: the lengths are counted here, one pass over the partitions
+    (``to_dask_array(lengths=True)``); the values themselves stay lazy. Persist the frame
+    first if it is expensive to compute, so that this count and the fit read it once.
+    """
+    return frame.to_dask_array(lengths=True)
 
 
 # --------------------------------------------------------------------------- layout

@@ -41,7 +41,7 @@ from sklearn.exceptions import NotFittedError
 
 from daskkrr.data.chunking import align_rows, as_row_blocks, numpy_to_dask
 from daskkrr.data.extremes import ExtremeValueError, Magnitudes, merge_magnitudes
-from daskkrr.data.validation import check_features, check_target
+from daskkrr.data.validation import check_feature_columns, check_features, check_target
 
 __all__ = ["Moments", "Standardizer", "block_digest", "merge_moments"]
 
@@ -477,7 +477,8 @@ class Standardizer(TransformerMixin, BaseEstimator):
         lazy = isinstance(X, da.Array)
         if not lazy:
             X = np.asarray(X)
-        _, d = check_features(X, "X")
+        # A blockwise map: lazy rows of unknown count (a dask DataFrame's) are fine.
+        d = check_feature_columns(X, "X") if lazy else check_features(X, "X")[1]
         if d != self.n_features_in_:
             raise ValueError(
                 f"X has {d} features but this Standardizer was fitted with {self.n_features_in_}"

@@ -28,8 +28,10 @@ from daskkrr.data.writing import write_zarr
 
 __all__ = [
     "SmoothTarget",
+    "make_blobs",
     "make_classification",
     "make_regression",
+    "write_blobs_zarr",
     "write_classification_zarr",
     "write_regression_zarr",
 ]
@@ -43,8 +45,13 @@ PRODUCT_WEIGHT = 0.5
 #: Size of the fixed sample that normalises the target and places class thresholds.
 N_CALIBRATION = 20_000
 
+#: Blob centers are uniform in [-CENTER_BOX, CENTER_BOX]^d: with the default cluster_std 1, two
+#: centers are on average about sqrt(2 d / 3) CENTER_BOX apart, 8 sqrt(d) cluster std.
+CENTER_BOX = 10.0
+
 _PARAMS_KEY = 0
 _BLOCKS_KEY = 1
+_CENTERS_KEY = 2
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -212,6 +219,81 @@ def make_classification(
     return X, y
 
 
+def make_blobs(
+    n: int,
+    d: int,
+    n_clusters: int = 3,
+    chunk_rows: int | None = None,
+    cluster_std: float = 1.0,
+    random_state: int = 0,
+    dtype: Any = "float64",
+) -> tuple[da.Array, da.Array]:
+    """Lazy synthetic data made of ``n_clusters`` Gaussian blobs, with each row's blob as ``y``.
+
+    The data for the unsupervised estimators (k-means, kernel PCA) and their scores
+    (ARI, NMI against ``y``): every row picks a blob uniformly at random and is its
+    center plus ``cluster_std * N(0, I)``; the centers are uniform in
+    ``[-CENTER_BOX, CENTER_BOX]^d``, drawn from ``SeedSequence(random_state, spawn_key=(2,))``.
+    (:func:`make_classification`'s classes are level sets of a smooth function of
+    standard-normal features, which have no cluster structure.)
+
+    Parameters
+    ----------
+    n, d : int
+        Number of rows and features (both >= 1).
+    n_clusters : int, default=3
+        Number of blobs (>= 2); labels are ``0 .. n_clusters - 1``.
+    chunk_rows, random_state, dtype
+        As in :func:`make_regression`.
+    cluster_std : float, default=1.0
+        Standard deviation of each blob along every feature (> 0).
+
+    Returns
+    -------
+    X : dask array of shape (n, d)
+    y : dask array of shape (n,), int64
+    """
+    if isinstance(n_clusters, bool) or not isinstance(n_clusters, (int, np.integer)) or n_clusters < 2:
+        raise ValueError(f"n_clusters must be an integer >= 2; got {n_clusters!r}")
+    if not np.isfinite(cluster_std) or cluster_std <= 0:
+        raise ValueError(f"cluster_std must be a finite number > 0; got {cluster_std!r}")
+    Z, _, _ = _features(n, d, chunk_rows, 0.0, random_state, dtype)
+    rng = np.random.default_rng(np.random.SeedSequence(random_state, spawn_key=(_CENTERS_KEY,)))
+    centers = rng.uniform(-CENTER_BOX, CENTER_BOX, size=(int(n_clusters), Z.shape[1]))
+    y = da.map_blocks(_blob_label_block, Z, n_clusters=int(n_clusters), random_state=random_state,
+                      drop_axis=1, dtype=np.int64, meta=np.empty((0,), dtype=np.int64))
+    X = da.map_blocks(_blob_block, Z, centers=centers, cluster_std=float(cluster_std), random_state=random_state,
+                      dtype=Z.dtype, meta=np.empty((0, 0), dtype=Z.dtype))
+    return X, y
+
+
+def write_blobs_zarr(
+    path: str | os.PathLike,
+    n: int,
+    d: int,
+    n_clusters: int = 3,
+    chunk_rows: int | None = None,
+    cluster_std: float = 1.0,
+    random_state: int = 0,
+    dtype: Any = "float64",
+    overwrite: bool = False,
+) -> Path:
+    """Generate :func:`make_blobs` data straight into a Zarr store, block by block.
+
+    Parameters are those of :func:`make_blobs`, plus ``path`` and ``overwrite`` as in
+    :func:`write_zarr`.
+
+    Returns
+    -------
+    pathlib.Path
+    """
+    X, y = make_blobs(n, d, n_clusters, chunk_rows, cluster_std, random_state, dtype)
+    settings = _settings("make_blobs", n, d, X, 0.0, random_state)
+    del settings["noise"]  # the blobs' spread is cluster_std
+    settings.update(n_clusters=int(n_clusters), cluster_std=float(cluster_std))
+    return write_zarr(X, y, path, overwrite=overwrite, attrs={"synthetic": settings})
+
+
 def write_regression_zarr(
     path: str | os.PathLike,
     n: int,
@@ -330,6 +412,26 @@ def _feature_block(
     shape = info["chunk-shape"]
     rng = np.random.default_rng(_block_streams(random_state, block)[0])
     return rng.standard_normal(shape).astype(out_dtype, copy=False)
+
+
+def _blob_labels(rows: int, n_clusters: int, random_state: int, block: int) -> np.ndarray:
+    """The blob of every row of one block (its second stream: the first draws the offsets)."""
+    rng = np.random.default_rng(_block_streams(random_state, block)[1])
+    return rng.integers(0, n_clusters, size=rows)
+
+
+def _blob_label_block(Z: np.ndarray, n_clusters: int, random_state: int,
+                      block_info: dict | None = None) -> np.ndarray:
+    block = _block_info(block_info, 0)["chunk-location"][0]
+    return _blob_labels(Z.shape[0], n_clusters, random_state, block).astype(np.int64)
+
+
+def _blob_block(Z: np.ndarray, centers: np.ndarray, cluster_std: float, random_state: int,
+                block_info: dict | None = None) -> np.ndarray:
+    """Rows of one block: their blob's center plus ``cluster_std`` times the block's normal draws ``Z``."""
+    block = _block_info(block_info, 0)["chunk-location"][0]
+    labels = _blob_labels(Z.shape[0], centers.shape[0], random_state, block)
+    return (centers[labels] + cluster_std * Z).astype(Z.dtype, copy=False)
 
 
 def _latent_block(

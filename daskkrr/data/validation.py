@@ -90,6 +90,28 @@ def check_features(X: Any, name: str = "X") -> tuple[int, int]:
     TypeError
         If ``X`` is not bool, integer or float.
     """
+    check_feature_columns(X, name)
+    n, d = check_known_shape(tuple(X.shape), name)
+    if n < 1 or d < 1:
+        raise ValueError(
+            f"{name} has shape {(n, d)}; at least 1 row and 1 column are required"
+        )
+    return n, d
+
+
+def check_feature_columns(X: Any, name: str = "X") -> int:
+    """Check that ``X`` is a numeric 2-D array with at least one column; return the column count.
+
+    The row count may be unknown (a dask DataFrame's values): a blockwise pass such as
+    predict or a transform needs none, where a fit does (:func:`check_features`).
+
+    Raises
+    ------
+    ValueError
+        If ``X`` is not 2-D or has no column.
+    TypeError
+        If ``X`` is not bool, integer or float.
+    """
     if X.ndim != 2:
         hint = (
             f"reshape a single feature with {name}.reshape(-1, 1)"
@@ -100,13 +122,11 @@ def check_features(X: Any, name: str = "X") -> tuple[int, int]:
             f"{name} must be 2-D (n_samples, n_features); got {X.ndim}-D with shape "
             f"{tuple(X.shape)}: {hint}"
         )
-    n, d = check_known_shape(tuple(X.shape), name)
     check_numeric_dtype(X.dtype, name)
-    if n < 1 or d < 1:
-        raise ValueError(
-            f"{name} has shape {(n, d)}; at least 1 row and 1 column are required"
-        )
-    return n, d
+    d = X.shape[1]
+    if d < 1:
+        raise ValueError(f"{name} has shape {tuple(X.shape)}; at least 1 column is required")
+    return int(d)
 
 
 def check_target(y: Any, n_rows: int, name: str = "y", x_name: str = "X") -> None:

@@ -88,7 +88,7 @@ def feature_statistics(ctx: FitContext) -> None:
     """Open ``X`` (no target), one pass for its statistics and finiteness, scale, resolve the kernel."""
     p = ctx.params
     t0 = time.perf_counter()
-    Xd = load_features(ctx.X_in, p.chunks)
+    Xd = load_features(ctx.X_in, p.chunks, for_fit=True)
     if Xd.ndim != 2:
         raise ValueError(f"X must be 2-D (n_samples, n_features); got shape {Xd.shape}")
     n, d = (int(s) for s in Xd.shape)

@@ -54,7 +54,7 @@ def cached_table(table: str, target: str, cache: str, sep: str | None = None) ->
 
 def generated_store(settings: dict[str, Any], cache_dir: str | os.PathLike) -> Path:
     """Path of synthetic data with these settings in ``cache_dir``, written on first use."""
-    from daskkrr.data import write_classification_zarr, write_regression_zarr
+    from daskkrr.data import write_blobs_zarr, write_classification_zarr, write_regression_zarr
 
     key = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
     store = Path(cache_dir) / f"generated-{key}.zarr"
@@ -64,7 +64,9 @@ def generated_store(settings: dict[str, Any], cache_dir: str | os.PathLike) -> P
     n, d, seed = int(settings["n"]), int(settings["d"]), int(settings.get("seed", 0))
     chunk_rows = settings.get("chunk_rows")
     logger.info("generating %d rows x %d features into %s", n, d, store)
-    if int(settings.get("classes", 0)):
+    if int(settings.get("clusters", 0)):
+        write_blobs_zarr(store, n, d, n_clusters=int(settings["clusters"]), chunk_rows=chunk_rows, random_state=seed)
+    elif int(settings.get("classes", 0)):
         write_classification_zarr(store, n, d, n_classes=int(settings["classes"]), chunk_rows=chunk_rows,
                                   random_state=seed)
     else:

@@ -119,7 +119,8 @@ _SCHEMA: dict[str, dict[str, tuple[tuple[type, ...], Any]]] = {
         "tls_key": ((str,), None),
     },
 }
-_GENERATE = {"n": (int,), "d": (int,), "seed": (int,), "chunk_rows": (int,), "classes": (int,), "noise": (float, int)}
+_GENERATE = {"n": (int,), "d": (int,), "seed": (int,), "chunk_rows": (int,), "classes": (int,), "noise": (float, int),
+             "clusters": (int,)}
 _TABLES = set(_SCHEMA) | {"model", "sweep"}
 
 
@@ -325,6 +326,9 @@ def _check_data(data: dict[str, Any], base_dir: Path, where: str) -> None:
             _check_type(f"{where} [data] generate", key, value, _GENERATE[key])
         if gen["n"] < 2 or gen["d"] < 1:
             raise WorkflowError(f"{where}: [data] generate needs n >= 2 and d >= 1")
+        if gen.get("classes") and gen.get("clusters"):
+            raise WorkflowError(f"{where}: [data] generate takes classes (classification data) or clusters "
+                                "(Gaussian blobs labelled by blob), not both; remove one")
         gen.setdefault("seed", 0)
         gen.setdefault("classes", 0)
         data["generate"] = gen

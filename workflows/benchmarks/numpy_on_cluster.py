@@ -62,7 +62,8 @@ def child(kind: str, n: int, d: int, store: str) -> dict:
         large = sum("large graph" in str(w.message) for w in caught)
         workers = len(client.scheduler_info()["workers"])
     return {"kind": kind, "seconds": seconds, "large_graph_warnings": large, "workers": workers,
-            "n_iter": int(model.n_iter_)}
+            "n_iter": int(model.n_iter_), "strategy": model.strategy_, "sketch_rows": int(model.preconditioner_rows_),
+            "passes": int(model.n_data_passes_)}
 
 
 def main() -> None:
@@ -92,7 +93,9 @@ def main() -> None:
                                       str(args.d), "--store", str(store)], capture_output=True, text=True,
                                      check=True)
                 runs[kind].append(json.loads(out.stdout.strip().splitlines()[-1]))
-                print(f"  {kind}: {runs[kind][-1]['seconds']:.2f} s", flush=True)
+                r = runs[kind][-1]
+                print(f"  {kind}: {r['seconds']:.2f} s ({r['strategy']}, {r['sketch_rows']} sketch rows, "
+                      f"{r['passes']} passes, {r['n_iter']} CG iterations)", flush=True)
     med = {kind: statistics.median(r["seconds"] for r in rs) for kind, rs in runs.items()}
     print(f"FalkonRegressor({PARAMS}) on {args.n} x {args.d}, {runs['numpy'][0]['workers']} workers, "
           f"median of {args.repeats} fits, each in a fresh process")
