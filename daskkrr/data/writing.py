@@ -200,12 +200,16 @@ def _store_locally(parts: list[Any], scheduler: Any) -> None:
     import dask
     import dask.threaded
 
-    if scheduler is not dask.threaded.get:  # "sync" runs one task at a time in this thread; processes end theirs
+    if scheduler is not dask.threaded.get:  # e.g. "sync": one task at a time, in this thread, none after its error
         dask.compute(*parts)
         return
+    from concurrent.futures import ThreadPoolExecutor
+
     from dask.system import CPU_COUNT
 
-    pool = dask.threaded.ContextAwareThreadPoolExecutor(dask.config.get("num_workers", None) or CPU_COUNT)
+    # The pool dask itself would make (it passes context variables on; newer dask only), else a plain one.
+    executor = getattr(dask.threaded, "ContextAwareThreadPoolExecutor", ThreadPoolExecutor)
+    pool = executor(dask.config.get("num_workers", None) or CPU_COUNT)
     try:
         dask.compute(*parts, scheduler="threads", pool=pool)
     finally:
