@@ -143,3 +143,103 @@ def test_model_save_and_checkpoint_on_a_full_disk(disk):
     assert [p.name for p in (disk / "ck").iterdir()] == [], "a temporary checkpoint was left"
     (disk / "ballast").unlink()
     assert shutil.disk_usage(disk).free > 0
+
+
+def test_threaded_write_on_a_full_disk(disk):
+    """Dask's threaded scheduler raises the first chunk's error while other threads still write
+    (each block takes 0.2 s, twice the clean-up's 0.1 s of seeing the temporary gone): the write
+    runs on a pool of its own that is shut down, running tasks awaited, before the temporary goes."""
+    import dask
+
+    earlier = _digest(disk / "earlier.zarr")
+    _fill(disk, leave=64 * 1024)
+    out = disk / "threads.zarr"
+    with dask.config.set(scheduler="threads", num_workers=4):
+        for attempt in range(3):
+            rows = da.random.RandomState(attempt).normal(size=(40_000, 3), chunks=(2000, 3)).map_blocks(_slow)
+            with pytest.raises(DiskFullError) as info:
+                write_array_zarr(rows, out, name="y_pred")
+            time.sleep(0.3)  # a writer the clean-up did not wait for would have made the temporary again by now
+            _assert_refused(info, out, earlier)
+
+
+# ---------------------------------------------------------------- every writing command of the CLI
+@pytest.fixture(scope="module")
+def cli_inputs(tmp_path_factory):
+    """Inputs off the small disk: a store S (4000 rows in 20 blocks), a model M fitted on it, a workflow."""
+    root = tmp_path_factory.mktemp("cli_inputs")
+    rng = np.random.default_rng(3)
+    X = rng.normal(size=(4000, 3))
+    write_zarr(X, X[:, 0] - X[:, 1], root / "S", chunk_rows=200)
+    FalkonRegressor(n_centers=20, random_state=0).fit(X, X[:, 0] - X[:, 1]).save(root / "M")
+    # Its data are generated into the runs directory's cache (480 kB): the disk fills during the run.
+    (root / "wf.toml").write_text("[data]\ngenerate = {n = 20000, d = 3, chunk_rows = 1000}\n"
+                                  "[model]\nn_centers = 20\nmax_iter = 5\n")
+    return root
+
+
+#: command -> its arguments (``{S}``, ``{M}``, ``{W}``: the inputs; ``{out}``: on the full disk).
+WRITERS = {
+    "generate": ["generate", "{out}", "--n", "4000", "--d", "3", "--chunk-rows", "200"],
+    "fit": ["fit", "--data", "{S}", "--out", "{out}", "--centers", "20", "--max-iter", "5"],
+    "predict": ["predict", "--model", "{M}", "--data", "{S}", "--out", "{out}"],
+    "embed": ["embed", "--data", "{S}", "--out", "{out}", "--n-components", "2", "--centers", "20"],
+    "cluster": ["cluster", "--data", "{S}", "--out", "{out}", "--n-clusters", "3", "--centers", "20", "--n-init", "1",
+                "--max-iter", "5"],
+    "tune": ["tune", "--data", "{S}", "--out", "{out}", "--centers", "20", "--max-iter", "5", "--budget-fits", "2",
+             "--candidates", "4", "--no-penalty-path"],
+    "run": ["run", "{W}", "--runs-dir", "{out}"],
+}
+#: Free bytes left on the disk. 32 KiB: room for a store's metadata (written here), not for its 20 or
+#: more chunk files of at least a 4 KiB page each (written by the workers, which then fail); fit and tune
+#: save a model of two files from here, so their disk is full to the last byte. A run's lock, status,
+#: configuration and log take about 16 KiB; its 480 kB of generated data are written by the workers.
+LEAVE = {"fit": 0, "tune": 0, "run": 64 * 1024}
+
+
+@pytest.mark.parametrize("command", list(WRITERS))
+def test_every_writing_command_on_a_full_disk(command, disk, cli_inputs, client, capsys):
+    """Exit code 1 and one line naming the path on the full disk and its free space; nothing left
+    on the disk but the earlier output (a run keeps its directory, marked failed), the inputs unchanged,
+    and no worker's "Compute Failed" traceback logged for the chunks that found the disk full."""
+    import logging
+
+    earlier = _digest(disk / "earlier.zarr")
+    inputs = _digest(cli_inputs)
+    out = disk / "out"
+    args = [a.format(S=cli_inputs / "S", M=cli_inputs / "M", W=cli_inputs / "wf.toml", out=out)
+            for a in WRITERS[command]]
+    records: list[logging.LogRecord] = []
+    seen = logging.Handler(logging.ERROR)
+    seen.emit = records.append  # type: ignore[method-assign]
+    worker_log = logging.getLogger("distributed.worker")
+    worker_log.addHandler(seen)
+    _fill(disk, leave=LEAVE.get(command, 32 * 1024))
+    try:
+        code = main([*args, "--scheduler", client.scheduler.address, "-q"])
+    finally:
+        worker_log.removeHandler(seen)
+    err = capsys.readouterr().err
+    assert code == 1, err
+    assert err.count("\n") == 1 and err.startswith("daskkrr: error: "), err
+    assert f"{disk}/" in err and "no space left on device" in err and "MiB free there now" in err, err
+    assert not [r.getMessage()[:200] for r in records if str(r.msg).startswith("Compute Failed")]
+    (disk / "ballast").unlink()
+    left = sorted(str(p.relative_to(disk)) for p in disk.rglob("*") if not p.is_relative_to(disk / "earlier.zarr"))
+    if command == "run":  # the failed run's record, the lock file and the (empty) cache of the runs directory
+        assert any(_run_record(disk, p) for p in left), left
+        assert all(p in ("out", "out/.lock", "out/cache") or _run_record(disk, p) for p in left), left
+    else:
+        assert left == [], f"left on the disk: {left}"
+    assert _digest(disk / "earlier.zarr") == earlier and _digest(cli_inputs) == inputs
+
+
+def _run_record(disk: Path, relative: str) -> bool:
+    """Whether ``relative`` is a failed run's directory or one of its files (no temporary, no model)."""
+    import json
+
+    parts = Path(relative).parts
+    if len(parts) < 2 or parts[0] != "out" or parts[1].startswith("."):
+        return False
+    status = json.loads((disk / "out" / parts[1] / "status.json").read_text()).get("status")
+    return status == "failed" and (len(parts) == 2 or parts[2] in ("status.json", "config.json", "run.log", "FAILED"))

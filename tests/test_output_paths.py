@@ -169,3 +169,26 @@ def test_python_checkpoint_over_its_data_is_refused(inputs):
         FalkonRegressor(n_centers=10).fit(str(inputs / "S"), checkpoint=inputs / "S" / "ck")
     assert tree_digest(inputs / "S") == before
 
+
+
+@pytest.mark.parametrize("output, words", [("table.csv", "output_path .*table.csv is input_path .*table.csv"),
+                                           (".", "output_path .* contains input_path .*table.csv"),
+                                           ("link.csv", "output_path .*link.csv is input_path .*table.csv")])
+def test_python_convert_table_refuses_an_output_over_its_table(output, words, tmp_path, monkeypatch):
+    """As the command line does: with overwrite=True the store would otherwise replace the table (or
+    the folder holding it); refused before the table is read, the folder byte-identical."""
+    import daskkrr.data.tables
+    from daskkrr.data import convert_table
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("the table was read before the output path was checked")
+
+    monkeypatch.setattr(daskkrr.data.tables, "_stream_table", forbidden)
+    folder = tmp_path / "tables"
+    folder.mkdir()
+    np.savetxt(folder / "table.csv", np.arange(12.0).reshape(4, 3), delimiter=",", header="a,b,y", comments="")
+    os.symlink(folder / "table.csv", folder / "link.csv")
+    before = tree_digest(folder)
+    with pytest.raises(OutputPathError, match=words):
+        convert_table(folder / "table.csv", folder / output, target="y", overwrite=True)
+    assert tree_digest(folder) == before

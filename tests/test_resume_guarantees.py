@@ -379,3 +379,79 @@ def test_a_killed_cli_fit_resumes_on_another_cluster(store, tmp_path, signum, po
 @pytest.mark.parametrize("signum, point, first_workers, resume_workers, dtype", CLI_FULL)
 def test_every_cli_interruption_resumes(store, tmp_path, signum, point, first_workers, resume_workers, dtype):
     _cli_case(store, tmp_path, signum, point, first_workers, resume_workers, dtype)
+
+
+# ---------------------------------------------------------------- SIGTERM at three points of a CLI fit, resumed
+def _sigterm_in(monkeypatch, owner, name: str, when=lambda *args, **kwargs: True) -> None:
+    """Replace ``owner.name`` by a wrapper that, the first time ``when(*args)`` holds, sends this process
+    SIGTERM and then carries on: the CLI's handler raises in the main thread at once, inside that call."""
+    original = getattr(owner, name)
+    sent: list[bool] = []
+
+    def wrapper(*args, **kwargs):
+        if not sent and when(*args, **kwargs):
+            sent.append(True)
+            os.kill(os.getpid(), signal.SIGTERM)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, wrapper)
+
+
+def _at_statistics(monkeypatch) -> None:
+    from daskkrr.data import Standardizer
+
+    _sigterm_in(monkeypatch, Standardizer, "fit")  # the pass over the data, before the centers are sampled
+
+
+def _in_cg(monkeypatch) -> None:
+    write = FitCheckpoint._write
+
+    def write_then_term(self, stage, iteration=None):
+        write(self, stage, iteration)
+        if stage == "cg" and iteration == 4:  # mid-CG: the state of iteration 4 is saved, 5 is next
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(FitCheckpoint, "_write", write_then_term)
+
+
+def _writing_the_model(monkeypatch) -> None:
+    # np.savez of the model's arrays into its temporary folder: the fit is done, the model half-written.
+    # (A checkpoint is written with np.savez to an open file.)
+    _sigterm_in(monkeypatch, np, "savez",
+                lambda file, *a, **k: isinstance(file, (str, os.PathLike)) and ".model.tmp-" in os.fspath(file))
+
+
+SIGTERM_POINTS = {"statistics": (_at_statistics, None), "cg": (_in_cg, "cg"), "writing": (_writing_the_model, "cg")}
+
+
+@pytest.mark.slow  # six command-line fits on a running 2-worker cluster: about 20 s each on 2 busy cores
+@pytest.mark.parametrize("point", list(SIGTERM_POINTS))
+def test_sigterm_at_three_points_of_a_fit_then_resume(point, store, clusters, tmp_path, monkeypatch, capsys):
+    """``daskkrr fit`` gets SIGTERM during its statistics pass, mid-CG, or while writing the model:
+    exit 143 with the documented line, no model and no temporary left, the checkpoint whole (none yet
+    after the statistics pass); ``--resume`` then gives the uninterrupted fit's model (module docstring)."""
+    from daskkrr.cli import main
+
+    address = clusters(2).scheduler.address
+    ckpt, out, config = tmp_path / "ck", tmp_path / "model", tmp_path / "model.toml"
+    config.write_text('[model]\npreconditioner_rows = "none"\n')
+    fit = ["fit", "--data", str(store), "--out", str(out), "--centers", "60", "--penalty", "1e-3", "--sigma", "2.0",
+           "--tol", str(TOL["float64"]), "--max-iter", "80", "--seed", "0", "--config", str(config),
+           "--checkpoint", str(ckpt), "--checkpoint-every", "1", "--scheduler", address, "-q"]
+    arm, stage = SIGTERM_POINTS[point]
+    arm(monkeypatch)
+    assert main(fit) == 128 + signal.SIGTERM
+    monkeypatch.undo()
+    assert "daskkrr: interrupted (received SIGTERM); no partial output was left" in capsys.readouterr().err
+    assert not out.exists() and not list(tmp_path.glob(".model*")), sorted(p.name for p in tmp_path.iterdir())
+    saved = (ckpt / CHECKPOINT_FILE).exists()
+    assert saved == (stage is not None) and (not saved or _meta(ckpt)["stage"] == stage)
+    if ckpt.exists():
+        assert sorted(p.name for p in ckpt.iterdir()) == ([CHECKPOINT_FILE] if saved else [])
+    assert main([*fit, "--resume"]) == 0, capsys.readouterr().err
+    model = daskkrr.load(out)
+    reference = FalkonRegressor(n_centers=60, penalty=1e-3, sigma=2.0, tol=TOL["float64"], max_iter=80,
+                                random_state=0, preconditioner_rows=None).fit(store)
+    np.testing.assert_array_equal(model.center_indices_, reference.center_indices_)
+    assert abs(model.n_iter_ - reference.n_iter_) <= 1, (model.n_iter_, reference.n_iter_)
+    assert _relative(model.coef_, reference.coef_) <= RTOL["float64"]

@@ -23,7 +23,8 @@ import zarr
 
 from daskkrr.data.validation import check_chunk_rows
 from daskkrr.data.writing import create_store
-from daskkrr.utils.atomic import atomic_directory, check_destination
+from daskkrr.utils.atomic import atomic_directory
+from daskkrr.utils.output_paths import check_paths
 
 __all__ = ["convert_table", "infer_separator"]
 
@@ -80,6 +81,9 @@ def convert_table(
         If ``input_path`` does not exist.
     FileExistsError
         If ``output_path`` exists and ``overwrite`` is False.
+    OutputPathError
+        If ``output_path`` is, is inside or contains ``input_path``, or cannot be
+        written (checked before the table is read).
     KeyError
         If ``target`` is not a column (the message lists the columns).
     ValueError
@@ -96,7 +100,8 @@ def convert_table(
     if not source.is_file():
         raise FileNotFoundError(f"no table at {source}: the file does not exist")
     chunk_rows = check_chunk_rows(chunk_rows)
-    check_destination(output_path, overwrite)
+    # Before reading: an output over the table (or its folder) would replace it with the store.
+    check_paths(inputs={"input_path": input_path}, outputs={"output_path": output_path}, overwrite=overwrite)
     sep = infer_separator(source) if sep is None else sep
 
     with atomic_directory(output_path, overwrite) as tmp:

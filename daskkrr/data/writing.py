@@ -172,9 +172,10 @@ def _store(sources: list[da.Array], targets: list[zarr.Array]) -> None:
     stored = da.store(sources, targets, lock=False, compute=False)  # type: ignore[arg-type]
     parts = list(stored) if isinstance(stored, (tuple, list)) else [stored]  # one or one per array
     # The client dask would use (a distributed Client's bound ``get``); not with scheduler="sync" & co.
-    client = getattr(get_scheduler(collections=parts), "__self__", None)
+    scheduler = get_scheduler(collections=parts)
+    client = getattr(scheduler, "__self__", None)
     if client is None or not hasattr(client, "cancel"):
-        dask.compute(*parts)
+        _store_locally(parts, scheduler)
         return
     # Optimised here, so that the keys waited for below are the keys the workers run (fusion renames tasks).
     parts = list(dask.optimize(*parts))
@@ -186,6 +187,33 @@ def _store(sources: list[da.Array], targets: list[zarr.Array]) -> None:
         client.cancel(futures, force=True)
         _wait_until_idle(client, keys)
         raise
+
+
+def _store_locally(parts: list[Any], scheduler: Any) -> None:
+    """Compute the stores without a distributed client; on a failure, return only once no thread writes.
+
+    Dask's threaded scheduler raises the first task's error at once, while the tasks already
+    handed to its (shared, long-lived) thread pool go on writing chunks. So the threaded case
+    runs on a pool of its own, whose shutdown drops the tasks not yet started and waits for
+    the running ones: when the error reaches :func:`atomic_directory`, nothing writes any more.
+    """
+    import dask
+    import dask.threaded
+
+    if scheduler is not dask.threaded.get:  # e.g. "sync": one task at a time, in this thread, none after its error
+        dask.compute(*parts)
+        return
+    from concurrent.futures import ThreadPoolExecutor
+
+    from dask.system import CPU_COUNT
+
+    # The pool dask itself would make (it passes context variables on; newer dask only), else a plain one.
+    executor = getattr(dask.threaded, "ContextAwareThreadPoolExecutor", ThreadPoolExecutor)
+    pool = executor(dask.config.get("num_workers", None) or CPU_COUNT)
+    try:
+        dask.compute(*parts, scheduler="threads", pool=pool)
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 #: Worker task states in which a task may still run, or start, and write.

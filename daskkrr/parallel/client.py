@@ -119,16 +119,24 @@ def cluster_client(
     (a :class:`distributed.security.Security`, see :func:`tls_security`) is the
     connection's TLS. Connecting to a scheduler trusts it fully: whoever runs it
     can run code in this process (Dask sends pickled functions and results both ways).
+    Workers that log to this terminal (a local cluster's, or in this process) do not log
+    a traceback for a task that found its disk full (see :mod:`daskkrr.parallel.worker_logs`).
     """
     from distributed import Client, LocalCluster
+
+    from daskkrr.parallel.worker_logs import QuietDiskFull, quiet_disk_full_failures
 
     address = scheduler_address(scheduler)
     if address:
         logger.info("connecting to Dask scheduler at %s", address)
+        quiet_disk_full_failures()  # only workers in this process log here; remote ones log where they run
         with Client(address, set_as_default=True, security=security) as client:
             yield client
         return
     with LocalCluster(**local_cluster_kwargs(n_workers, memory_limit)) as cluster:
         with Client(cluster, set_as_default=True) as client:
             logger.info("started local Dask cluster; dashboard at %s", client.dashboard_link)
+            # Its workers share this terminal: a full disk is reported once, as a DiskFullError.
+            client.register_plugin(QuietDiskFull(), name="daskkrr-quiet-disk-full")
             yield client
+

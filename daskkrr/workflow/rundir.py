@@ -34,7 +34,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from daskkrr.utils.atomic import atomic_symlink, atomic_write_bytes
+from daskkrr.utils.atomic import DiskFullError, atomic_symlink, atomic_write_bytes, disk_full
 from daskkrr.utils.jsonable import dumps_strict
 
 STATUS_FILE = "status.json"
@@ -95,10 +95,15 @@ def workflow_lock(runs_dir: Path) -> Iterator[None]:
                 f"another run of this workflow is in progress (it holds {runs_dir / '.lock'}); "
                 "wait for it to finish, or give this run its own runs directory with --runs-dir"
             ) from None
-        fh.seek(0)
-        fh.truncate()
-        fh.write(f"{os.getpid()} {socket.gethostname()}\n")
-        fh.flush()
+        try:
+            fh.seek(0)
+            fh.truncate()
+            # Unbuffered: a write that fails fails here, not again in close() with no path.
+            os.write(fh.fileno(), f"{os.getpid()} {socket.gethostname()}\n".encode())
+        except OSError as exc:
+            if disk_full(exc):  # the path and the free space, not a bare "[Errno 28]"
+                raise DiskFullError(runs_dir / ".lock") from exc
+            raise
         yield
     finally:
         fh.close()
@@ -134,7 +139,11 @@ class RunDirectory:
             "pid": os.getpid(),
             "host": socket.gethostname(),
         }
-        write_json(self.path / STATUS_FILE, self._status)
+        try:
+            write_json(self.path / STATUS_FILE, self._status)
+        except BaseException:
+            self.path.rmdir()  # a run directory without a status would read as neither running nor ended
+            raise
 
     def file(self, name: str) -> Path:
         return self.path / name
