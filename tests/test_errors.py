@@ -172,9 +172,10 @@ _SIGMA = r"sigma must be a float in the range \(0.0, inf\), an array-like or Non
         ({"kernel": "linear", "sigma": 1.0}, ValueError, r"kernel 'linear' takes no sigma; pass sigma=None"),
         ({"kernel": 3}, TypeError, r"kernel must be an instance of 'str', an instance of 'dict' or an instance of "
                                    r"'daskkrr.kernels.base.Kernel'; got 3"),
-        ({"sampler": "nope"}, ValueError, r"sampler must be one of 'bless', .*'uniform' or an instance of "
-                                          r".*CenterSampler'; got 'nope'"),
-        ({"sampler": 3}, TypeError, r"sampler must be one of .* or an instance of .*CenterSampler'; got 3 \(int\)"),
+        ({"sampler": "nope"}, ValueError, r"sampler must be one of 'bless', .*'uniform', an instance of "
+                                          r".*CenterSampler' or an instance of 'numpy.ndarray'; got 'nope'"),
+        ({"sampler": 3}, TypeError,
+         r"sampler must be one of .*CenterSampler' or an instance of 'numpy.ndarray'; got 3 \(int\)"),
         ({"sigma": "1.0"}, TypeError, _SIGMA + r"; got '1.0' \(str\)"),
         ({"penalty": None}, TypeError, r"penalty must be a float in the range \(0.0, inf\); got None"),
         ({"n_centers": 10.5}, TypeError, r"n_centers must be an int in the range \[1, inf\); got 10.5 \(float\)"),

@@ -163,7 +163,8 @@ def test_parameter_errors(regression_data):
         assert FalkonRegressor(n_centers=5000, max_iter=2).fit(X, y).n_centers_ == len(X)
     with pytest.raises(ValueError, match="unknown kernel"):
         FalkonRegressor(kernel="nope", n_centers=10).fit(X, y)
-    with pytest.raises(ValueError, match="sampler must be one of 'bless', 'disqueak', 'rls', 'squeak', 'uniform'"):
+    with pytest.raises(ValueError, match="sampler must be one of 'bless', 'disqueak', 'rls', 'rpcholesky', 'squeak', "
+                       "'uniform'"):
         FalkonRegressor(sampler="nope", n_centers=10).fit(X, y)
     with pytest.raises(TypeError, match=r"n_centers must be an int in the range \[1, inf\); got 10.5"):
         FalkonRegressor(n_centers=10.5).fit(X, y)

@@ -346,7 +346,7 @@ def test_incremental_nightly_workflow_over_three_nights(threaded_client, tmp_pat
     X, y = _stream(13, 900, d=4)
     store, runs = tmp_path / "growing.zarr", tmp_path / "runs"
     write_zarr(X[:300], y[:300], store, chunk_rows=100)
-    overrides = [f"data.store={store}", "model.batch_size=300"]
+    overrides = [f"data.store={store}", "model.batch_size=300", "model.gamma=10"]  # a large dictionary for 900 rows
     seen = []
     for night in range(3):
         if night:

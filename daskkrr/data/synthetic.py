@@ -280,12 +280,19 @@ def write_blobs_zarr(
 ) -> Path:
     """Generate :func:`make_blobs` data straight into a Zarr store, block by block.
 
-    Parameters are those of :func:`make_blobs`, plus ``path`` and ``overwrite`` as in
-    :func:`write_zarr`.
+    Parameters
+    ----------
+    path : str or os.PathLike
+        Directory of the new store.
+    n, d, n_clusters, chunk_rows, cluster_std, random_state, dtype
+        As in :func:`make_blobs`.
+    overwrite : bool, default=False
+        Replace an existing ``path``.
 
     Returns
     -------
     pathlib.Path
+        The store's path.
     """
     X, y = make_blobs(n, d, n_clusters, chunk_rows, cluster_std, random_state, dtype)
     settings = _settings("make_blobs", n, d, X, 0.0, random_state)

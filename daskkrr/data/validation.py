@@ -125,7 +125,8 @@ def check_feature_columns(X: Any, name: str = "X") -> int:
     check_numeric_dtype(X.dtype, name)
     d = X.shape[1]
     if d < 1:
-        raise ValueError(f"{name} has shape {tuple(X.shape)}; at least 1 column is required")
+        # the same words as check_features: one documented error whatever the path that found it
+        raise ValueError(f"{name} has shape {tuple(X.shape)}; at least 1 row and 1 column are required")
     return int(d)
 
 
