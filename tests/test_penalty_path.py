@@ -60,7 +60,10 @@ def test_the_path_refuses_what_it_cannot_solve():
     NystromRegressor(n_centers=60, sigma=1.5, random_state=0),
     FalkonRegressor(n_centers=60, sigma=1.5, random_state=0),
     NystromRegressor(n_centers=60, sigma=1.5, random_state=0, dtype="float32", fit_intercept=False),
-])
+    # centers that do not depend on the penalty either: RPCholesky's pivots (the kernel alone) and given ones
+    NystromRegressor(n_centers=60, sigma=1.5, random_state=0, sampler="rpcholesky"),
+    FalkonRegressor(sigma=1.5, sampler=np.random.default_rng(7).normal(size=(60, 4))),
+], ids=["nystrom", "falkon", "nystrom-float32", "rpcholesky", "fixed-centers"])
 def test_a_path_fit_predicts_as_a_fit_at_each_penalty(estimator):
     X, y = _data()
     Xt = _data(100, seed=1)[0]
@@ -95,6 +98,7 @@ def test_a_path_is_refused_where_the_centers_or_the_model_depend_on_the_penalty(
     X, y = _data(200)
     assert path_unsupported(FalkonRegressor()) is None
     assert "sampler" in path_unsupported(FalkonRegressor(sampler="squeak"))
+    assert "sampler" in path_unsupported(FalkonRegressor(sampler="bless"))
     assert "compute_std" in path_unsupported(NystromRegressor(compute_std=True))
     assert path_unsupported(ExactKernelRidge()) is None  # its direct solve (see the exact-path tests)
     assert "not a squared-loss kernel ridge regressor" in path_unsupported(FalkonClassifier())

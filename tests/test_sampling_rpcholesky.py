@@ -155,3 +155,16 @@ def test_a_config_file_names_a_sampler_and_explains_arrays():
     with pytest.raises(ConfigError, match=r"from Python only: FalkonRegressor\(sampler=np.load"):
         check_model_config({"sampler": "centers.npy"})
     assert isinstance(make_sampler(np.ones((2, 2))), FixedCenters)
+
+
+def test_given_centers_do_not_warn_about_n_centers_on_small_data():
+    """n_centers (default 1000) is not used with an array of centers: no warning that it exceeds the rows."""
+    import warnings
+
+    X, y = np.random.default_rng(3).normal(size=(200, 3)), np.random.default_rng(4).normal(size=200)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        model = FalkonRegressor(sampler=X[:40].copy(), max_iter=30).fit(X, y)
+    assert model.centers_.shape == (40, 3)
+    with pytest.warns(UserWarning, match="n_centers=1000 is larger than the number of training rows"):
+        FalkonRegressor(max_iter=5).fit(X, y)  # the warning itself is still given where n_centers is used

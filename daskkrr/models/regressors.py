@@ -333,6 +333,11 @@ class _RegressorMixin(RegressorMixin):
 PathPlan = tuple[KernelModelBase, tuple[Stage, ...], dict[str, Any]]
 
 
+#: Samplers whose centers do not depend on the penalty: uniform rows, and RPCholesky's pivots (drawn from
+#: the kernel matrix's residual diagonal alone); the leverage-score samplers' do (their ridge is the penalty).
+PENALTY_FREE_SAMPLERS = ("uniform", "rpcholesky")
+
+
 class _NystromPenaltyPath:
     """The penalty path of a squared-loss Nystrom regressor (:mod:`daskkrr.pipeline.penalty_path` calls it).
 
@@ -343,9 +348,11 @@ class _NystromPenaltyPath:
     def _penalty_path_unsupported(self, n_rows: int | None = None, n_features: int | None = None) -> str | None:
         """Why this estimator has no penalty path (None: it has); the centers must not depend on the penalty."""
         sampler = self.get_params().get("sampler", "uniform")  # type: ignore[attr-defined]
-        if not (isinstance(sampler, str) and sampler == "uniform"):
-            return f"its centers depend on the penalty (sampler={sampler!r}); only 'uniform' ones do not"
-        return None
+        if isinstance(sampler, np.ndarray) or (isinstance(sampler, str) and sampler in PENALTY_FREE_SAMPLERS):
+            return None  # given centers, or centers chosen from the kernel alone
+        shown = sampler if isinstance(sampler, str) else type(sampler).__name__
+        return (f"its centers depend on the penalty (sampler={shown!r}); only "
+                f"{', '.join(map(repr, PENALTY_FREE_SAMPLERS))} or an array of centers do not")
 
     def _penalty_path_plan(self, penalties: np.ndarray) -> PathPlan:
         """NystromRegressor's stages, the solve along ``penalties``, in float64 whatever the estimator's dtype.

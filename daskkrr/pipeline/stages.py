@@ -76,7 +76,8 @@ def statistics(ctx: FitContext) -> None:
     n, d = (int(s) for s in Xd.shape)
     ctx.input_dtype = Xd.dtype
     n_centers = getattr(p, "n_centers", None)
-    if n_centers is not None and n_centers > n:
+    given_centers = isinstance(getattr(p, "sampler", None), np.ndarray)  # n_centers is not used then
+    if n_centers is not None and n_centers > n and not given_centers:
         # As scikit-learn's Nystroem: the defaults still fit tiny data, with at most one center per row.
         warnings.warn(
             f"n_centers={n_centers} is larger than the number of training rows ({n}); using n_centers={n}",
