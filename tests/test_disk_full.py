@@ -5,6 +5,7 @@ behind (also while parallel workers still write), earlier outputs intact."""
 from __future__ import annotations
 
 import hashlib
+import re
 import shutil
 import subprocess
 import time
@@ -222,7 +223,8 @@ def test_every_writing_command_on_a_full_disk(command, disk, cli_inputs, client,
     err = capsys.readouterr().err
     assert code == 1, err
     assert err.count("\n") == 1 and err.startswith("daskkrr: error: "), err
-    assert f"{disk}/" in err and "no space left on device" in err and "MiB free there now" in err, err
+    assert f"{disk}/" in err and "no space left on device" in err, err
+    assert re.search(r"\d\.\d [KMGT]iB free there now", err), err
     assert not [r.getMessage()[:200] for r in records if str(r.msg).startswith("Compute Failed")]
     (disk / "ballast").unlink()
     left = sorted(str(p.relative_to(disk)) for p in disk.rglob("*") if not p.is_relative_to(disk / "earlier.zarr"))
@@ -243,3 +245,11 @@ def _run_record(disk: Path, relative: str) -> bool:
         return False
     status = json.loads((disk / "out" / parts[1] / "status.json").read_text()).get("status")
     return status == "failed" and (len(parts) == 2 or parts[2] in ("status.json", "config.json", "run.log", "FAILED"))
+
+
+@pytest.mark.parametrize("n_bytes, shown", [(0, "0.0 KiB"), (50 * 2**10, "50.0 KiB"), (3 * 2**20 // 2, "1.5 MiB"),
+                                            (5 * 2**30, "5.0 GiB"), (2**41, "2.0 TiB")])
+def test_the_free_space_is_shown_in_a_unit_that_says_something(n_bytes, shown):
+    from daskkrr.utils.atomic import _size
+
+    assert _size(n_bytes) == shown

@@ -50,7 +50,7 @@ class DiskFullError(OSError):
     def __init__(self, path: str | os.PathLike) -> None:
         where = Path(path)
         try:
-            free = f"{shutil.disk_usage(where.parent).free / 2**20:.1f} MiB free there now"
+            free = f"{_size(shutil.disk_usage(where.parent).free)} free there now"
         except OSError:  # pragma: no cover - the parent vanished
             free = "its free space unknown"
         self.message = (f"{where}: no space left on device while writing it ({free}); nothing was written "
@@ -59,6 +59,14 @@ class DiskFullError(OSError):
 
     def __str__(self) -> str:
         return self.message  # not OSError's "[Errno 28] ..."
+
+
+def _size(n_bytes: int) -> str:
+    """``n_bytes`` in the largest binary unit that keeps a whole number before the point (KiB .. TiB)."""
+    for unit, power in (("TiB", 40), ("GiB", 30), ("MiB", 20)):
+        if n_bytes >= 2**power:
+            return f"{n_bytes / 2**power:.1f} {unit}"
+    return f"{n_bytes / 2**10:.1f} KiB"  # a nearly full disk: "0.0 MiB" would say nothing
 
 
 def disk_full(exc: BaseException) -> bool:
