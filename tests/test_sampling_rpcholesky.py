@@ -118,6 +118,7 @@ def test_fixed_centers_give_the_model_of_the_same_rows_drawn_by_a_sampler(regres
     drawn = NystromRegressor(n_centers=30, random_state=3).fit(X, y)
     rows = X[drawn.center_indices_]
     given = NystromRegressor(sampler=rows, random_state=3).fit(X, y)
+    # the same (x - mean) / scale of the same rows, through the scaler instead of the blocks: a few ulps
     np.testing.assert_allclose(given.centers_, drawn.centers_, rtol=0, atol=1e-12)
     # the same solve to round-off: the M x M system's conditioning at this penalty times eps (1e-9)
     np.testing.assert_allclose(given.predict(X), drawn.predict(X), rtol=0, atol=1e-9 * np.abs(y).max())
@@ -147,6 +148,8 @@ def test_fixed_centers_saved_and_loaded(regression_data, tmp_path):
     np.testing.assert_array_equal(loaded.sampler, Z)
     np.testing.assert_array_equal(loaded.predict(X), model.predict(X))
     refit = loaded.fit(X, y)  # the loaded parameters refit the same model
+    # the same data, centers and solve; only the statistics' reduction order may differ (eps times the
+    # conditioning of the small M x M system, far below 1e-10)
     np.testing.assert_allclose(refit.predict(X), model.predict(X), rtol=0, atol=1e-10 * np.abs(y).max())
 
 

@@ -295,8 +295,7 @@ def write_blobs_zarr(
         The store's path.
     """
     X, y = make_blobs(n, d, n_clusters, chunk_rows, cluster_std, random_state, dtype)
-    settings = _settings("make_blobs", n, d, X, 0.0, random_state)
-    del settings["noise"]  # the blobs' spread is cluster_std
+    settings = _settings("make_blobs", n, d, X, None, random_state)  # the blobs' spread is cluster_std
     settings.update(n_clusters=int(n_clusters), cluster_std=float(cluster_std))
     return write_zarr(X, y, path, overwrite=overwrite, attrs={"synthetic": settings})
 
@@ -483,14 +482,16 @@ def _class_thresholds(
 
 
 def _settings(
-    generator: str, n: int, d: int, X: da.Array, noise: float, random_state: int
+    generator: str, n: int, d: int, X: da.Array, noise: float | None, random_state: int
 ) -> dict[str, Any]:
-    return {
+    """The generator's settings as stored with its data; ``noise=None``: a generator without one."""
+    settings: dict[str, Any] = {
         "generator": generator,
         "n": int(n),
         "d": int(d),
         "chunk_rows": int(X.chunks[0][0]),
-        "noise": float(noise),
+        "noise": None if noise is None else float(noise),
         "random_state": int(random_state),
         "dtype": str(X.dtype),
     }
+    return {k: v for k, v in settings.items() if v is not None}
