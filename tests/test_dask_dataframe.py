@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from daskkrr import FalkonClassifier, FalkonRegressor, NystromKernelPCA
+from daskkrr import FalkonClassifier, FalkonRegressor, NystromKernelPCA, OnlineKernelRidge
 
 NAMES = ["age", "income", "rooms"]
 ROWS, PARTS = 600, 3  # three partitions of 200 rows
@@ -98,3 +98,16 @@ def test_a_non_numeric_column_is_refused_before_any_pass(frames):
     text = dd.from_pandas(X.assign(city="x"), npartitions=PARTS)
     with pytest.raises(TypeError, match="X"):
         FalkonRegressor(n_centers=30).fit(text, y.to_numpy())
+
+
+def test_the_online_model_keeps_dask_dataframe_names_and_checks_them_on_the_next_batch(frames):
+    X, y, _, _ = frames
+    half = ROWS // 2
+    model = OnlineKernelRidge(batch_size=100).fit(dd.from_pandas(X, npartitions=2), da.from_array(y.to_numpy(), half))
+    assert list(model.feature_names_in_) == NAMES
+    reordered = dd.from_pandas(X[NAMES[::-1]], npartitions=2)
+    with pytest.raises(ValueError, match="same order"):
+        model.partial_fit(reordered, da.from_array(y.to_numpy(), half))
+    # A refit on unnamed lazy input keeps no names from the earlier fit.
+    model.fit(da.from_array(X.to_numpy(), chunks=(half, -1)), da.from_array(y.to_numpy(), half))
+    assert not hasattr(model, "feature_names_in_")

@@ -42,6 +42,7 @@ from sklearn.utils._param_validation import Interval
 from sklearn.utils.validation import validate_data
 
 from daskkrr.data.extremes import check_feature_magnitudes, check_target_magnitudes
+from daskkrr.data.feature_names import check_feature_names, fitted_feature_names
 from daskkrr.data.inputs import is_in_memory, is_store, load_training_data
 from daskkrr.data.scaling import Standardizer
 from daskkrr.models.kernel_model import KernelModelBase, positive, store_params
@@ -262,6 +263,8 @@ class OnlineKernelRidge(_RegressorMixin, KernelModelBase):
                                       source.n_targets)
             rng = np.random.default_rng(self.random_state)
         else:
+            if not is_in_memory(X):
+                check_feature_names(self, X)  # in-memory input met validate_data(reset=False) already
             self._check_same_stream(source)
             kernel, state, rng = self.kernel_, self.state_, _copy_rng(self.rng_)
         for start in range(0, source.n_rows, int(self.batch_size)):
@@ -278,8 +281,8 @@ class OnlineKernelRidge(_RegressorMixin, KernelModelBase):
             # float32 features give float32 coefficients and predictions, as in scikit-learn
             self._input_dtype = source.X.dtype if not isinstance(source.X, np.ndarray) else getattr(X, "dtype", None)
             self.n_features_in_ = source.n_features
-            if not isinstance(source.X, np.ndarray) and hasattr(self, "feature_names_in_"):
-                del self.feature_names_in_  # names come from in-memory frames only
+            # validate_data set the names of in-memory input; a lazy one (dask DataFrame, store) carries its own
+            self.__dict__.update(fitted_feature_names(self, X, source.n_features))
         self._set_fitted(kernel, state, rng, source.one_d if restart else self._one_d)
         self.fit_time_ = float(time.perf_counter() - started)
         return self

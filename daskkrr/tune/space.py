@@ -222,7 +222,8 @@ class BoxGrowth:
     scattered candidates drew fits away from the best region: with it, 10-fit
     searches lost 0.0052 and 0.0013 test R^2 to a 20-point grid on 537_houses and
     564_fried, paired means over 10 seeds, against 0.0026 and 0.0010 without growth;
-    ``workflows/benchmarks/results/tune_pmlb_10seeds_slab_growth.log``).
+    ``workflows/benchmarks/results/tune_pmlb_10seeds_slab_growth.log``, removed from the tree
+    in c1ba47e and kept in git history: ``git show c1ba47e^:<path>``).
     ``n_centers`` never grows (its upper bound caps the fits' cost).
     """
 
@@ -295,7 +296,8 @@ REFINE_STEP = 1 / 12
 
 #: Trust-region steps after the compass, at most (fewer on a small budget, see
 #: ``BKBSearchCV``). On the eight PMLB sets of ``workflows/benchmarks/tune_pmlb.py``
-#: (10 bandit fits, 10 seeds, ``results/tune_pmlb_10seeds_trust5b.*``), five steps put
+#: (10 bandit fits, 10 seeds, ``results/tune_pmlb_10seeds_trust5b.*``, in git history before
+#: c1ba47e), five steps put
 #: seven sets level with the grid search's test R^2 or ahead of it (within two standard
 #: errors), 1203_BNG_pwLinear among them, which one step (a model's peak) left behind
 #: on every seed.
