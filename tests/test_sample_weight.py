@@ -206,6 +206,7 @@ def test_weighted_uniform_centers_skip_zero_weights_and_ignore_the_chunking():
                          sample_weight=da.from_array(w, chunks=c)) for c in (40, 70)]
     np.testing.assert_array_equal(fits[0].center_indices_, fits[1].center_indices_)
     assert np.all(w[fits[0].center_indices_] > 0) and fits[0].sampler_info_["weighted"]
+    assert all(f.sampler_info_["seconds"] > 0 for f in fits)  # the selection is timed, as every sampler's
     with pytest.warns(UserWarning, match="only 3 rows have a positive sample_weight"):
         few = FalkonRegressor(n_centers=10, random_state=0).fit(X, y, sample_weight=(np.arange(N) < 3) * 1.0)
     np.testing.assert_array_equal(few.center_indices_, [0, 1, 2])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -57,6 +58,7 @@ class UniformSampler(CenterSampler):
                 f"n_centers={n_centers} is larger than the number of rows ({n}); "
                 f"use n_centers <= {n}"
             )
+        t0 = time.perf_counter()
         run: Executor = resolve_executor(executor, client)
         if sample_weight is None:
             rng = np.random.default_rng(random_state)
@@ -68,5 +70,6 @@ class UniformSampler(CenterSampler):
         # their importance weights (FALKON's D) are all one.
         return CenterDictionary(
             centers=centers, indices=idx, weights=np.ones(idx.size),
-            info={"sampler": self.name, **({"weighted": True} if sample_weight is not None else {})},
+            info={"sampler": self.name, "seconds": time.perf_counter() - t0,
+                  **({"weighted": True} if sample_weight is not None else {})},
         )
