@@ -43,7 +43,8 @@ _SCALARS = ("n_features_in_", "n_iter_", "converged_", "jitter_", "n_data_passes
             # ExactKernelRidge: the solver chosen and, for PCG, its preconditioner (JSON scalars and lists)
             "solver_", "n_features_", "preconditioner_penalty_", "kernel_tiles_", "adaptive_trace_",
             # Nystrom fits: the strategy and the preconditioner's sketch chosen, with the expected costs
-            "strategy_", "preconditioner_rows_", "preconditioner_dtype_", "preconditioner_costs_")
+            "strategy_", "preconditioner_rows_", "preconditioner_dtype_", "preconditioner_costs_",
+            "preconditioner_route_")
 
 
 class ModelFormatError(ValueError):

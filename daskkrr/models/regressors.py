@@ -107,6 +107,21 @@ PARAM_DOCS = {
     early enough to repay it, none when ``max_iter`` iterations run anyway or
     the "gram" strategy makes iterations cheap. The choice and the expected
     times are ``preconditioner_rows_`` and ``preconditioner_costs_``.""",
+    "preconditioner_route": """preconditioner_route : {"auto", "dense", "tiled"}, default="auto"
+    Where the preconditioner's ``M x M`` factorisations run: "dense" in the
+    client process (``3 x 8 M^2`` bytes: 2.4 GB at M = 10 000), "tiled" as
+    ``2048 x 2048`` tiles on the Dask workers, kept in their memory or spilled
+    to a Zarr store in a temporary folder when it cannot hold them, so that no
+    process holds an ``M x M`` matrix (see :mod:`daskkrr.parallel.factor_cost`).
+    "auto" takes "dense" whenever it fits in half the client's memory budget.
+    The choice and why are ``preconditioner_route_``; the tiled route builds
+    FALKON's own preconditioner (no row sketch) and cannot run
+    ``strategy="gram"`` or ``compute_std``. Both give the same solution.""",
+    "memory_budget": """memory_budget : int or None, default=None
+    Bytes the preconditioner may use: caps the client's memory for the dense
+    route and the workers' memory for kept tiles (beyond it they are spilled to
+    disk). None: the memory available to the client process and the workers'
+    memory limits.""",
     "max_samples": """max_samples : int, default=20000
     Largest n the "direct" solver accepts (the kernel matrix takes 8 n^2 bytes).""",
     "exact_solver": """solver : {"auto", "direct", "pcg"}, default="auto"
@@ -243,6 +258,11 @@ _FITTED_DOC = """
         were (a float32 fit with at least 2048 centers) or its sketch Gram matrix
         was (a float32 fit, where it was accurate enough), else "float64". The
         solution does not depend on it.
+    preconditioner_route_ : dict
+        Where the preconditioner's ``M x M`` factorisations ran and why
+        (:class:`daskkrr.parallel.factor_cost.FactorPlan`): ``route`` ("dense" or
+        "tiled"), ``storage`` ("client", "memory" or "zarr"), ``tile``, the bytes
+        each route needs and the budgets, the expected seconds, and ``reason``.
     preconditioner_costs_ : list of dict
         The cost model's expectation for each sketch size it weighed (and the
         one asked for): ``rows``, CG ``iterations``, ``strategy``, the
@@ -374,7 +394,7 @@ class FalkonRegressor(_NystromPenaltyPath, _RegressorMixin, NystromModelBase):
     Dask workers; only ``M``-sized vectors reach the client, so ``n`` is bounded by
     disk, not memory.
 
-    {params_doc(*FALKON_PARAMS)}{_FITTED_DOC}
+    {params_doc(*FALKON_PARAMS, "preconditioner_route", "memory_budget")}{_FITTED_DOC}
     Examples
     --------
     >>> import numpy as np
@@ -393,6 +413,8 @@ class FalkonRegressor(_NystromPenaltyPath, _RegressorMixin, NystromModelBase):
         "tol": [positive(Real)],
         "preconditioner_rows": [positive(Integral), StrOptions({"auto"}), None],
         "compute_std": ["boolean"],
+        "preconditioner_route": [StrOptions({"auto", "dense", "tiled"})],
+        "memory_budget": [positive(Integral), None],
     }
 
     def __init__(
@@ -414,6 +436,8 @@ class FalkonRegressor(_NystromPenaltyPath, _RegressorMixin, NystromModelBase):
         fit_intercept: bool = True,
         preconditioner_rows: int | str | None = "auto",
         compute_std: bool = False,
+        preconditioner_route: str = "auto",
+        memory_budget: int | None = None,
     ):
         store_params(self, locals())
 

@@ -208,15 +208,18 @@ def estimate(problem: Problem, budget: Budget, rates: Rates = DEFAULT_RATES) -> 
 
 
 def choose_strategy(
-    problem: Problem, budget: Budget, rates: Rates = DEFAULT_RATES
+    problem: Problem, budget: Budget, rates: Rates = DEFAULT_RATES, exclude: tuple[str, ...] = ()
 ) -> tuple[str, dict[str, StrategyCost]]:
     """The cheapest feasible strategy and all estimates.
 
     ``cache`` must be :data:`CACHE_MARGIN` times cheaper than the others to win: it
     holds ``n M`` entries in memory, and the estimates are rough. Ties: recompute,
-    then gram, then cache.
+    then gram, then cache. Strategies in ``exclude`` are infeasible (with that reason).
     """
     costs = estimate(problem, budget, rates)
+    for name in exclude:
+        costs[name] = dataclasses.replace(costs[name], feasible=False,
+                                          reason="the preconditioner is tiled: the client holds no M x M matrix")
     order = {"recompute": 0, "gram": 1, "cache": 2}
     feasible = [c for c in costs.values() if c.feasible]
 

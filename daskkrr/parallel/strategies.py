@@ -39,6 +39,7 @@ from daskkrr.parallel.cost import (
     should_persist,
 )
 from daskkrr.parallel.executor import BlockPasses, Executor
+from daskkrr.parallel.factor_cost import FactorPlan, plan_factor
 from daskkrr.parallel.preconditioner_cost import (
     SKETCH_PLACES,
     SketchCost,
@@ -46,7 +47,7 @@ from daskkrr.parallel.preconditioner_cost import (
     convergence_factor,
     sketch_cost,
 )
-from daskkrr.parallel.resources import Resources
+from daskkrr.parallel.resources import Resources, _available_memory
 from daskkrr.utils.threads import available_cores
 
 logger = logging.getLogger("daskkrr")
@@ -91,6 +92,7 @@ def plan_strategy(
     in_memory: bool = False,
     resources: Resources | None = None,
     sketch_rows: int = 0,
+    tiled_factor: bool = False,
 ) -> StrategyPlan:
     """Choose the strategy (``"auto"`` uses the cost model) and whether to persist the data.
 
@@ -98,14 +100,22 @@ def plan_strategy(
     :func:`~daskkrr.parallel.cost.expected_iterations` of them, at the rate
     :func:`~daskkrr.parallel.preconditioner_cost.convergence_factor` of a
     preconditioner built from ``sketch_rows`` sampled rows (0: FALKON's own).
+
+    ``tiled_factor``: the preconditioner's factors are tiled (:mod:`daskkrr.parallel.factor_cost`)
+    because the client cannot hold ``M x M`` matrices, so neither can the "gram" strategy: it is
+    infeasible, and refused when asked for.
     """
     check_strategy(strategy)
+    if tiled_factor and strategy == "gram":
+        raise ValueError("strategy='gram' keeps M x M matrices on the client, which the tiled preconditioner "
+                         "(preconditioner_route='tiled', or a memory_budget too small for the dense one) avoids; "
+                         "use strategy='auto', 'recompute' or 'cache', or preconditioner_route='dense'")
     res = resources or (executor or Executor()).resources()
     its = expected_iterations(int(iterations), tol, convergence_factor(sketch_rows, n_centers))
     problem, budget = _problem_and_budget(X, n_centers, n_targets, its, in_memory, res)
     n, d = problem.n, problem.d
     if strategy == "auto":
-        chosen, costs = choose_strategy(problem, budget)
+        chosen, costs = choose_strategy(problem, budget, exclude=("gram",) if tiled_factor else ())
     else:
         chosen, costs = strategy, estimate(problem, budget)
     data_bytes = n * d * X.dtype.itemsize + n * n_targets * 8
@@ -121,6 +131,20 @@ def _problem_and_budget(X: da.Array, n_centers: int, n_targets: int, iterations:
     # The preconditioner is built in this process: on a cluster, on the client host's cores.
     return problem, Budget(cores=res.cores, memory_bytes=res.memory_bytes, n_workers=res.n_workers,
                            client_cores=available_cores())
+
+
+def plan_factor_route(n_centers: int, factor_precision: str, *, route: str = "auto",
+                      memory_budget: int | None = None, executor: Executor | None = None,
+                      resources: Resources | None = None) -> FactorPlan:
+    """Dense or tiled preconditioner factors (:func:`~daskkrr.parallel.factor_cost.plan_factor`), by the
+    memory of this process (the client, which holds the dense factors) and of the workers."""
+    res = resources or (executor or Executor()).resources()
+    budget = Budget(cores=res.cores, memory_bytes=res.memory_bytes, n_workers=res.n_workers,
+                    client_cores=available_cores())
+    plan = plan_factor(int(n_centers), np.dtype(factor_precision).itemsize, budget, route=route,
+                       client_memory=_available_memory(), memory_budget=memory_budget)
+    logger.info("preconditioner factors: %s", plan.reason)
+    return plan
 
 
 @dataclasses.dataclass

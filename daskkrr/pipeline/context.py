@@ -80,6 +80,8 @@ class FitContext:
     sketch_rows: int = 0
     #: The sketch size chosen and the expected cost of each candidate (``SketchPlan``; None: no sketch planned).
     sketch_plan: Any = None
+    #: Dense or tiled preconditioner factors (a :class:`~daskkrr.parallel.factor_cost.FactorPlan`).
+    factor_plan: Any = None
     # operator
     plan: Any = None
     passes: Any = None

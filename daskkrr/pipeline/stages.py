@@ -34,7 +34,14 @@ from daskkrr.data.inputs import is_in_memory, load_training_data, refuse_unknown
 from daskkrr.data.sample_weight import open_sample_weight
 from daskkrr.parallel.guards import check_quadratic, quadratic_cost
 from daskkrr.parallel.sketch_pass import WorkerRowSketch
-from daskkrr.parallel.strategies import make_operator, plan_sketch, plan_strategy, prepare_passes
+from daskkrr.parallel.strategies import (
+    make_operator,
+    plan_factor_route,
+    plan_sketch,
+    plan_strategy,
+    prepare_passes,
+)
+from daskkrr.parallel.tiled_falkon import TiledFalkonPreconditioner
 from daskkrr.parallel.weighted import make_weighted_operator, with_weights
 from daskkrr.pipeline.context import FitContext
 from daskkrr.pipeline.fingerprint import fit_fingerprint
@@ -185,11 +192,20 @@ def falkon_preconditioner(ctx: FitContext, *, sketch: bool = True, iterative: bo
     n = ctx.n
     precision = sketch_precision(ctx.X.dtype)
     rows = 0
+    factoring = factor_precision(ctx.X.dtype, Z.shape[0])
+    # A direct solve factors the M x M system on the client anyway: the dense route is its only one.
+    ctx.factor_plan = plan_factor_route(Z.shape[0], factoring, route=getattr(p, "preconditioner_route", "auto")
+                                        if iterative else "dense", memory_budget=getattr(p, "memory_budget", None),
+                                        executor=ctx.executor)
+    tiled = ctx.factor_plan.route == "tiled"
+    if tiled and getattr(p, "compute_std", False):
+        raise ValueError(f"compute_std needs the M x M posterior on the client, but {ctx.factor_plan.reason}; "
+                         "fit without compute_std, or with preconditioner_route='dense' and enough memory")
     if sketch:
         saved = getattr(ctx.store, "saved_sketch_rows", lambda: None)()  # a resumed fit keeps its sketch
         saved_on = getattr(ctx.store, "saved_sketch_on", lambda: None)()  # ... and where it was summed
         ctx.sketch_plan = plan_sketch(
-            p._sketch_rows() if saved is None else (saved or None), ctx.X, n_centers=Z.shape[0],
+            None if tiled else p._sketch_rows() if saved is None else (saved or None), ctx.X, n_centers=Z.shape[0],
             n_targets=int(ctx.Y.shape[1]) + bool(getattr(p, "fit_intercept", False)) + (ctx.sample_weight is not None),
             max_iter=int(getattr(p, "max_iter", 1)), tol=float(getattr(p, "tol", 1e-7)),
             strategy=getattr(p, "strategy", "auto"), sketch_itemsize=np.dtype(precision).itemsize,
@@ -199,6 +215,9 @@ def falkon_preconditioner(ctx: FitContext, *, sketch: bool = True, iterative: bo
         save_rows = getattr(ctx.store, "save_sketch_rows", None)
         if save_rows is not None and getattr(ctx.store, "enabled", False):
             save_rows(rows, ctx.sketch_plan.on)
+    if tiled:  # FALKON's own preconditioner, no sketch (see daskkrr.parallel.tiled_falkon)
+        _tiled_preconditioner(ctx, iterative, factoring)
+        return
     row_sketch: KernelRowSketch | WorkerRowSketch | None = None
     if rows:
         idx = sketch_indices(n, rows, Z)
@@ -215,12 +234,28 @@ def falkon_preconditioner(ctx: FitContext, *, sketch: bool = True, iterative: bo
         weights=None if ctx.dictionary.is_uniform else ctx.dictionary.weights, sketch=row_sketch,
         center_sketch=bool(getattr(p, "fit_intercept", False)), precision=precision, overwrite_kmm=True,
         relative_jitter=jitter_floor(ctx.X.dtype, float(p.penalty), iterative=iterative),
-        factor_precision=factor_precision(ctx.X.dtype, Z.shape[0]),
+        factor_precision=factoring,
     )
     ctx.sketch_rows = 0 if row_sketch is None else int(row_sketch.rows)
     logger.info("preconditioner from %d sketch rows (%s, on the %s), factored in %s, in %.2fs", ctx.sketch_rows,
                 ctx.preconditioner.precision, "client" if ctx.sketch_plan is None else ctx.sketch_plan.on,
                 ctx.preconditioner.factor_precision, time.perf_counter() - t0)
+
+
+def _tiled_preconditioner(ctx: FitContext, iterative: bool, factoring: str) -> None:
+    """FALKON's factors as tiles on the workers (or spilled), as the factor plan says."""
+    p, Z, plan = ctx.params, ctx.centers, ctx.factor_plan
+    t0 = time.perf_counter()
+    ctx.preconditioner = TiledFalkonPreconditioner.from_centers(
+        ctx.executor, Z.astype(np.float64), ctx.kernel, penalty=float(p.penalty), n=weight_sum(ctx), tile=plan.tile,
+        weights=None if ctx.dictionary.is_uniform else ctx.dictionary.weights,
+        center_sketch=bool(getattr(p, "fit_intercept", False)),
+        relative_jitter=jitter_floor(ctx.X.dtype, float(p.penalty), iterative=iterative),
+        factor_precision=factoring, spill=plan.storage == "zarr",
+    )
+    ctx.sketch_rows = 0
+    logger.info("tiled preconditioner (%s) factored in %s in %.2fs", plan.reason, factoring,
+                time.perf_counter() - t0)
 
 
 def weight_sum(ctx: FitContext) -> float:
@@ -268,6 +303,7 @@ def kernel_operator(ctx: FitContext, *, strategy: str | None = None, preconditio
         strategy if strategy else getattr(p, "strategy", "auto"), ctx.X, n_centers=Z.shape[0], n_targets=Y.shape[1],
         iterations=int(getattr(p, "max_iter", 1)), tol=float(getattr(p, "tol", 1e-7)),
         executor=ctx.executor, in_memory=ctx.in_memory, sketch_rows=ctx.sketch_rows,
+        tiled_factor=ctx.factor_plan is not None and ctx.factor_plan.route == "tiled",
     )
     ctx.passes = prepare_passes(ctx.X, Y, ctx.executor, ctx.plan)
     build = make_weighted_operator if weighted else make_operator
@@ -297,11 +333,16 @@ def cg_solve(ctx: FitContext) -> None:
     def save(state: Any) -> None:
         ctx.events.emit(ev.SolverState(state))
 
-    coef, result = falkon_solve(
-        ctx.preconditioner, gram_matvec, b, tol=float(p.tol), max_iter=int(p.max_iter), callback=step,
-        state=ctx.store.cg_state, on_state=save if getattr(ctx.store, "enabled", False) else None,
-        state_every=ctx.store.every,
-    )
+    try:
+        coef, result = falkon_solve(
+            ctx.preconditioner, gram_matvec, b, tol=float(p.tol), max_iter=int(p.max_iter), callback=step,
+            state=ctx.store.cg_state, on_state=save if getattr(ctx.store, "enabled", False) else None,
+            state_every=ctx.store.every,
+        )
+    finally:
+        close = getattr(ctx.preconditioner, "close", None)
+        if close is not None:  # the tiled factors: free the workers' memory and the spill store
+            close()
     ctx.n_iter, ctx.converged = int(result.n_iter), bool(result.converged)
     ctx.fitted.update(n_iter_=ctx.n_iter, residuals_=result.residuals, converged_=ctx.converged)
     if not ctx.converged:
@@ -344,6 +385,7 @@ def _nystrom_model(ctx: FitContext, coef: np.ndarray) -> None:
         strategy_=ctx.plan.strategy, preconditioner_rows_=ctx.sketch_rows,
         preconditioner_dtype_="float32" if "float32" in (pre.factor_precision, pre.precision) else "float64",
         preconditioner_costs_=[] if ctx.sketch_plan is None else [c.as_dict() for c in ctx.sketch_plan.costs],
+        preconditioner_route_={} if ctx.factor_plan is None else ctx.factor_plan.as_dict(),
         n_data_passes_=ctx.passes.n_passes + 1,  # + the statistics pass
     )
 

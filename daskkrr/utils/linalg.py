@@ -17,7 +17,9 @@ need one ``M x M`` matrix, not three.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import warnings
+from typing import Any
 
 import numpy as np
 import scipy.linalg as sla
@@ -25,7 +27,7 @@ from scipy.linalg.lapack import dpotrf, spotrf
 
 from daskkrr.utils.threads import blas_threads
 
-__all__ = ["JitterWarning", "cholesky_jitter", "mirror_triangle", "solve_upper"]
+__all__ = ["JitterPolicy", "JitterWarning", "cholesky_jitter", "mirror_triangle", "solve_upper"]
 
 #: From this size on the factorisation runs single-threaded: scipy's bundled
 #: OpenBLAS (0.3.30) crashes in multithreaded ``dpotrf`` at M = 16 000; it ran at
@@ -134,19 +136,10 @@ def cholesky_jitter(
     if not np.all(np.isfinite(S)):
         raise np.linalg.LinAlgError(f"{what} of shape {S.shape} has NaN or inf entries")
     diagonal = np.diag(S).copy()
-    scale = float(np.mean(diagonal))
-    if not scale > 0:
-        raise np.linalg.LinAlgError(
-            f"{what} of shape {S.shape} has a non-positive mean diagonal ({scale:g}); "
-            "the kernel is degenerate on these points (e.g. a linear or polynomial kernel on all-zero "
-            "or constant features): use another kernel or informative features"
-        )
-    default = m * float(np.finfo(dtype).eps) * scale
-    if relative_jitter is not None:
-        initial_jitter = relative_jitter * m * scale
-    jitter = default if initial_jitter is None else float(initial_jitter)
-    expected = max(default, jitter)  # escalating past this one warns
-    limit = max_jitter_ratio * scale
+    policy = JitterPolicy.for_matrix(S.shape, float(np.mean(diagonal)), dtype, what=what,
+                                     initial_jitter=initial_jitter, max_jitter_ratio=max_jitter_ratio,
+                                     relative_jitter=relative_jitter, advice=advice)
+    jitter = policy.first
     in_place = overwrite and S.flags.f_contiguous and S.flags.writeable
     work = S if in_place else np.array(S, dtype=dtype, order="F")
     potrf = spotrf if dtype == np.float32 else dpotrf
@@ -162,25 +155,72 @@ def cholesky_jitter(
             mirror_triangle(work, from_upper=False)
             if not escalate:
                 work[np.diag_indices(m)] = diagonal
-                raise np.linalg.LinAlgError(f"Cholesky of the {what} of shape {S.shape} failed (jitter {jitter:.3g})")
-            if jitter >= limit:
-                raise np.linalg.LinAlgError(
-                    f"Cholesky of the {what} of shape {S.shape} failed even with jitter {jitter:.3g} "
-                    f"({jitter / scale:.1e} of its mean diagonal): the problem is singular. {advice}"
-                )
-            jitter = min(jitter * 100 if jitter > 0 else default, limit)
+            jitter = policy.after_failure(jitter, escalate)
     _zero_lower(T)
     if not np.all(np.isfinite(T)):
         raise np.linalg.LinAlgError(f"Cholesky of the {what} of shape {S.shape} overflowed")
-    if jitter > expected * (1 + 1e-12):
-        warnings.warn(
-            f"Cholesky of the {what} of shape {S.shape} needed jitter {jitter:.3g} "
-            f"({jitter / scale:.1e} of its mean diagonal); centers may be near-duplicates, or large "
-            "unstandardized features lose their distances to round-off (standardize=True)",
-            JitterWarning,
-            stacklevel=2,
-        )
+    policy.warn_if_escalated(jitter, stacklevel=2)
     return T, jitter
+
+
+@dataclasses.dataclass(frozen=True)
+class JitterPolicy:
+    """The jitters :func:`cholesky_jitter` tries on a matrix, in order (see the module docstring).
+
+    Shared with the tiled factorisation (:mod:`daskkrr.parallel.tiled_linalg`), which retries the
+    whole factorisation with the next jitter when a diagonal tile fails, so both add the same jitter.
+    """
+
+    what: str
+    shape: tuple[int, ...]
+    scale: float
+    default: float
+    first: float
+    limit: float
+    advice: str = SINGULAR_ADVICE
+
+    @classmethod
+    def for_matrix(cls, shape: tuple[int, ...], scale: float, dtype: Any, *, what: str = "matrix",
+                   initial_jitter: float | None = None, max_jitter_ratio: float = 1e-2,
+                   relative_jitter: float | None = None, advice: str = SINGULAR_ADVICE) -> JitterPolicy:
+        """The policy of a matrix of ``shape`` whose mean diagonal is ``scale``, factored in ``dtype``
+        (the arguments as :func:`cholesky_jitter`'s); ``LinAlgError`` for a non-positive ``scale``."""
+        if not scale > 0:
+            raise np.linalg.LinAlgError(
+                f"{what} of shape {tuple(shape)} has a non-positive mean diagonal ({scale:g}); "
+                "the kernel is degenerate on these points (e.g. a linear or polynomial kernel on all-zero "
+                "or constant features): use another kernel or informative features"
+            )
+        m = int(shape[0])
+        default = m * float(np.finfo(dtype).eps) * scale
+        if relative_jitter is not None:
+            initial_jitter = relative_jitter * m * scale
+        first = default if initial_jitter is None else float(initial_jitter)
+        return cls(what=what, shape=tuple(int(s) for s in shape), scale=scale, default=default, first=first,
+                   limit=max_jitter_ratio * scale, advice=advice)
+
+    def after_failure(self, jitter: float, escalate: bool = True) -> float:
+        """The jitter to try after a failure with ``jitter``; ``LinAlgError`` when there is none."""
+        if not escalate:
+            raise np.linalg.LinAlgError(f"Cholesky of the {self.what} of shape {self.shape} failed "
+                                        f"(jitter {jitter:.3g})")
+        if jitter >= self.limit:
+            raise np.linalg.LinAlgError(
+                f"Cholesky of the {self.what} of shape {self.shape} failed even with jitter {jitter:.3g} "
+                f"({jitter / self.scale:.1e} of its mean diagonal): the problem is singular. {self.advice}"
+            )
+        return min(jitter * 100 if jitter > 0 else self.default, self.limit)
+
+    def warn_if_escalated(self, jitter: float, stacklevel: int = 2) -> None:
+        """A :class:`JitterWarning` when more than the first (or round-off) jitter was needed."""
+        if jitter > max(self.default, self.first) * (1 + 1e-12):
+            warnings.warn(
+                f"Cholesky of the {self.what} of shape {self.shape} needed jitter {jitter:.3g} "
+                f"({jitter / self.scale:.1e} of its mean diagonal); centers may be near-duplicates, or large "
+                "unstandardized features lose their distances to round-off (standardize=True)",
+                JitterWarning,
+                stacklevel=stacklevel + 1,
+            )
 
 
 #: Columns handled at a time when copying or clearing a triangle (bounds temporaries).

@@ -1,0 +1,254 @@
+"""FALKON's preconditioner with its ``M x M`` matrices tiled (:mod:`daskkrr.parallel.tiled_linalg`).
+
+:class:`TiledFalkonPreconditioner` has the methods of
+:class:`~daskkrr.solvers.FalkonPreconditioner` that CG uses (``rhs``, ``operator``,
+``to_coefficients``), so :func:`~daskkrr.solvers.falkon_solve` runs unchanged; each of
+them is one or two task graphs of tile solves, and only ``M x t`` blocks reach the client.
+
+It factors FALKON's original inner matrix ``A^T A = T T^T / M + lambda I`` (centred on the
+centers' mean with an intercept), not the row sketch's ``W^T W / (M + s)``: the sketch Gram
+is ``s M^2`` more flops of triangular solves and rank-k updates on top of the factorisation,
+and at the sizes this route serves (``M`` beyond what the client can hold) ``s >= 2 M``
+sketch rows would cost more than the CG iterations they save. The preconditioner changes
+CG's speed only: both converge to the same Nystrom solution.
+
+The rest follows the dense class: the same jitter (policy and floor), the same float32
+factorisation from 2048 centers in a float32 fit with ``D K_MM D`` applied exactly in the
+penalty term (recomputed tile by tile from the centers instead of kept), the same
+``exact_penalty`` term ``v - jitter T^{-T} T^{-1} v``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from dask.delayed import Delayed, delayed
+
+from daskkrr.kernels.base import Kernel
+from daskkrr.parallel.executor import Executor
+from daskkrr.parallel.tiled_linalg import (
+    TiledMatrix,
+    TileStore,
+    _load,
+    as_blocks,
+    gather,
+    kernel_cholesky,
+    shifted_source,
+    solve_graphs,
+    tiled_cholesky,
+    upper_matvec_graphs,
+    upper_times_transpose,
+)
+from daskkrr.parallel.tiles import _key, _recompute_product, _sum_roles
+from daskkrr.utils.linalg import JitterPolicy
+
+__all__ = ["TiledFalkonPreconditioner", "tiled_diagonal"]
+
+
+def _diag_task(tile: Any) -> np.ndarray:
+    return np.diag(_load(tile)).astype(np.float64)
+
+
+def tiled_diagonal(S: TiledMatrix) -> np.ndarray:
+    """The diagonal of a tiled matrix (read from its diagonal tiles where they are)."""
+    graphs = [delayed(_diag_task, pure=True, traverse=False)(S.tile(i, i), dask_key_name=_key("diag"))
+              for i in range(S.layout.nb)]
+    return gather(S.executor, graphs, (S.layout.M,))
+
+
+def _lincomb(a: float, x: np.ndarray, b: float, y: np.ndarray) -> np.ndarray:
+    return a * np.asarray(x, dtype=np.float64) + b * np.asarray(y, dtype=np.float64)
+
+
+def _scale_rows(x: np.ndarray, d: np.ndarray, factor: float) -> np.ndarray:
+    return np.asarray(x, dtype=np.float64) * d[:, None] * factor
+
+
+@dataclasses.dataclass
+class TiledFalkonPreconditioner:
+    """The factors ``T`` and ``A`` of FALKON's preconditioner as tiles (see the module docstring).
+
+    Build it with :meth:`from_centers`; free it with :meth:`close`.
+    """
+
+    T: TiledMatrix
+    A: TiledMatrix
+    d: np.ndarray
+    penalty: float
+    n: float
+    jitter: float
+    exact_penalty: bool
+    factor_precision: str
+    #: ``(Z, kernel)`` when the factors are float32: the penalty term applies ``D K_MM D``, recomputed.
+    centers: tuple[np.ndarray, Kernel] | None = None
+    store: TileStore | None = None
+    #: No sketch: the inner matrix is FALKON's own, in float64 unless the factors are float32.
+    precision: str = "float64"
+
+    @classmethod
+    def from_centers(cls, executor: Executor, Z: np.ndarray, kernel: Kernel, *, penalty: float, n: float,
+                     tile: int, weights: np.ndarray | None = None, center_sketch: bool = False,
+                     relative_jitter: float | None = None, factor_precision: str = "float64",
+                     spill: bool = False, spill_dir: str | None = None) -> TiledFalkonPreconditioner:
+        """Factor the preconditioner of the centers ``Z`` tile by tile.
+
+        Parameters
+        ----------
+        executor : Executor
+            Where the tile tasks run and the tiles are kept.
+        Z : ndarray of shape (M, n_features)
+            The centers (scaled as the data).
+        kernel : Kernel
+            The fit's kernel.
+        penalty, n : float
+            FALKON's lambda and the sum of the row weights (as :class:`~daskkrr.solvers.FalkonPreconditioner`).
+        tile : int
+            Rows and columns of a tile.
+        weights : ndarray of shape (M,), optional
+            Importance weights of the centers (``D = diag(sqrt(weights))``).
+        center_sketch : bool, default=False
+            Centre the inner matrix on the centers' mean (a fit with an intercept).
+        relative_jitter : float, optional
+            The jitter floor of ``T`` (:func:`~daskkrr.solvers.falkon.jitter_floor`); the penalty term then
+            keeps the jitter's part.
+        factor_precision : {"float64", "float32"}, default="float64"
+            Arithmetic and storage of the tiles of ``T`` and ``A``.
+        spill : bool, default=False
+            Keep the tiles in a Zarr store in a temporary folder (under ``spill_dir``) instead of memory.
+        spill_dir : str, optional
+            Parent folder of the spill store.
+
+        Returns
+        -------
+        TiledFalkonPreconditioner
+        """
+        if factor_precision not in ("float64", "float32"):
+            raise ValueError(f"factor_precision must be 'float64' or 'float32'; got {factor_precision!r}")
+        if not penalty > 0:
+            raise ValueError(f"penalty must be > 0; got {penalty!r}")
+        single = factor_precision == "float32"
+        store = TileStore(spill_dir) if spill else None
+        T, jitter, d = kernel_cholesky(executor, Z, kernel, tile=tile, dtype=factor_precision, weights=weights,
+                                       store=store, relative_jitter=relative_jitter)
+        M = T.layout.M
+        center = None
+        if center_sketch:  # the centers' rows of W = T^T summed: T 1
+            center = gather(executor, upper_matvec_graphs(T, as_blocks(T.layout, np.ones(M))), (M,))
+        inner = upper_times_transpose(T, rows=float(M), center=center, shift=float(penalty), store=store)
+        A = cls._factor_inner(executor, inner, single, store)
+        inner.release()
+        return cls(T=T, A=A, d=d, penalty=float(penalty), n=float(n), jitter=jitter,
+                   exact_penalty=relative_jitter is not None or single, factor_precision=factor_precision,
+                   centers=(np.ascontiguousarray(Z, dtype=np.float64), kernel) if single else None, store=store,
+                   precision="float32" if single else "float64")
+
+    @staticmethod
+    def _factor_inner(executor: Executor, inner: TiledMatrix, single: bool, store: TileStore | None) -> TiledMatrix:
+        """``A``: float32 without jitter first where the factors are float32 (as the dense route), else
+        (or when that fails) float64 with the round-off jitter policy."""
+        what = "FALKON inner matrix W^T W / s + lambda I"
+        scale = float(np.mean(tiled_diagonal(inner)))
+        if single:
+            policy = JitterPolicy.for_matrix((inner.layout.M,) * 2, scale, np.float32, what=what, initial_jitter=0.0)
+            try:
+                return tiled_cholesky(executor, inner.layout, shifted_source(inner, np.float32), policy,
+                                      dtype=np.float32, store=store, escalate=False, name="A")[0]
+            except np.linalg.LinAlgError:
+                pass
+        policy = JitterPolicy.for_matrix((inner.layout.M,) * 2, scale, np.float64, what=what)
+        return tiled_cholesky(executor, inner.layout, shifted_source(inner, np.float64), policy, dtype=np.float64,
+                              store=store, name="A")[0]
+
+    @property
+    def n_centers(self) -> int:
+        return self.T.layout.M
+
+    @property
+    def executor(self) -> Executor:
+        return self.T.executor
+
+    # ------------------------------------------------------------ the products CG uses
+    def _blocks(self, V: np.ndarray) -> list[np.ndarray]:
+        return as_blocks(self.T.layout, V)
+
+    def _d_blocks(self) -> list[np.ndarray]:
+        return self._blocks(self.d)
+
+    def _scaled(self, blocks: list[Any], factor: float = 1.0) -> list[Delayed]:
+        """``D x / factor`` block by block."""
+        return [delayed(_scale_rows, pure=True)(b, di[:, 0], factor, dask_key_name=_key("solve"))
+                for b, di in zip(blocks, self._d_blocks())]
+
+    def to_coefficients(self, beta: np.ndarray) -> np.ndarray:
+        """``alpha = D T^{-1} A^{-1} beta``."""
+        beta = np.asarray(beta)
+        t = solve_graphs(self.T, solve_graphs(self.A, self._blocks(beta)))
+        return gather(self.executor, self._scaled(t), beta.shape)
+
+    def rhs(self, knm_t_y: np.ndarray) -> np.ndarray:
+        """Preconditioned right-hand side ``A^{-T} T^{-T} D K_nM^T y / n``."""
+        b = np.asarray(knm_t_y)
+        w = solve_graphs(self.T, self._scaled(self._blocks(b), 1.0 / self.n), trans=True)
+        return gather(self.executor, solve_graphs(self.A, w, trans=True), b.shape)
+
+    def operator(self, gram_matvec: Callable[[np.ndarray], np.ndarray]) -> Callable[[np.ndarray], np.ndarray]:
+        """The preconditioned FALKON operator ``beta -> P^T H P beta / n``: two graphs of tile solves
+        around the caller's ``gram_matvec`` (the pass over the data)."""
+
+        def apply(beta: np.ndarray) -> np.ndarray:
+            beta = np.asarray(beta, dtype=np.float64)
+            v = solve_graphs(self.A, self._blocks(beta))
+            t = solve_graphs(self.T, v)
+            parts = self.executor.backend.compute([*v, *t])
+            nb = self.T.layout.nb
+            v_blocks, t_blocks = parts[:nb], parts[nb:]
+            t_full = np.concatenate(t_blocks, axis=0)
+            u = (self.d[:, None] * t_full).reshape(beta.shape)
+            c = np.asarray(gram_matvec(u), dtype=np.float64).reshape(beta.shape)
+            w = solve_graphs(self.T, self._scaled(self._blocks(c), 1.0 / self.n), trans=True)
+            total = [delayed(_lincomb, pure=True)(1.0, wi, self.penalty, pi, dask_key_name=_key("solve"))
+                     for wi, pi in zip(w, self._penalty_graphs(v_blocks, t_blocks))]
+            return gather(self.executor, solve_graphs(self.A, total, trans=True), beta.shape)
+
+        return apply
+
+    def _penalty_graphs(self, v: list[np.ndarray], t: list[np.ndarray]) -> list[Any]:
+        """``T^{-T} D K_MM D T^{-1} v`` for ``t = T^{-1} v``, block by block (see
+        :class:`~daskkrr.solvers.FalkonPreconditioner`)."""
+        if self.centers is not None:
+            return solve_graphs(self.T, self._kernel_product(t), trans=True)
+        if not self.exact_penalty:
+            return list(v)
+        back = solve_graphs(self.T, t, trans=True)
+        return [delayed(_lincomb, pure=True)(1.0, vi, -self.jitter, bi, dask_key_name=_key("solve"))
+                for vi, bi in zip(v, back)]
+
+    def _kernel_product(self, t: list[np.ndarray]) -> list[Delayed]:
+        """``D K_MM D t`` with the kernel tiles recomputed from the centers (upper triangle: a tile
+        ``(i, j)`` gives ``K_ij t_j`` to block ``i`` and ``K_ij^T t_i`` to block ``j``)."""
+        if self.centers is None:
+            raise RuntimeError("the kernel product of the penalty term needs the centers (float32 factors)")
+        Z, kernel = self.centers
+        L = self.T.layout
+        Zb = L.split(Z)
+        db = self._d_blocks()
+        contrib: list[list[tuple[int, Delayed]]] = [[] for _ in range(L.nb)]
+        for i, j in L.pairs:
+            task = delayed(_recompute_product, pure=True)(Zb[i], Zb[j], t[i], t[j], kernel, i == j, db[i], db[j],
+                                                          dask_key_name=_key("kmm"))
+            contrib[i].append((0, task))
+            if i != j:
+                contrib[j].append((1, task))
+        return [delayed(_sum_roles, pure=True)(t[i], 0.0, tuple(r for r, _ in parts), *[p for _, p in parts],
+                                               dask_key_name=_key("kmm"))
+                for i, parts in enumerate(contrib)]
+
+    def close(self) -> None:
+        """Free the tiles (and the spill store)."""
+        self.T.release()
+        self.A.release()
+        if self.store is not None:
+            self.store.close()

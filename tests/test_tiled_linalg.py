@@ -1,0 +1,171 @@
+"""The tiled M x M linear algebra (daskkrr.parallel.tiled_linalg) against numpy/scipy.
+
+Tolerances are Higham's componentwise bounds for each algorithm (the tiled ones do the same
+operations in another order, which the bounds allow), with ``gamma_k = k u / (1 - k u)``:
+
+- Cholesky: ``|T^T T - S| <= gamma_{M+1} |T|^T |T|`` (Higham, Theorem 10.3);
+- triangular solve: ``(T + dT) x = v`` with ``|dT| <= gamma_M |T|`` (Theorem 8.5), so the
+  residual is at most ``gamma_M |T| |x|``, plus the same again for evaluating it;
+- a product: ``|fl(T T^T) - T T^T| <= gamma_M |T| |T|^T``.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+from daskkrr.kernels import GaussianKernel
+from daskkrr.parallel.executor import Executor
+from daskkrr.parallel.tiled_linalg import (
+    TileFactorError,
+    TileLayout,
+    TileStore,
+    _op_shifted,
+    _task,
+    kernel_cholesky,
+    solve_upper_tiled,
+    tiled_cholesky,
+    triangle_bytes,
+    upper_times_transpose,
+)
+from daskkrr.utils.linalg import JitterPolicy, JitterWarning, cholesky_jitter
+
+M = 300
+
+
+def gamma(k: int, dtype: str) -> float:
+    u = float(np.finfo(dtype).eps) / 2
+    return k * u / (1 - k * u)
+
+
+@pytest.fixture(scope="module")
+def centers() -> np.ndarray:
+    return np.random.default_rng(0).normal(size=(M, 3))
+
+
+KERNEL = GaussianKernel(sigma=2.0)
+
+
+def _check_factor(T: np.ndarray, S: np.ndarray, jitter: float, dtype: str) -> None:
+    T = T.astype(np.float64)
+    assert np.array_equal(T, np.triu(T))
+    err = np.abs(T.T @ T - S - jitter * np.eye(len(S)))
+    bound = gamma(len(S) + 1, dtype) * (np.abs(T).T @ np.abs(T)) + gamma(len(S), "float64") * np.abs(S)
+    assert np.all(err <= 2 * bound), float(np.max(err / bound))
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize(("tile", "spill"), [(64, False), (70, False), (70, True)])
+def test_cholesky_solves_and_lauum_match_numpy(centers, dtype, tile, spill):
+    """Factor, solves and T T^T on the threaded scheduler, in memory and spilled to Zarr (at the
+    non-dividing tile size); the jitter is the dense factorisation's (same policy, same matrix)."""
+    ex = Executor()
+    store = TileStore() if spill else None
+    try:
+        T, jitter, d = kernel_cholesky(ex, centers, KERNEL, tile=tile, dtype=dtype, store=store)
+        assert T.storage == ("zarr" if spill else "memory") and T.layout.nb == -(-M // tile)
+        S = KERNEL(centers, centers)
+        _, dense_jitter = cholesky_jitter(S.astype(dtype))
+        assert jitter == dense_jitter and np.array_equal(d, np.ones(M))
+        Tn = T.to_numpy().astype(np.float64)
+        _check_factor(Tn, S, jitter, dtype)
+
+        V = np.random.default_rng(1).normal(size=(M, 3))
+        for trans in (False, True):
+            x = solve_upper_tiled(T, V, trans=trans)
+            A = Tn.T if trans else Tn
+            bound = 2 * gamma(M, "float64") * (np.abs(A) @ np.abs(x))
+            assert np.all(np.abs(A @ x - V) <= bound + 1e-300)
+
+        w = Tn.sum(axis=1)
+        G = upper_times_transpose(T, rows=M, center=w, shift=0.5, store=store).to_numpy(symmetric=True)
+        exact = (Tn @ Tn.T - np.outer(w, w) / M) / M + 0.5 * np.eye(M)
+        bound = gamma(M + 2, dtype) * ((np.abs(Tn) @ np.abs(Tn).T + np.outer(np.abs(w), np.abs(w)) / M) / M)
+        assert np.all(np.abs(G - exact) <= 2 * bound + gamma(2, dtype) * 0.5)
+    finally:
+        if store is not None:
+            store.close()
+
+
+def test_weighted_kernel_factor(centers):
+    """``D K D`` with the centers' importance weights, against the dense factor's matrix."""
+    weights = np.random.default_rng(2).uniform(0.5, 2.0, size=M)
+    T, jitter, d = kernel_cholesky(Executor(), centers, KERNEL, tile=64, weights=weights)
+    S = np.sqrt(weights)[:, None] * KERNEL(centers, centers) * np.sqrt(weights)[None, :]
+    assert np.allclose(d, np.sqrt(weights), rtol=0, atol=0)
+    _check_factor(T.to_numpy(), S, jitter, "float64")
+
+
+def dense_source(S: np.ndarray, layout: TileLayout):
+    """A tile source reading the tiles of a dense matrix (as tests build them)."""
+
+    def source(i, j, shift, target):
+        tile = S[slice(*layout.bounds(i)), slice(*layout.bounds(j))]
+        return _task("shift", _op_shifted, target, tile, shift, "float64")
+
+    return source
+
+
+def test_jitter_is_escalated_as_the_dense_factorisation():
+    """A matrix with an eigenvalue of -1e-10: the dense factorisation escalates the jitter past
+    round-off, and so does the tiled one (the whole factorisation redone), to the same value and
+    with the same warning."""
+    rng = np.random.default_rng(4)
+    Q, _ = np.linalg.qr(rng.normal(size=(M, M)))
+    eig = np.linspace(1.0, 2.0, M)
+    eig[7] = -1e-10
+    S = (Q * eig) @ Q.T
+    S = (S + S.T) / 2
+    with pytest.warns(JitterWarning):
+        _, dense_jitter = cholesky_jitter(S)
+    layout = TileLayout(M, 64)
+    policy = JitterPolicy.for_matrix((M, M), float(np.mean(np.diag(S))), np.float64, what="test matrix")
+    with pytest.warns(JitterWarning, match="test matrix"):
+        T, jitter = tiled_cholesky(Executor(), layout, dense_source(S, layout), policy, dtype="float64")
+    assert jitter == dense_jitter > 1e-10 > policy.first
+    _check_factor(T.to_numpy(), S, jitter, "float64")
+
+
+def test_failed_factorisation_without_escalation_raises():
+    """A negative-definite matrix: escalate=False raises at once; with escalation the limit says the fix."""
+    layout = TileLayout(10, 4)
+    ex = Executor()
+    source = dense_source(-np.eye(10), layout)
+    policy = JitterPolicy.for_matrix((10, 10), 1.0, np.float64, what="test matrix")
+    with pytest.raises(np.linalg.LinAlgError, match="failed"):
+        tiled_cholesky(ex, layout, source, policy, dtype="float64", escalate=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(np.linalg.LinAlgError, match="singular. Use fewer centers"):
+            tiled_cholesky(ex, layout, source, policy, dtype="float64")
+    assert issubclass(TileFactorError, np.linalg.LinAlgError)
+
+
+def test_triangle_bytes():
+    """The upper-triangle tiles of a 300 x 300 matrix in tiles of 70: 4 full tile rows and a 20-row one."""
+    sizes = [70, 70, 70, 70, 20]
+    expected = sum(sizes[i] * sizes[j] for i in range(5) for j in range(i, 5)) * 4
+    assert triangle_bytes(300, 70, 4) == expected
+    assert triangle_bytes(300, 300, 8) == 300 * 300 * 8
+
+
+def test_on_a_local_cluster(cluster2, centers):
+    """Tiles held as futures on two worker processes, and spilled to Zarr by the workers: the
+    threaded result's jitter, within the bounds."""
+    local, local_jitter, _ = kernel_cholesky(Executor(), centers, KERNEL, tile=100, dtype="float32")
+    Ln = local.to_numpy().astype(np.float64)
+    V = np.random.default_rng(3).normal(size=(M, 2))
+    for store in (None, TileStore()):
+        T, jitter, _ = kernel_cholesky(Executor(cluster2), centers, KERNEL, tile=100, dtype="float32", store=store)
+        assert T.storage == ("memory" if store is None else "zarr") and jitter == local_jitter
+        Tn = T.to_numpy().astype(np.float64)
+        _check_factor(Tn, KERNEL(centers, centers), jitter, "float32")
+        x = solve_upper_tiled(T, V, trans=True)
+        assert np.all(np.abs(Tn.T @ x - V) <= 2 * gamma(M, "float64") * (np.abs(Tn.T) @ np.abs(x)))
+        # the same operations on the same tiles: equal but for BLAS's own kernel choices (per-tile bound)
+        assert np.max(np.abs(Tn - Ln)) <= 10 * gamma(M, "float32") * np.max(np.abs(Ln))
+        T.release()
+        if store is not None:
+            store.close()
