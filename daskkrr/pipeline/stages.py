@@ -32,6 +32,7 @@ from daskkrr.data.extremes import check_fit_magnitudes, times_power_of_two
 from daskkrr.data.feature_names import fitted_feature_names
 from daskkrr.data.inputs import is_in_memory, load_training_data, refuse_unknown_chunks
 from daskkrr.data.sample_weight import open_sample_weight
+from daskkrr.data.sparse import is_sparse_array, refuse_centering
 from daskkrr.parallel.guards import check_quadratic, quadratic_cost
 from daskkrr.parallel.sketch_pass import WorkerRowSketch
 from daskkrr.parallel.strategies import make_operator, plan_sketch, plan_strategy, prepare_passes
@@ -86,7 +87,10 @@ def statistics(ctx: FitContext) -> None:
         n_centers = n
     ctx.n_centers = n_centers
     ctx.events.emit(ev.DataOpened(n, Xd.numblocks[0], d))
-    scaler = Standardizer(with_mean=p.standardize, with_std=p.standardize)
+    sparse = is_sparse_array(Xd)
+    if sparse:  # scaled, not centred (a mean would fill in the zeros): refused where that changes the model
+        refuse_centering(type(p).__name__, p._make_kernel(d), p.standardize)
+    scaler = Standardizer(with_mean=p.standardize and not sparse, with_std=p.standardize)
     ctx.events.emit(ev.PassStarted("statistics", Xd.numblocks[0]))
     if ctx.encode_targets is None:
         raise RuntimeError("the fit context has no target encoder; the estimator must set encode_targets")
