@@ -21,10 +21,11 @@ import pytest
 import scipy.sparse as sp
 from sklearn.preprocessing import normalize
 
-from daskkrr import FalkonClassifier, FalkonRegressor, NystromRegressor
+from daskkrr import ExactKernelRidge, FalkonClassifier, FalkonRegressor, LogisticFalkonClassifier, NystromRegressor
 from daskkrr.data.sparse import sparse_moments, sparse_to_dask
 from daskkrr.kernels import engine_for, make_kernel
 from daskkrr.models.registry import ESTIMATORS, UNSUPERVISED
+from daskkrr.sampling import SAMPLERS
 
 #: See the module docstring: round-off of sparse vs dense dot products (~100 eps x |a|^2).
 KERNEL_ATOL = 1e-12
@@ -155,12 +156,46 @@ def test_every_strategy_takes_sparse_blocks(text_data, strategy):
     _assert_same_predictions(sparse.predict(X), dense.predict(X.toarray()))
 
 
+@pytest.mark.parametrize("sampler", sorted(SAMPLERS))
+def test_every_sampler_picks_the_same_centers_from_sparse_rows(text_data, sampler):
+    """Several blocks (chunks=150): the streaming samplers fold sparse blocks (SQUEAK a dense piece at a time)."""
+    X, y = text_data
+    sparse, dense = _fit_both(FalkonRegressor, {**FALKON, "sampler": sampler, "chunks": 150}, X, y)
+    np.testing.assert_array_equal(sparse.center_indices_, dense.center_indices_)
+    _assert_same_predictions(sparse.predict(X), dense.predict(X.toarray()))
+
+
 def test_falkon_classifier_sparse_equals_dense(text_data):
     X, y = text_data
     labels = np.digitize(y, np.quantile(y, [1 / 3, 2 / 3]))  # three classes
     sparse, dense = _fit_both(FalkonClassifier, FALKON, X, labels)
     _assert_same_predictions(sparse.decision_function(X), dense.decision_function(X.toarray()))
     np.testing.assert_array_equal(sparse.predict(X), dense.predict(X.toarray()))
+
+
+def test_logistic_classifier_sparse_equals_dense(text_data):
+    X, y = text_data
+    labels = (y > np.median(y)).astype(int)
+    params = {"penalty": 1e-3, "n_centers": 80, "random_state": 0, "tol": 1e-10}
+    sparse, dense = _fit_both(LogisticFalkonClassifier, params, X, labels)
+    # Newton steps, each a CG to tol: the same iterates to round-off (kappa x 1e-15 per step, as above)
+    _assert_same_predictions(sparse.decision_function(X), dense.decision_function(X.toarray()))
+
+
+@pytest.mark.parametrize("extra", [{"compute_std": True}, {"kernel": "linear", "standardize": False}])
+def test_exact_krr_direct_sparse_equals_dense(text_data, extra):
+    X, y = text_data
+    sparse, dense = _fit_both(ExactKernelRidge, {"penalty": 1e-3, **extra}, X, y)
+    assert sparse.solver_ == "direct"
+    _assert_same_predictions(sparse.predict(X), dense.predict(X.toarray()))
+    if extra.get("compute_std"):
+        _assert_same_predictions(sparse.predict(X, return_std=True)[1], dense.predict(X.toarray(), return_std=True)[1])
+
+
+def test_exact_krr_pcg_refuses_sparse_input_naming_the_direct_solver(text_data):
+    X, y = text_data
+    with pytest.raises(TypeError, match=r"solver='pcg' does not take sparse X.*solver='direct'"):
+        ExactKernelRidge(solver="pcg").fit(X, y)
 
 
 def test_nystrom_return_std_sparse_equals_dense(text_data):

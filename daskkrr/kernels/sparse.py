@@ -137,6 +137,12 @@ def sparse_pair(A: Any, B: Any) -> tuple[Any, Any]:
     return cast_rows(A, dtype), cast_rows(B, dtype)
 
 
+def dense_rows(rows: Any) -> np.ndarray:
+    """Rows as a C-contiguous numpy array (a scipy sparse matrix densified: for small sets of rows only,
+    such as gathered centers)."""
+    return np.ascontiguousarray(rows.toarray() if is_sparse(rows) else rows)
+
+
 def take_rows(X: Any, idx: np.ndarray) -> Any:
     """``X[idx]``: CSR rows for sparse ``X``, a C-contiguous numpy array otherwise."""
     if is_sparse(X):

@@ -38,7 +38,7 @@ from dask.base import tokenize
 from dask.delayed import Delayed, delayed
 
 from daskkrr.events import NULL_BUS, BlockDone, EventBus, PassDone, PassStarted, block_task_prefix
-from daskkrr.kernels.sparse import is_sparse
+from daskkrr.kernels.sparse import dense_rows, is_sparse
 from daskkrr.kernels.thread_rule import engine_threads
 from daskkrr.parallel.backends import Backend, ThreadedBackend, backend_for
 from daskkrr.parallel.resources import Resources
@@ -397,7 +397,3 @@ def gather_rows(X: Any, idx: np.ndarray, executor: Any = None) -> np.ndarray:
         return dense_rows(X[np.asarray(idx)])
     return Executor.coerce(executor).passes(X).gather_rows(idx)
 
-
-def dense_rows(rows: Any) -> np.ndarray:
-    """Gathered rows as a C-contiguous numpy array (a scipy sparse matrix densified)."""
-    return np.ascontiguousarray(rows.toarray() if is_sparse(rows) else rows)

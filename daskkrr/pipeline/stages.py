@@ -33,6 +33,7 @@ from daskkrr.data.feature_names import fitted_feature_names
 from daskkrr.data.inputs import is_in_memory, load_training_data, refuse_unknown_chunks
 from daskkrr.data.sample_weight import open_sample_weight
 from daskkrr.data.sparse import is_sparse_array, refuse_centering
+from daskkrr.kernels.sparse import dense_rows
 from daskkrr.parallel.guards import check_quadratic, quadratic_cost
 from daskkrr.parallel.sketch_pass import WorkerRowSketch
 from daskkrr.parallel.strategies import make_operator, plan_sketch, plan_strategy, prepare_passes
@@ -361,7 +362,8 @@ def exact_solve(ctx: FitContext, *, penalties: np.ndarray | None = None) -> None
     p = ctx.params
     n = ctx.n
     arrays = (ctx.X, ctx.Y) if ctx.sample_weight is None else (ctx.X, ctx.Y, ctx.sample_weight)
-    Xn, Yn, *wn = (np.asarray(a) for a in ctx.executor.compute(*arrays))
+    # sparse X stays sparse (its kernel from sparse dot products); the centers_ are its rows, densified
+    Xn, Yn, *wn = (a if is_sparse_array(a) else np.asarray(a) for a in ctx.executor.compute(*arrays))
     post = None
     if penalties is not None:
         coef = exact_krr_path(ctx.kernel(Xn, Xn), Yn, penalties, sample_weight=wn[0] if wn else None)
@@ -376,7 +378,7 @@ def exact_solve(ctx: FitContext, *, penalties: np.ndarray | None = None) -> None
         del factor
     ctx.fitted.update(
         posterior_=post,
-        centers_=np.ascontiguousarray(Xn), center_indices_=np.arange(n, dtype=np.int64),
+        centers_=dense_rows(Xn), center_indices_=np.arange(n, dtype=np.int64),
         center_weights_=np.ones(n), sampler_info_={"sampler": "all"},
         coef_=coef[:, 0] if ctx.one_d else coef, n_iter_=0, residuals_=np.zeros((1, Yn.shape[1])),
         converged_=True, jitter_=0.0, n_data_passes_=2,
