@@ -41,7 +41,9 @@ def expected_failures(estimator: Any) -> dict[str, str]:
     """The checks that ``estimator`` is expected to fail, with the reason."""
     # An iterative solver on sampled centers (ExactKernelRidge's PCG uses every row: no centers to differ).
     if "max_iter" in estimator.get_params() and "n_centers" in estimator.get_params():
-        return {"check_sample_weight_equivalence_on_dense_data": WEIGHT_EQUIVALENCE_REASON}
+        # the same on sparse data, for the estimators that take it (the input tag input_tags.sparse)
+        return {"check_sample_weight_equivalence_on_dense_data": WEIGHT_EQUIVALENCE_REASON,
+                "check_sample_weight_equivalence_on_sparse_data": WEIGHT_EQUIVALENCE_REASON}
     return {}
 
 

@@ -29,6 +29,9 @@ import math
 from typing import Any
 
 import numpy as np
+import scipy.sparse as sp
+
+from daskkrr.data.sparse import column_absmax
 
 __all__ = ["ExtremeValueError", "Magnitudes", "check_feature_magnitudes", "check_fit_magnitudes",
            "check_subnormal_scale", "check_target_magnitudes", "feature_limit", "merge_magnitudes",
@@ -86,6 +89,8 @@ def merge_magnitudes(*parts: Magnitudes | None) -> Magnitudes | None:
 
 
 def _column_absmax(a: Any) -> np.ndarray:
+    if sp.issparse(a):
+        return column_absmax(a)
     a = np.asarray(a)
     if a.shape[0] == 0:
         return np.zeros(a.shape[1])

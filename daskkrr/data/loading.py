@@ -23,6 +23,7 @@ from dask.base import is_dask_collection, tokenize
 from zarr.abc.store import Store
 
 from daskkrr.data.chunking import FORMAT_VERSION, align_rows, as_row_blocks, numpy_to_dask
+from daskkrr.data.sparse import is_sparse_array, sparse_to_dask
 from daskkrr.data.validation import CorruptStoreError, check_chunk_rows, check_features, check_target
 
 __all__ = ["open_dataset"]
@@ -327,6 +328,8 @@ def as_array(a: Any, name: str) -> np.ndarray | da.Array:
         return frame_rows(a)
     if isinstance(a, (da.Array, np.ndarray)):
         return a
+    if is_sparse_array(a):  # scipy CSR/CSC: kept sparse (np.asarray would make an object array)
+        return a
     try:
         return np.asarray(a)
     except Exception as exc:
@@ -362,7 +365,12 @@ def _to_row_blocks(
     n, _ = check_features(X, "X")
     if y is not None:
         check_target(y, n, "y", "X")
-    X = numpy_to_dask(X, chunks) if isinstance(X, np.ndarray) else as_row_blocks(X, chunks)
+    if isinstance(X, np.ndarray):
+        X = numpy_to_dask(X, chunks)
+    elif is_sparse_array(X) and not isinstance(X, da.Array):
+        X = sparse_to_dask(X, chunks)
+    else:
+        X = as_row_blocks(X, chunks)
     if y is None:
         return X, None
     if isinstance(y, np.ndarray):

@@ -41,6 +41,14 @@ from sklearn.exceptions import NotFittedError
 
 from daskkrr.data.chunking import align_rows, as_row_blocks, numpy_to_dask
 from daskkrr.data.extremes import ExtremeValueError, Magnitudes, merge_magnitudes
+from daskkrr.data.sparse import (
+    csr_parts,
+    first_non_finite_row,
+    is_sparse_array,
+    scale_sparse,
+    sparse_moments,
+    sparse_to_dask,
+)
 from daskkrr.data.validation import check_feature_columns, check_features, check_target
 
 __all__ = ["Moments", "Standardizer", "block_digest", "merge_moments"]
@@ -60,6 +68,10 @@ def block_digest(*blocks: np.ndarray) -> str:
     """
     h = hashlib.blake2b(digest_size=16)
     for block in blocks:
+        if is_sparse_array(block):  # its defining arrays, not the object
+            h.update(b"csr;")
+            h.update(block_digest(*csr_parts(block)).encode())
+            continue
         a = np.ascontiguousarray(block)
         h.update(f"{a.shape}{a.dtype.str};".encode())
         h.update(a.tobytes())
@@ -101,7 +113,10 @@ class Moments:
         """Moments of a 2-D block (rows, d), computed in float64 with two passes.
 
         With ``weights`` (rows,), the weighted moments (count = the sum of the weights).
+        A scipy sparse block is summarised from its stored entries (:func:`~daskkrr.data.sparse.sparse_moments`).
         """
+        if is_sparse_array(block):
+            return cls(*sparse_moments(block, weights))
         x = np.asarray(block, dtype=np.float64)
         shift = magnitude_shift(x)
         if shift is not None:
@@ -276,6 +291,9 @@ def _first_bad_weight(w: np.ndarray, block: int, start: int) -> tuple[int, int] 
 
 
 def _first_non_finite(a: np.ndarray, block: int, start: int) -> tuple[int, int] | None:
+    if is_sparse_array(a):
+        row = first_non_finite_row(a)
+        return None if row is None else (block, start + row)
     if np.asarray(a).dtype.kind not in "fc":  # bool/int cannot hold NaN or inf
         return None
     finite = np.isfinite(a)
@@ -474,6 +492,8 @@ class Standardizer(TransformerMixin, BaseEstimator):
 
     def _apply(self, X: Any, inverse: bool) -> Any:
         self._check_fitted()
+        if is_sparse_array(X):
+            return self._apply_sparse(X, inverse)
         lazy = isinstance(X, da.Array)
         if not lazy:
             X = np.asarray(X)
@@ -500,11 +520,31 @@ class Standardizer(TransformerMixin, BaseEstimator):
         return out
 
 
+    def _apply_sparse(self, X: Any, inverse: bool) -> Any:
+        """Scale the columns of sparse ``X`` (scipy or dask of sparse blocks); it stays sparse.
+
+        A sparse fit is scaled without centering (``with_mean=False``): a mean would fill in the zeros."""
+        if self.mean_ is not None:
+            raise TypeError(
+                "this Standardizer centres the columns (with_mean=True), which would make sparse X dense; "
+                "fit it with with_mean=False for sparse features, or pass X.toarray()"
+            )
+        if X.shape[1] != self.n_features_in_:
+            raise ValueError(f"X has {X.shape[1]} features but this Standardizer was fitted with {self.n_features_in_}")
+        dtype = X.dtype if X.dtype.kind == "f" else np.dtype(np.float64)
+        X = X.astype(dtype)
+        if self.scale_ is None:
+            return X
+        return scale_sparse(X, self.scale_ if inverse else 1.0 / self.scale_)
+
+
 # --------------------------------------------------------------------------- orchestration
 
 
 def _prepare_inputs(X: Any, y: Any | None) -> tuple[da.Array, da.Array | None]:
     """Validate and bring (X, y) into the row-block layout without reading data."""
+    if is_sparse_array(X) and not isinstance(X, da.Array):
+        X = sparse_to_dask(X)
     if not isinstance(X, da.Array):
         X = np.asarray(X)
     n, _ = check_features(X, "X")

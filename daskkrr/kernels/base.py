@@ -14,6 +14,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from daskkrr.kernels.sparse import blockwise_dense, dense_pieces, is_sparse, sparse_pair
+
 _FLOATS = (np.float32, np.float64)
 
 
@@ -125,14 +127,29 @@ class Kernel(ABC):
         return None  # a hook with a default (B027): kernels such as LinearKernel have nothing to check
 
     def __call__(self, A: Any, B: Any) -> np.ndarray:
-        """Kernel matrix ``K[i, j] = k(A[i], B[j])`` of shape ``(len(A), len(B))``."""
+        """Kernel matrix ``K[i, j] = k(A[i], B[j])`` of shape ``(len(A), len(B))``.
+
+        ``A`` and ``B`` may be scipy sparse matrices (see :mod:`daskkrr.kernels.sparse`); the
+        result is dense."""
+        if is_sparse(A) or is_sparse(B):
+            return self._sparse_block(*sparse_pair(A, B))
         A, B = _pair(A, B)
         return self._block(A, B)
 
     def diag(self, A: Any) -> np.ndarray:
-        """``diag(k(A, A))`` without forming the matrix."""
+        """``diag(k(A, A))`` without forming the matrix (sparse ``A``: a bounded dense piece at a time)."""
+        if is_sparse(A):
+            A = sparse_pair(A, A[:0])[0]
+            return np.concatenate([self._diag(piece) for _, piece in dense_pieces(A)] or [np.empty(0, A.dtype)])
         A = as_block(A)
         return self._diag(A)
+
+    def _sparse_block(self, A: Any, B: Any) -> np.ndarray:
+        """``k(A, B)`` when ``A`` or ``B`` is sparse (CSR, common float dtype).
+
+        The default densifies bounded pieces of rows and applies :meth:`_block`; kernels with a
+        dot-product form override it to work on the sparse rows."""
+        return blockwise_dense(self._block, A, B)
 
     @abstractmethod
     def _block(self, A: np.ndarray, B: np.ndarray) -> np.ndarray: ...

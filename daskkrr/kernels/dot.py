@@ -8,6 +8,7 @@ from typing import ClassVar
 import numpy as np
 
 from daskkrr.kernels.base import Kernel
+from daskkrr.kernels.sparse import row_dot
 
 
 @dataclasses.dataclass(frozen=True)
@@ -18,6 +19,9 @@ class LinearKernel(Kernel):
 
     def _block(self, A: np.ndarray, B: np.ndarray) -> np.ndarray:
         return A @ B.T
+
+    def _sparse_block(self, A, B):
+        return row_dot(A, B)
 
     def _diag(self, A: np.ndarray) -> np.ndarray:
         return np.einsum("ij,ij->i", A, A)
@@ -53,8 +57,14 @@ class PolynomialKernel(Kernel):
             )
 
     def _block(self, A: np.ndarray, B: np.ndarray) -> np.ndarray:
-        t = A.dtype.type
-        K = A @ B.T
+        return self._power(A @ B.T)
+
+    def _sparse_block(self, A, B):
+        return self._power(row_dot(A, B))
+
+    def _power(self, K: np.ndarray) -> np.ndarray:
+        """``(gamma K + coef0) ** degree`` for the dot products ``K``, in place where it can."""
+        t = K.dtype.type
         K *= t(self.gamma)
         K += t(self.coef0)
         return K ** int(self.degree)

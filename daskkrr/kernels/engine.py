@@ -54,6 +54,7 @@ import numpy as np
 
 from daskkrr.kernels import blas, reference, warmup
 from daskkrr.kernels.base import Kernel
+from daskkrr.kernels.sparse import is_sparse
 from daskkrr.kernels.spec import supports
 from daskkrr.kernels.thread_rule import current_engine_threads
 from daskkrr.utils.optional import numba_installed
@@ -123,6 +124,12 @@ class KernelEngine(abc.ABC):
         nt = current_engine_threads() if n_threads is None else max(1, int(n_threads))
         return nt, (blas_threads(1) if nt > 1 else _NO_GUARD)
 
+    def _for_block(self, Xb: Any, Z: Any) -> KernelEngine:
+        """The engine that computes this block: scipy sparse rows (or centers) go to the numpy
+        reference, whose tiles are kernel calls on sparse row slices (:mod:`daskkrr.kernels.sparse`);
+        the compiled engines read dense rows only."""
+        return _NUMPY if is_sparse(Xb) or is_sparse(Z) else self
+
     # ------------------------------------------------------------------ public products
     def gram_matvec(self, kernel: Kernel, Xb: np.ndarray, Z: np.ndarray, U: np.ndarray, *,
                     n_threads: int | None = None, max_tile_bytes: int | None = None) -> np.ndarray:
@@ -130,9 +137,10 @@ class KernelEngine(abc.ABC):
 
         ``U`` has shape ``(M,)`` or ``(M, t)``; returns float64 shaped like ``U``.
         """
-        nt, guard = self._threads(n_threads)
+        eng = self._for_block(Xb, Z)
+        nt, guard = eng._threads(n_threads)
         with guard:
-            out = self._gram_matvec(kernel, Xb, Z, U, nt, _tile(max_tile_bytes))
+            out = eng._gram_matvec(kernel, Xb, Z, U, nt, _tile(max_tile_bytes))
         return _shaped(out, out.shape[0], U)
 
     def t_matvec(self, kernel: Kernel, Xb: np.ndarray, Z: np.ndarray, V: np.ndarray, *,
@@ -141,9 +149,10 @@ class KernelEngine(abc.ABC):
 
         ``V`` has shape ``(n_b,)`` or ``(n_b, t)``; returns float64 ``(M,)`` or ``(M, t)``.
         """
-        nt, guard = self._threads(n_threads)
+        eng = self._for_block(Xb, Z)
+        nt, guard = eng._threads(n_threads)
         with guard:
-            out = self._t_matvec(kernel, Xb, Z, V, nt, _tile(max_tile_bytes))
+            out = eng._t_matvec(kernel, Xb, Z, V, nt, _tile(max_tile_bytes))
         return _shaped(out, out.shape[0], V)
 
     def matvec(self, kernel: Kernel, Xb: np.ndarray, Z: np.ndarray, A: np.ndarray, *,
@@ -152,9 +161,10 @@ class KernelEngine(abc.ABC):
 
         ``A`` has shape ``(M,)`` or ``(M, t)``; returns float64 ``(n_b,)`` or ``(n_b, t)``.
         """
-        nt, guard = self._threads(n_threads)
+        eng = self._for_block(Xb, Z)
+        nt, guard = eng._threads(n_threads)
         with guard:
-            out = self._matvec(kernel, Xb, Z, A, nt, _tile(max_tile_bytes))
+            out = eng._matvec(kernel, Xb, Z, A, nt, _tile(max_tile_bytes))
         return _shaped(out, out.shape[0], A)
 
     def gram_and_rhs(self, kernel: Kernel, Xb: np.ndarray, Yb: np.ndarray, Z: np.ndarray,
@@ -168,16 +178,18 @@ class KernelEngine(abc.ABC):
         The products are float64 GEMMs (float32 kernel tiles are widened first).
         ``Yb`` has shape ``(n_b,)`` or ``(n_b, t)``.
         """
-        nt, guard = self._threads(n_threads)
+        eng = self._for_block(Xb, Z)
+        nt, guard = eng._threads(n_threads)
         with guard:
-            return self._gram_and_rhs(kernel, Xb, Yb, Z, right, nt, _tile(max_tile_bytes))
+            return eng._gram_and_rhs(kernel, Xb, Yb, Z, right, nt, _tile(max_tile_bytes))
 
     def kernel_block(self, kernel: Kernel, Xb: np.ndarray, Z: np.ndarray, *,
                      n_threads: int | None = None) -> np.ndarray:
         """``K = k(Xb, Z)`` materialised in the block dtype, ``(n_b, M)``: what the cache strategy keeps."""
-        nt, guard = self._threads(n_threads)
+        eng = self._for_block(Xb, Z)
+        nt, guard = eng._threads(n_threads)
         with guard:
-            return self._kernel_block(kernel, Xb, Z, nt)
+            return eng._kernel_block(kernel, Xb, Z, nt)
 
     def cached_gram_matvec(self, K: np.ndarray, U: np.ndarray, *, n_threads: int | None = None) -> np.ndarray:
         """``K^T (K U)`` for a stored block ``K`` (from :meth:`kernel_block`), float64 shaped like ``U``."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from daskkrr.kernels.base import Kernel
+from daskkrr.kernels.sparse import cast_rows
 
 #: Largest kernel tile (rows x centers x itemsize) built at once.
 DEFAULT_TILE_BYTES = 32 * 2**20
@@ -25,8 +26,9 @@ def _row_tiles(n_rows: int, n_centers: int, itemsize: int, max_tile_bytes: int):
 
 
 def _cast(Xb: np.ndarray, Z: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Both in their common float dtype; scipy sparse rows stay sparse (CSR)."""
     dt = np.result_type(Xb.dtype, Z.dtype, np.float32)
-    return np.asarray(Xb, dtype=dt), np.asarray(Z, dtype=dt)
+    return cast_rows(Xb, dt), cast_rows(Z, dt)
 
 
 def knm_gram_matvec(
@@ -108,7 +110,7 @@ def knm_gram_and_rhs(
 
 def kernel_block(kernel: Kernel, Xb: np.ndarray, Z: np.ndarray) -> np.ndarray:
     """``k(Xb, Z)`` materialised in the common dtype of ``Xb`` and ``Z``, ``(n_b, M)``."""
-    Xb, Z = _cast(np.asarray(Xb), np.asarray(Z))
+    Xb, Z = _cast(Xb, Z)
     return np.ascontiguousarray(kernel(Xb, Z))
 
 

@@ -22,6 +22,7 @@ import numpy as np
 from scipy.spatial.distance import cdist
 
 from daskkrr.kernels.base import Kernel, squared_distances
+from daskkrr.kernels.sparse import is_sparse, scale_columns, squared_distances_sparse
 
 
 def _positive(kernel: Kernel, field: str) -> None:
@@ -64,8 +65,8 @@ class _Stationary(Kernel):
 
     def scale_inputs(self, A: Any) -> np.ndarray:
         """``A / sigma`` column by column, in ``A``'s float dtype; ValueError unless ``A`` has one column
-        per length scale."""
-        A = np.asarray(A)
+        per length scale. A sparse ``A`` stays sparse (CSR)."""
+        A = A if is_sparse(A) else np.asarray(A)
         scales = self.length_scales
         if A.ndim != 2 or A.shape[1] != scales.size:
             raise ValueError(
@@ -73,6 +74,8 @@ class _Stationary(Kernel):
                 f"input has shape {A.shape}: pass sigma as a number or a vector of length d={A.shape[-1]}"
             )
         dtype = A.dtype if A.dtype in (np.float32, np.float64) else np.float64
+        if is_sparse(A):
+            return scale_columns(A.astype(dtype), 1.0 / scales)
         return np.ascontiguousarray(A * (1.0 / scales).astype(dtype), dtype=dtype)
 
     def _block(self, A: np.ndarray, B: np.ndarray) -> np.ndarray:
@@ -98,8 +101,18 @@ class GaussianKernel(_Stationary):
     name: ClassVar[str] = "gaussian"
 
     def _scaled_block(self, A: np.ndarray, B: np.ndarray, sigma: float) -> np.ndarray:
-        K = squared_distances(A, B)
-        K *= A.dtype.type(-0.5 / sigma**2)
+        return self._from_squared(squared_distances(A, B), sigma)
+
+    def _sparse_block(self, A, B):
+        """From the sparse rows' norms and dot products; ARD scales divide the columns (still sparse)."""
+        if self.is_ard:
+            return self._from_squared(squared_distances_sparse(self.scale_inputs(A), self.scale_inputs(B)), 1.0)
+        return self._from_squared(squared_distances_sparse(A, B), float(self.length_scales[0]))
+
+    @staticmethod
+    def _from_squared(K: np.ndarray, sigma: float) -> np.ndarray:
+        """``exp(-K / (2 sigma^2))`` in place, for squared distances ``K``."""
+        K *= K.dtype.type(-0.5 / sigma**2)
         np.exp(K, out=K)
         return K
 

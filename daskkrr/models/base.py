@@ -41,6 +41,8 @@ class NystromModelBase(KernelModelBase):
     }
     #: "falkon" (preconditioned CG) or "direct" (one Gram pass, M x M solve).
     _solver = "falkon"
+    #: CSR/CSC input: the kernel blocks come from sparse dot products (see :mod:`daskkrr.data.sparse`).
+    _sparse_input: ClassVar[bool] = True
 
     # ----------------------------------------------------------------- checks
     def _check_params(self) -> None:

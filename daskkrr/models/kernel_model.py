@@ -31,8 +31,10 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 from daskkrr.data.extremes import ExtremeValueError, feature_limit
 from daskkrr.data.feature_names import check_feature_names
 from daskkrr.data.inputs import is_in_memory, load_features
+from daskkrr.data.sparse import column_absmax, first_non_finite_row, is_sparse_array
 from daskkrr.kernels import Kernel, kernel_key, make_kernel
 from daskkrr.kernels.engine import engine_for
+from daskkrr.kernels.sparse import cast_rows
 from daskkrr.solvers.variance import posterior_from_model, predict_with_std
 
 if TYPE_CHECKING:  # annotations only: the estimators build no dask graph here
@@ -126,6 +128,12 @@ class KernelModelBase(BaseEstimator):
     }
     #: Return 1-D coefficients/predictions for a 1-D target (regressors).
     _squeeze_single_target = True
+    #: Whether fit and predict take scipy sparse X (CSR/CSC in memory, or a dask array of sparse blocks).
+    _sparse_input: ClassVar[bool] = False
+    #: What to use instead, said when sparse X is refused.
+    _sparse_alternative: ClassVar[str] = (
+        "FalkonRegressor or FalkonClassifier, which take sparse X, or pass X.toarray() if it fits in memory"
+    )
 
     # ----------------------------------------------------------------- checks
     def _validate_params(self) -> None:
@@ -196,7 +204,7 @@ class KernelModelBase(BaseEstimator):
     def __sklearn_tags__(self) -> Tags:
         tags = super().__sklearn_tags__()
         tags.non_deterministic = False  # a fixed random_state gives the same model
-        tags.input_tags.sparse = False
+        tags.input_tags.sparse = self._sparse_input
         tags.input_tags.allow_nan = False
         tags.target_tags.required = True
         return tags
@@ -213,13 +221,35 @@ class KernelModelBase(BaseEstimator):
         NaN and inf are left to the statistics pass, whose message names the rows.
         Dask arrays, xarray and Zarr inputs are checked lazily by the fit's passes.
         """
+        self._refuse_sparse(X)
         if not is_in_memory(X):
             return X, y
-        x_checks = dict(accept_sparse=False, dtype="numeric", ensure_all_finite=False)
+        x_checks = dict(accept_sparse=self._sparse_formats(), dtype="numeric", ensure_all_finite=False)
         if y is not None and not is_in_memory(y):  # a lazy target: checked by the passes
             return validate_data(self, X, **x_checks), y
         y_checks = dict(ensure_2d=False, dtype=self._target_dtype, ensure_all_finite=False)
         return validate_data(self, X, y, validate_separately=(x_checks, y_checks))
+
+    def _sparse_formats(self) -> tuple[str, ...] | bool:
+        """``accept_sparse`` for scikit-learn's checks: CSR (other formats converted to it) or none."""
+        return ("csr", "csc") if self._sparse_input else False
+
+    def _refuse_sparse(self, X: Any) -> None:
+        """TypeError naming this estimator and the alternatives for sparse ``X`` it cannot take."""
+        if is_sparse_array(X) and not self._sparse_input:
+            raise TypeError(
+                f"{type(self).__name__} does not take sparse X (got {type(X).__name__} of shape {X.shape}); use "
+                f"{self._sparse_alternative}"
+            )
+
+    def _check_predict_input(self, X: Any) -> Any:
+        """In-memory ``X`` for predict through scikit-learn's checks, then NaN/inf rows refused and scaled as
+        in fit; sparse ``X`` stays sparse (CSR)."""
+        self._refuse_sparse(X)
+        Xn = validate_data(self, X, reset=False, accept_sparse=self._sparse_formats(), dtype="numeric",
+                           ensure_all_finite=False)
+        _check_finite_rows(Xn, 0)
+        return self.scaler_.transform(Xn) if self.scaler_ is not None else Xn
 
     # --------------------------------------------------------------- targets
     def _encode_targets(self, y: da.Array) -> da.Array:
@@ -239,13 +269,12 @@ class KernelModelBase(BaseEstimator):
         coef2 = self.coef_.reshape(self.coef_.shape[0], -1)
         dtype = self._feature_dtype()
         if is_in_memory(X):
-            # scikit-learn's checks (2-D, numeric, not sparse, n_features_in_); the rows named for NaN.
-            Xn = validate_data(self, X, reset=False, accept_sparse=False, dtype="numeric", ensure_all_finite=False)
-            _check_finite_rows(Xn, 0)
-            Xs = self.scaler_.transform(Xn) if self.scaler_ is not None else Xn
+            # scikit-learn's checks (2-D, numeric, sparse if taken, n_features_in_); the rows named for NaN.
+            Xs = self._check_predict_input(X)
             _check_extreme_rows(Xs, 0, dtype)
-            out = engine_for(self.kernel_).matvec(self.kernel_, np.asarray(Xs, dtype=dtype), self.centers_, coef2)
+            out = engine_for(self.kernel_).matvec(self.kernel_, cast_rows(Xs, dtype), self.centers_, coef2)
             return (out + self.intercept_).astype(self._output_dtype(), copy=False)
+        self._refuse_sparse(X)
         Xd = load_features(X, self.chunks)
         self._check_n_features(Xd.shape)
         Xs = self.scaler_.transform(Xd) if self.scaler_ is not None else Xd
@@ -267,13 +296,12 @@ class KernelModelBase(BaseEstimator):
         t = coef2.shape[1]
         dtype = self._feature_dtype()
         if is_in_memory(X):
-            Xn = validate_data(self, X, reset=False, accept_sparse=False, dtype="numeric", ensure_all_finite=False)
-            _check_finite_rows(Xn, 0)
-            Xs = self.scaler_.transform(Xn) if self.scaler_ is not None else Xn
+            Xs = self._check_predict_input(X)
             _check_extreme_rows(Xs, 0, dtype)
-            out = predict_with_std(np.asarray(Xs, dtype=dtype), self.kernel_, self.centers_, coef2,
+            out = predict_with_std(cast_rows(Xs, dtype), self.kernel_, self.centers_, coef2,
                                    self.intercept_, post).astype(self._output_dtype(), copy=False)
             return out[:, :t], out[:, t:]
+        self._refuse_sparse(X)
         Xd = load_features(X, self.chunks)
         self._check_n_features(Xd.shape)
         Xs = (self.scaler_.transform(Xd) if self.scaler_ is not None else Xd).astype(dtype)
@@ -350,13 +378,19 @@ def _predict_std_block(
 def _check_extreme_rows(Xs: Any, start: int, dtype: Any) -> None:
     """Refuse (scaled) features whose squared distances would overflow ``dtype`` (the limit the fit
     applies, :func:`daskkrr.data.extremes.feature_limit`), naming the column and the first row."""
-    Xs = np.asarray(Xs)
-    if Xs.dtype.kind not in "fiu" or Xs.size == 0:
+    sparse = is_sparse_array(Xs)
+    Xs = cast_rows(Xs, np.float64) if sparse else np.asarray(Xs)
+    if Xs.dtype.kind not in "fiu" or 0 in Xs.shape:
         return
     limit = feature_limit(dtype, Xs.shape[1])
-    if not (np.abs(Xs).max(axis=0).astype(np.float64) > limit).any():  # compared in float64 (limit > float32's max)
+    absmax = column_absmax(Xs) if sparse else np.abs(Xs).max(axis=0).astype(np.float64)
+    if not (absmax > limit).any():  # compared in float64 (limit > float32's max)
         return
-    row, col = (int(v) for v in np.argwhere(np.abs(Xs.astype(np.float64)) > limit)[0])
+    if sparse:  # stored entries in row order: the first beyond the limit
+        k = int(np.argmax(np.abs(Xs.data) > limit))
+        row, col = int(np.searchsorted(Xs.indptr, k, side="right") - 1), int(Xs.indices[k])
+    else:
+        row, col = (int(v) for v in np.argwhere(np.abs(Xs.astype(np.float64)) > limit)[0])
     raise ExtremeValueError(
         f"X column {col} has |x| = {abs(float(Xs[row, col])):.3g} at row {start + row} (after the model's scaling), "
         f"beyond {limit:.3g}: its squared distances to the centers overflow {np.dtype(dtype)}; such a point is "
@@ -366,11 +400,17 @@ def _check_extreme_rows(Xs: Any, start: int, dtype: Any) -> None:
 
 def _check_finite_rows(Xb: np.ndarray, start: int) -> None:
     """Refuse NaN/inf features (their predictions would be NaN), naming the first bad row."""
-    if Xb.dtype.kind not in "fc" or np.isfinite(Xb).all():
+    if is_sparse_array(Xb):
+        if first_non_finite_row(Xb) is None:
+            return
+        csr = cast_rows(Xb, Xb.dtype)
+        bad = np.unique(np.repeat(np.arange(csr.shape[0]), np.diff(csr.indptr))[~np.isfinite(csr.data)])
+    elif Xb.dtype.kind not in "fc" or np.isfinite(Xb).all():
         return
-    bad = np.flatnonzero(~np.isfinite(Xb).reshape(len(Xb), -1).all(axis=1))
+    else:
+        bad = np.flatnonzero(~np.isfinite(Xb).reshape(len(Xb), -1).all(axis=1))
     raise ValueError(
-        f"X has NaN or inf in {bad.size} row(s) of rows {start}-{start + len(Xb) - 1}, the first at "
+        f"X has NaN or inf in {bad.size} row(s) of rows {start}-{start + Xb.shape[0] - 1}, the first at "
         f"row {start + int(bad[0])}; their predictions would be NaN: clean or impute them before predicting"
     )
 

@@ -239,6 +239,7 @@ class OnlineKernelRidge(_RegressorMixin, KernelModelBase):
         return self._process(X, y, restart=not hasattr(self, "state_"))
 
     def _process(self, X: Any, y: Any, restart: bool) -> OnlineKernelRidge:
+        self._refuse_sparse(X)
         # The input checks may set n_features_in_/feature_names_in_: put them back if anything is refused.
         saved = {k: getattr(self, k) for k in ("n_features_in_", "feature_names_in_") if hasattr(self, k)}
         try:

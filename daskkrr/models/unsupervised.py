@@ -149,6 +149,7 @@ class NystromUnsupervisedBase(KernelModelBase):
         self
         """
         self._validate_params()
+        self._refuse_sparse(X)
         if is_in_memory(X):
             X = validate_data(self, X, accept_sparse=False, dtype="numeric", ensure_all_finite=False)
             self._check_data_size(X.shape[0])
@@ -160,10 +161,9 @@ class NystromUnsupervisedBase(KernelModelBase):
     def _scaled(self, X: Any) -> tuple[Any, bool]:
         """``X`` checked and scaled as in fit: numpy (True) or a lazy dask array (False)."""
         check_feature_names(self, X)
+        self._refuse_sparse(X)
         if is_in_memory(X):
-            Xn = validate_data(self, X, reset=False, accept_sparse=False, dtype="numeric", ensure_all_finite=False)
-            _check_finite_rows(Xn, 0)
-            Xs = self.scaler_.transform(Xn) if self.scaler_ is not None else Xn
+            Xs = self._check_predict_input(X)
             _check_extreme_rows(Xs, 0, np.float64)
             return np.asarray(Xs, dtype=np.float64), True
         Xd = load_features(X, self.chunks)

@@ -74,7 +74,7 @@ def check_sample_weight(sample_weight: Any, X: Any) -> Any:
                 "pass the weights themselves (an array of one weight per row)"
             )
         return sample_weight
-    n = len(X) if is_in_memory(X) else None
+    n = (int(X.shape[0]) if hasattr(X, "shape") else len(X)) if is_in_memory(X) else None  # sparse X has no len
     if not is_in_memory(sample_weight):
         w = sample_weight if isinstance(sample_weight, da.Array) else da.asarray(sample_weight)
         _check_shape(tuple(w.shape), n)

@@ -38,6 +38,7 @@ from dask.base import tokenize
 from dask.delayed import Delayed, delayed
 
 from daskkrr.events import NULL_BUS, BlockDone, EventBus, PassDone, PassStarted, block_task_prefix
+from daskkrr.kernels.sparse import dense_rows, is_sparse
 from daskkrr.kernels.thread_rule import engine_threads
 from daskkrr.parallel.backends import Backend, ThreadedBackend, backend_for
 from daskkrr.parallel.resources import Resources
@@ -382,15 +383,17 @@ class BlockPasses:
 
     # ------------------------------------------------------------ rows
     def gather_rows(self, idx: np.ndarray) -> np.ndarray:
-        """The rows ``X[idx]`` (a small set) as a numpy array here."""
+        """The rows ``X[idx]`` (a small set) as a numpy array here; rows of sparse blocks are
+        densified (``len(idx) x d``: the centers, or the preconditioner's sketch rows)."""
         idx = np.asarray(idx, dtype=np.int64)
         if idx.size == 0:
             return np.empty((0, self.X.shape[1]), dtype=self.X.dtype)
-        return np.ascontiguousarray(self.backend.compute([self.X[idx]])[0])
+        return dense_rows(self.backend.compute([self.X[idx]])[0])
 
 
 def gather_rows(X: Any, idx: np.ndarray, executor: Any = None) -> np.ndarray:
     """``X[idx]`` as numpy for a numpy or dask ``X`` (see :meth:`BlockPasses.gather_rows`)."""
-    if isinstance(X, np.ndarray):
-        return np.ascontiguousarray(X[np.asarray(idx)])
+    if isinstance(X, np.ndarray) or is_sparse(X):
+        return dense_rows(X[np.asarray(idx)])
     return Executor.coerce(executor).passes(X).gather_rows(idx)
+

@@ -40,6 +40,7 @@ import dask.array as da
 import numpy as np
 
 from daskkrr import events as ev
+from daskkrr.data.sparse import is_sparse_array
 from daskkrr.kernels.random_features import NystromFeatures, has_random_features, random_features
 from daskkrr.parallel import Executor
 from daskkrr.parallel.guards import SLOW_SECONDS
@@ -122,6 +123,17 @@ def choose_solver(params: Any, n: int, d: int, executor: Executor | None = None)
     except (ValueError, MemoryError):
         return "pcg"
     return "direct"
+
+
+def refuse_sparse_pcg(X: Any, solver: str) -> None:
+    """TypeError for sparse ``X`` with the PCG solver, whose tiles and random-features preconditioner
+    read dense rows; the direct solver takes it."""
+    if solver == "pcg" and is_sparse_array(X):
+        raise TypeError(
+            f"ExactKernelRidge with solver='pcg' does not take sparse X (got {type(X).__name__} of shape {X.shape}); "
+            "pass solver='direct' (the n x n kernel matrix in memory, up to max_samples rows), or use "
+            "FalkonRegressor, which takes sparse X at any n"
+        )
 
 
 # --------------------------------------------------------------------------- operator

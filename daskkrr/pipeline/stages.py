@@ -32,6 +32,8 @@ from daskkrr.data.extremes import check_fit_magnitudes, times_power_of_two
 from daskkrr.data.feature_names import fitted_feature_names
 from daskkrr.data.inputs import is_in_memory, load_training_data, refuse_unknown_chunks
 from daskkrr.data.sample_weight import open_sample_weight
+from daskkrr.data.sparse import is_sparse_array, refuse_centering
+from daskkrr.kernels.sparse import dense_rows
 from daskkrr.parallel.guards import check_quadratic, quadratic_cost
 from daskkrr.parallel.sketch_pass import WorkerRowSketch
 from daskkrr.parallel.strategies import (
@@ -93,7 +95,10 @@ def statistics(ctx: FitContext) -> None:
         n_centers = n
     ctx.n_centers = n_centers
     ctx.events.emit(ev.DataOpened(n, Xd.numblocks[0], d))
-    scaler = Standardizer(with_mean=p.standardize, with_std=p.standardize)
+    sparse = is_sparse_array(Xd)
+    if sparse:  # scaled, not centred (a mean would fill in the zeros): refused where that changes the model
+        refuse_centering(type(p).__name__, p._make_kernel(d), p.standardize)
+    scaler = Standardizer(with_mean=p.standardize and not sparse, with_std=p.standardize)
     ctx.events.emit(ev.PassStarted("statistics", Xd.numblocks[0]))
     if ctx.encode_targets is None:
         raise RuntimeError("the fit context has no target encoder; the estimator must set encode_targets")
@@ -399,7 +404,8 @@ def exact_solve(ctx: FitContext, *, penalties: np.ndarray | None = None) -> None
     p = ctx.params
     n = ctx.n
     arrays = (ctx.X, ctx.Y) if ctx.sample_weight is None else (ctx.X, ctx.Y, ctx.sample_weight)
-    Xn, Yn, *wn = (np.asarray(a) for a in ctx.executor.compute(*arrays))
+    # sparse X stays sparse (its kernel from sparse dot products); the centers_ are its rows, densified
+    Xn, Yn, *wn = (a if is_sparse_array(a) else np.asarray(a) for a in ctx.executor.compute(*arrays))
     post = None
     if penalties is not None:
         coef = exact_krr_path(ctx.kernel(Xn, Xn), Yn, penalties, sample_weight=wn[0] if wn else None)
@@ -414,7 +420,7 @@ def exact_solve(ctx: FitContext, *, penalties: np.ndarray | None = None) -> None
         del factor
     ctx.fitted.update(
         posterior_=post,
-        centers_=np.ascontiguousarray(Xn), center_indices_=np.arange(n, dtype=np.int64),
+        centers_=dense_rows(Xn), center_indices_=np.arange(n, dtype=np.int64),
         center_weights_=np.ones(n), sampler_info_={"sampler": "all"},
         coef_=coef[:, 0] if ctx.one_d else coef, n_iter_=0, residuals_=np.zeros((1, Yn.shape[1])),
         converged_=True, jitter_=0.0, n_data_passes_=2,

@@ -30,10 +30,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Any
 
 import numpy as np
 
 from daskkrr.kernels import Kernel
+from daskkrr.kernels.sparse import dense_rows, is_sparse
 from daskkrr.sampling.dictionary import (
     DictionaryState,
     forward_solve,
@@ -122,10 +124,9 @@ def bless_level_rows(
     Rows that are not candidates at this level (``u_i >= beta_h``) are skipped, so the
     same function serves a whole block and an in-memory superset of candidates.
     """
-    Xr = np.asarray(Xr)
     rows = np.asarray(rows, dtype=np.int64)
     cand = candidate_mask(rows, seed, beta_h)
-    rows, Xc = rows[cand], Xr[cand]
+    rows, Xc = rows[cand], candidate_rows(Xr, cand)
     kc = np.asarray(kernel.diag(Xc), dtype=np.float64) if rows.size else np.zeros(0)
     if factor.points.shape[0] and rows.size:
         K_Jc = np.asarray(kernel(factor.points, Xc), dtype=np.float64)
@@ -164,7 +165,12 @@ def candidates_block(Xb: np.ndarray, first_row: int, seed: int, beta: float) -> 
     """Global rows and values of the candidates (rate ``beta``) in one block."""
     rows = first_row + np.arange(np.shape(Xb)[0], dtype=np.int64)
     cand = candidate_mask(rows, seed, beta)
-    return rows[cand], np.asarray(Xb)[cand]
+    return rows[cand], candidate_rows(Xb, cand)
+
+
+def candidate_rows(Xb: Any, cand: np.ndarray) -> np.ndarray:
+    """The candidate rows (a sample at rate beta) of a block as dense numpy rows (sparse rows densified)."""
+    return dense_rows(Xb[cand]) if is_sparse(Xb) else np.asarray(Xb)[cand]
 
 
 def dictionary_from_sample(sample: LevelSample, kernel: Kernel) -> DictionaryState:

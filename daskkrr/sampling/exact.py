@@ -31,6 +31,7 @@ import dask.array as da
 import numpy as np
 
 from daskkrr.kernels import Kernel
+from daskkrr.kernels.sparse import as_sparse_rows, dense_rows, is_sparse
 from daskkrr.parallel.executor import Executor
 from daskkrr.parallel.guards import QuadraticCost, check_quadratic, quadratic_cost
 from daskkrr.sampling.base import (
@@ -62,7 +63,7 @@ def as_small_numpy(X: Any, max_rows: int, what: str, executor: Any = None) -> np
         )
     if isinstance(X, da.Array):
         X = Executor.coerce(executor).compute(X)[0]
-    X = np.asarray(X)
+    X = as_sparse_rows(X, "X") if is_sparse(X) else np.asarray(X)  # sparse rows: the kernel reads them as such
     if X.ndim != 2:
         raise ValueError(f"X must be 2-D (rows, features); got shape {X.shape}")
     return X
@@ -263,7 +264,7 @@ class ExactRLSSampler(CenterSampler):
             weights = (m / n) * q[keep] / (qbar * p[keep])
             info.update(mode="binomial-copies", qbar=qbar)
             return CenterDictionary(
-                centers=Xn[keep], indices=keep, weights=weights, counts=q[keep],
+                centers=dense_rows(Xn[keep]), indices=keep, weights=weights, counts=q[keep],
                 probabilities=p[keep], info=info,
             )
         n_centers = int(n_centers)
@@ -273,7 +274,7 @@ class ExactRLSSampler(CenterSampler):
         weights = (n_centers / n) / inclusion
         info.update(mode="order-sampling")
         return CenterDictionary(
-            centers=Xn[chosen], indices=chosen, weights=weights,
+            centers=dense_rows(Xn[chosen]), indices=chosen, weights=weights,
             counts=np.ones(n_centers, dtype=np.int64), probabilities=inclusion, info=info,
         )
 

@@ -39,6 +39,7 @@ import numpy as np
 import scipy.linalg
 
 from daskkrr.kernels import Kernel
+from daskkrr.kernels.sparse import cast_rows
 from daskkrr.parallel.executor import BlockPasses
 from daskkrr.sampling.base import (
     CenterDictionary,
@@ -63,7 +64,7 @@ def residual_diagonal_block(Xb: np.ndarray, kernel: Kernel, pivots: np.ndarray, 
 
     ``factor`` is the lower Cholesky factor ``L`` of the pivots' kernel matrix ``K_PP``.
     """
-    X = np.asarray(Xb, dtype=np.float64)
+    X = cast_rows(Xb, np.float64)  # sparse rows stay sparse
     diag = np.asarray(kernel.diag(X), dtype=np.float64)
     if pivots.shape[0] == 0:
         return diag

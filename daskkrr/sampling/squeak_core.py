@@ -47,6 +47,7 @@ from typing import Any
 import numpy as np
 
 from daskkrr.kernels import Kernel
+from daskkrr.kernels.sparse import dense_pieces, dense_rows, is_sparse
 from daskkrr.sampling.dictionary import (
     DictionaryState,
     extend_cholesky,
@@ -376,7 +377,12 @@ def stream_block(
     block_first_row : int
         Global row index of ``block[0]``; must continue the previous block.
     """
-    block = np.asarray(block)
+    if is_sparse(block) and block.shape[0]:  # dense rows a bounded piece at a time (the dictionary is dense)
+        for rows, piece in dense_pieces(block):
+            state = stream_block(state, piece, block_id, block_first_row + rows.start, kernel, params, seed,
+                                 max_dictionary)
+        return state  # type: ignore[return-value]  # a non-empty block ran at least one piece
+    block = dense_rows(block)  # an empty sparse block (no rows), or dense rows
     if block.ndim != 2:
         raise ValueError(f"SQUEAK blocks must be 2-D (rows, features); got shape {block.shape}")
     if state is None:

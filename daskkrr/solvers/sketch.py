@@ -38,6 +38,7 @@ import numpy as np
 
 from daskkrr.kernels.base import Kernel
 from daskkrr.kernels.engine import engine_for
+from daskkrr.kernels.sparse import is_sparse, take_rows
 
 #: Rows of the sketch turned into kernel rows at a time (bounds the client's memory: ``2 x 1024 x M``
 #: entries). At M = 5000 on the development machine, BLAS trsm with 1024 right-hand sides ran at
@@ -81,7 +82,7 @@ class KernelRowSketch:
     def __init__(self, kernel: Kernel, rows: np.ndarray, centers: np.ndarray,
                  row_weights: np.ndarray | None = None, dtype: Any = np.float64):
         self.kernel = kernel
-        self.X = np.ascontiguousarray(rows)
+        self.X = rows if is_sparse(rows) else np.ascontiguousarray(rows)  # sparse rows stay CSR
         self.Z = np.ascontiguousarray(centers, dtype=self.X.dtype)
         self.dtype = np.dtype(dtype)
         if self.dtype not in (np.float32, np.float64):
@@ -120,7 +121,7 @@ def block_sketch_partial(Xb: np.ndarray, first_row: int, idx: np.ndarray, row_we
     from daskkrr.solvers.falkon import block_sketch_sums
 
     lo, hi = np.searchsorted(idx, [first_row, first_row + Xb.shape[0]])
-    rows = np.ascontiguousarray(np.asarray(Xb)[idx[lo:hi] - first_row])
+    rows = take_rows(Xb, idx[lo:hi] - first_row)
     weights = None if row_weights is None else row_weights[lo:hi]
     sketch = KernelRowSketch(kernel, rows, centers, row_weights=weights, dtype=np.float32 if single else np.float64)
     M = T.shape[0]

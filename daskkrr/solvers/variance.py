@@ -359,8 +359,8 @@ def predict_with_std(
     for start in range(0, Xb.shape[0], step):
         Xt = Xb[start : start + step]
         K = np.asarray(engine.kernel_block(kernel, Xt, Z), dtype=np.float64)
-        out[start : start + len(Xt), :t] = K @ C + intercept
-        out[start : start + len(Xt), t:] = posterior.std(K, kernel.diag(Xt))
+        out[start : start + Xt.shape[0], :t] = K @ C + intercept
+        out[start : start + Xt.shape[0], t:] = posterior.std(K, kernel.diag(Xt))
     return out
 
 
