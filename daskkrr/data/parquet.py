@@ -18,6 +18,7 @@ filesystem library of its protocol, which the user installs (``s3fs`` for S3).
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -187,7 +188,11 @@ def _partitions(frame: Any) -> Iterator[pd.DataFrame]:
     # Not optimised: dask's optimiser fuses the Parquet partitions of a few columns up to about 75 MB
     # (dataframe.parquet.minimum-partition-size), and one partition is to stay one row group.
     for part in frame.to_delayed(optimize_graph=False):
-        yield part.compute(scheduler="sync")
+        with warnings.catch_warnings():
+            # dask's reader calls reset_index(inplace=True), which pandas 3.1 deprecates: nothing the user can do
+            warnings.filterwarnings("ignore", message="The inplace keyword in DataFrame.reset_index")
+            block = part.compute(scheduler="sync")
+        yield block
 
 
 def category_values(frame: Any, columns: Sequence[str], where: str, max_categories: int) -> dict[str, list[str]]:
