@@ -148,6 +148,17 @@ def _add_scheduler(p: argparse.ArgumentParser) -> None:
                    help="the private key of --tls-cert (PEM; default: in --tls-cert)")
 
 
+def _add_table_columns(p: argparse.ArgumentParser, target: bool) -> None:
+    """``--target`` (fit) and ``--features``: the columns of a Parquet ``--data``."""
+    if target:
+        p.add_argument("--target", default=None, metavar="COLUMN",
+                       help="Parquet --data: the target column (required there; a Zarr store's is its array y)")
+    features = ("all columns but --target and --sample-weight" if target else
+                "the model's feature names, else all columns")
+    p.add_argument("--features", default=None, metavar="A,B,...", type=lambda text: text.split(","),
+                   help=f"Parquet --data: the feature columns, comma-separated (default: {features})")
+
+
 def _positive_int(text: str) -> int:
     """argparse ``type=``: an integer >= 1."""
     try:
@@ -312,12 +323,16 @@ def _parser() -> argparse.ArgumentParser:
     def command(name: str, help_text: str) -> argparse.ArgumentParser:
         return sub.add_parser(name, help=help_text, description=help_text, parents=[verbosity])
 
-    p = command("convert", "stream a CSV/TSV (optionally .gz) into a Zarr store")
-    p.add_argument("input", help="CSV/TSV file (.gz allowed) with a header row")
+    p = command("convert", "stream a CSV/TSV (optionally .gz) or Parquet table into a Zarr store")
+    p.add_argument("input", help="CSV/TSV file (.gz allowed) with a header row, or a Parquet file, folder of parts "
+                                 "or fsspec URL (s3://..., file://...)")
     p.add_argument("output", help="Zarr store to write")
     p.add_argument("--target", required=True, help="name of the target column")
     p.add_argument("--chunk-rows", type=_positive_int, default=100_000, help="rows per chunk of the store")
     p.add_argument("--sep", default=None, help="field separator (default: from the file name)")
+    p.add_argument("--categorical", choices=("refuse", "onehot"), default="refuse",
+                   help="Parquet: refuse categorical (text, dictionary) feature columns, or one-hot encode them "
+                        "into columns named COLUMN=VALUE")
     p.add_argument("--overwrite", action="store_true", help="replace an existing output")
 
     p = command("generate", "write a synthetic regression/classification Zarr store")
@@ -332,12 +347,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true", help="replace an existing output")
     _add_scheduler(p)
 
-    p = command("fit", "fit a model on a Zarr store and save it")
-    p.add_argument("--data", required=True, help="Zarr store with arrays X and y")
+    p = command("fit", "fit a model on a Zarr store or a Parquet table and save it")
+    p.add_argument("--data", required=True, help="Zarr store with arrays X and y, or a Parquet table (with --target)")
+    _add_table_columns(p, target=True)
     p.add_argument("--out", required=True, help="model directory to write")
     p.add_argument("--config", default=None, help="TOML file with a [model] table (default: none)")
     p.add_argument("--sample-weight", dest="sample_weight", metavar="VAR", default=None,
-                   help="array of the store holding one weight per row (default: no weights)")
+                   help="array of the store (column of a Parquet table) holding one weight per row (default: no "
+                        "weights)")
     _add_model_flags(p)
     p.add_argument("--overwrite", action="store_true", help="replace an existing model directory")
     p.add_argument("--checkpoint", metavar="DIR", default=None,
@@ -353,7 +370,8 @@ def _parser() -> argparse.ArgumentParser:
 
     p = command("predict", "predict with a saved model into a Zarr store")
     p.add_argument("--model", required=True, help="model directory written by 'daskkrr fit'")
-    p.add_argument("--data", required=True, help="Zarr store with array X")
+    p.add_argument("--data", required=True, help="Zarr store with array X, or a Parquet table")
+    _add_table_columns(p, target=False)
     p.add_argument("--out", required=True, help="Zarr store to write (array 'y_pred', 'decision' or 'proba')")
     p.add_argument("--output", choices=PREDICT_OUTPUTS, default="label",
                    help="classifiers: 'label' (the predicted classes, array 'y_pred'), 'decision' (the "
@@ -454,8 +472,11 @@ def _cmd_convert(args: argparse.Namespace) -> None:
 
     check_paths(inputs={"input": args.input}, outputs={"output": args.output}, overwrite=args.overwrite)
     summary = convert_table(args.input, args.output, target=args.target, chunk_rows=args.chunk_rows,
-                            sep=args.sep, overwrite=args.overwrite)
-    print(f"wrote {args.output}: {summary['rows']} rows x {summary['features']} features, target {args.target!r}")
+                            sep=args.sep, overwrite=args.overwrite, categorical=args.categorical)
+    encoded = summary.get("categories") or {}
+    note = f" ({', '.join(encoded)} one-hot encoded)" if encoded else ""
+    print(f"wrote {args.output}: {summary['rows']} rows x {summary['features']} features{note}, "
+          f"target {args.target!r}")
 
 
 def _cmd_generate(args: argparse.Namespace) -> None:
@@ -493,19 +514,21 @@ def _cmd_fit(args: argparse.Namespace) -> None:
         config["estimator"] = args.estimator
     model = _build_from_flags(config, _model_overrides(args), verbose=bool(args.verbose))
     fit_kwargs = _checkpoint_kwargs(args, model)
-    _check_before_start(model, args.data)
     if args.sample_weight is not None:
         import inspect
 
         if "sample_weight" not in inspect.signature(model.fit).parameters:
             raise UsageError(f"--sample-weight: {type(model).__name__} takes no sample weights")
-        _check_weight_variable(args.data, args.sample_weight)
-        fit_kwargs["sample_weight"] = args.sample_weight
+    data, weight = _fit_inputs(args, model)
     # The fit's current client.
     with cluster_client(args.scheduler, n_workers=args.workers, security=args.security) as client:
         t0 = time.perf_counter()
+        if weight is not None:  # a store's array by name, or a Parquet column: its rows counted, on the cluster
+            from daskkrr.data.loading import frame_rows
+
+            fit_kwargs["sample_weight"] = weight if isinstance(weight, str) else frame_rows(weight)
         with _fit_progress(args, client):
-            model.fit(args.data, **fit_kwargs)
+            model.fit(*data, **fit_kwargs)
         model.save(args.out, overwrite=args.overwrite)
     print(f"fitted {type(model).__name__} with {model.centers_.shape[0]} centers in "
           f"{time.perf_counter() - t0:.1f}s ({model.n_iter_} CG iterations, {convergence_note(model)}); "
@@ -642,15 +665,61 @@ def run_figures(metrics: dict[str, Any]) -> str:
     return f"no earlier model to score with; learnt {scores['n_new_rows']} rows"
 
 
-def _check_before_start(model: Any, data: str, features_only: bool = False) -> None:
-    """Refuse bad parameters and a missing or damaged store before a cluster is started."""
+def _check_before_start(model: Any, data: str | None, features_only: bool = False) -> None:
+    """Refuse bad parameters and a missing or damaged store (None: no store) before a cluster is started."""
     from daskkrr.data import open_dataset
 
     if hasattr(model, "_validate_params") and not hasattr(model, "coef_"):
         model._validate_params()
+    if data is None:
+        return
     X, _ = open_dataset(data, y=None if features_only else "y")  # reads metadata only
     if features_only:
         model._check_n_features(X.shape)
+
+
+def _fit_inputs(args: argparse.Namespace, model: Any) -> tuple[tuple[Any, ...], Any]:
+    """``fit``'s data and sample weights, checked before a cluster starts: a Zarr store's path and the name
+    of its weight array, or a Parquet table's columns (a lazy dask DataFrame and Series, read by the fit)."""
+    from daskkrr.data.parquet import is_parquet, parquet_training_data
+
+    if not is_parquet(args.data):
+        if args.target is not None or args.features is not None:
+            raise UsageError("--target and --features name the columns of a Parquet --data; a Zarr store's are "
+                             "its arrays X and y: drop them")
+        _check_before_start(model, args.data)
+        if args.sample_weight is not None:
+            _check_weight_variable(args.data, args.sample_weight)
+        return (args.data,), args.sample_weight
+    if args.target is None:
+        raise UsageError(f"--data {args.data} is a Parquet table: name its target column with --target")
+    _check_before_start(model, None)
+    X, y, weight = parquet_training_data(args.data, args.target, args.features, args.sample_weight)
+    return (X, y), weight
+
+
+def _predict_input(args: argparse.Namespace, model: Any) -> Any:
+    """``predict``'s data, checked before a cluster starts: a Zarr store's path, or a Parquet table's feature
+    columns (a lazy dask DataFrame): the model's feature names (or ``--features``, or all columns), in order."""
+    from daskkrr.data.parquet import is_parquet, parquet_features
+
+    if not is_parquet(args.data):
+        if args.features is not None:
+            raise UsageError("--features names the columns of a Parquet --data; a Zarr store's are its array X: "
+                             "drop it")
+        _check_before_start(model, args.data, features_only=True)
+        return args.data
+    features = args.features
+    names = getattr(model, "feature_names_in_", None)
+    if names is not None:
+        names = [str(name) for name in names]
+        if features is not None and features != names:
+            raise UsageError(f"--features {','.join(features)}: the model was fitted on the columns {names}, in "
+                             f"this order; drop --features (they are taken by name)")
+        features = names
+    frame = parquet_features(args.data, features)
+    model._check_n_features((None, len(frame.columns)))
+    return frame
 
 
 def _check_weight_variable(data: str, name: str) -> None:
@@ -694,12 +763,16 @@ def _cmd_predict(args: argparse.Namespace) -> None:
                 overwrite=args.overwrite)
     model = load_model(args.model)
     name = _predict_output(model, args.output)
-    _check_before_start(model, args.data, features_only=True)
+    data = _predict_input(args, model)
     with cluster_client(args.scheduler, n_workers=args.workers, security=args.security):
+        if not isinstance(data, str):  # a Parquet table: the Zarr output's chunks need its row counts (one pass)
+            from daskkrr.data.loading import frame_rows
+
+            data = frame_rows(data)
         if name == "proba":
-            pred = model.predict_proba(args.data)
+            pred = model.predict_proba(data)
         else:
-            pred = model.decision_function(args.data) if name == "decision" else model.predict(args.data)
+            pred = model.decision_function(data) if name == "decision" else model.predict(data)
         write_array_zarr(pred, args.out, name=name, overwrite=args.overwrite)
     what = {"decision": "decision values", "proba": "class probabilities"}.get(name, "predictions")
     print(f"wrote {args.out}: {pred.shape[0]} {what} (array {name!r})")

@@ -352,7 +352,14 @@ def frame_rows(frame: Any) -> da.Array:
     (``to_dask_array(lengths=True)``); the values themselves stay lazy. Persist the frame
     first if it is expensive to compute, so that this count and the fit read it once.
     """
-    return frame.to_dask_array(lengths=True)
+    with warnings.catch_warnings():
+        # A fit's progress annotates its graphs; dask's DataFrames ignore annotations and warn about it.
+        # The count is not the fit's work, and the values' tasks are a dask array's, which keep them.
+        warnings.filterwarnings("ignore", message="Dask annotations .* detected", category=UserWarning)
+        # Optimised first: optimising fuses the small partitions of a Parquet table read in part (a few
+        # columns), and the counts must be those of the partitions the array is made of.
+        frame = frame.optimize()
+        return frame.to_dask_array(lengths=True)
 
 
 # --------------------------------------------------------------------------- layout

@@ -458,7 +458,8 @@ def exact_guard(ctx: FitContext, n: int, d: int) -> None:
 def training_shape(X: Any, y: Any, chunks: int | None) -> tuple[int, int]:
     """``(n, d)`` of the training features, from their metadata (a store is opened lazily)."""
     refuse_unknown_chunks(X, "X")
-    if hasattr(X, "shape") and (isinstance(X, da.Array) or is_in_memory(X)):
+    # hasattr last: a dask DataFrame's shape is a lazy expression, built (and warned about under a fit's annotations)
+    if (isinstance(X, da.Array) or is_in_memory(X)) and hasattr(X, "shape"):
         shape = tuple(X.shape)
     else:
         shape = tuple(load_training_data(X, y, chunks)[0].shape)

@@ -14,7 +14,8 @@ any data. It refuses:
   :func:`check_destination`).
 
 Paths are compared after resolving symbolic links and ``..``, so a link to the
-input is the input. Remote URLs (``s3://...``) are not checked here.
+input is the input, and so is a ``file://`` URL of it. Remote URLs (``s3://...``) are not
+checked here.
 """
 
 from __future__ import annotations
@@ -34,10 +35,15 @@ class OutputPathError(ValueError):
 
 
 def _local(path: Any) -> Path | None:
-    """``path`` resolved, or None for None, a non-path (an array) or a remote URL."""
-    if not isinstance(path, (str, os.PathLike)) or "://" in os.fspath(path):
+    """``path`` resolved (a ``file://`` URL as its path), or None for None, a non-path (an array) or a remote URL."""
+    if not isinstance(path, (str, os.PathLike)):
         return None
-    return Path(os.path.realpath(os.fspath(path)))
+    text = os.fspath(path)
+    if text.startswith("file://"):  # the local file system by another name: an output over it destroys it too
+        text = text[len("file://"):]
+    elif "://" in text:
+        return None
+    return Path(os.path.realpath(text))
 
 
 def _relation(output: Path, other: Path) -> str | None:
@@ -130,7 +136,7 @@ def check_paths(
                     f"{out[0]} {out[2]} {relation} {other[0]} {other[2]}: writing it would destroy {what}; "
                     f"choose {out[0]} outside {other[0]} (and not containing it)")
     for label, path in written.items():
-        if _local(path) is None:
+        if _local(path) is None or "://" in os.fspath(path):  # outputs are written as local paths only
             continue
         if label in (outputs or {}):
             check_destination(path, overwrite)
