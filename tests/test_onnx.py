@@ -1,17 +1,22 @@
 """ONNX export: onnxruntime's outputs against daskkrr's own, for every exportable estimator and kernel.
 
 Tolerances. Every output is a sum ``f(x) = sum_j coef_j k(x, c_j) + b`` computed in float32.
-Written as ``|b| + sum_j |coef_j| kappa_j(x)`` with ``kappa_j`` the magnitude of the arithmetic
-that makes ``k(x, c_j)`` (the kernel value itself for the stationary kernels, whose factors are
-all positive; ``|x|.|c|`` for the dot products), the float32 error is at most
-``(M + a d + b) u kappa``-weighted (Higham's bounds for sums and dot products, u = 2^-24 the
-unit round-off): ``M`` terms in the coefficients' product, ``d`` features in each distance or
-dot product, and a few operations per kernel value (the standardisation, Exp, Sqrt, Pow, the
-clipped distance expansion, whose absolute error ``(d + 2) u (|z| + |c|)^2`` is a relative
-error of ``k`` because ``k = exp(-D / 2)``). With M <= 60 centers and d = 3 standardised
-features (|z| + |c| below 6 here), that bound is below 170 u = 1e-5, so the tests check
+With ``kappa_j`` the magnitude of the arithmetic that makes ``k(x, c_j)`` (the kernel value
+itself for the stationary kernels, whose factors are all positive; ``(gamma |z|.|c| + coef0)^p``
+for the dot products), the float32 error is at most ``B u (|b| + sum_j |coef_j| kappa_j)``,
+u = 2^-24 the unit round-off, by Higham's bounds for sums and dot products, with
+``B = M + e + 8``: ``M`` terms in the product with the coefficients, ``e`` the relative error
+of one kernel value, and a few operations more (standardisation, intercept, Exp). ``e`` is
+``(d + 2) R^2 / 2`` for the gaussian (the distance expansion's absolute error
+``(d + 2) u R^2``, ``R = |z| + |c|`` on the shifted, length-scaled inputs, is a relative
+error of ``exp(-D / 2)``), ``(d + 2) s`` for laplacian and matern (the error of the
+exponent ``s``, a sum of ``d`` positive terms), ``p (d + 2) + 1`` for the dot products.
+:func:`_worst_case` computes ``B u`` for each model and query set, and every comparison
+first checks that it is within the tolerance used: here (M <= 60, d = 3, standardised
+features) ``B`` stays below 168, so the tests check
 ``|onnx - daskkrr| <= 1e-5 * (|b| + sum_j |coef_j| kappa_j)``, the issue's 1e-5 relative
 measured against the size of the terms rather than of their sum (which may cancel to ~0).
+Measured: at most 3 u.
 """
 
 from __future__ import annotations
@@ -35,13 +40,13 @@ from daskkrr import (
 )
 from daskkrr.cli import main
 from daskkrr.export import OnnxExportError, save_onnx, to_onnx
-from daskkrr.kernels import GaussianKernel, LinearKernel, PolynomialKernel
+from daskkrr.kernels import GaussianKernel, LaplacianKernel, LinearKernel, PolynomialKernel
 
 pytest.importorskip("skl2onnx", reason='the ONNX export needs skl2onnx: pip install "daskkrr[onnx]"')
 rt = pytest.importorskip("onnxruntime", reason='running exported models needs onnxruntime: pip install "daskkrr[onnx]"')
 
 #: float32 round-off of M <= 60 terms and d = 3 features (see the module docstring); float64: the same
-#: bound with u = 2^-53 is ~1e-14 per side, and daskkrr's own float64 predict adds as much again.
+#: bound with u = 2^-53, twice (daskkrr's own float64 predict rounds as much again), is ~3e-14.
 RTOL32 = 1e-5
 RTOL64 = 1e-13
 M = 40
@@ -133,6 +138,27 @@ def _decision_scale(model: object, X: np.ndarray) -> np.ndarray:
     return _term_scale(model, X, model.coef_, np.asarray(model.intercept_))
 
 
+def _worst_case(model: object, X: np.ndarray, u: float) -> float:
+    """``B u`` of the module docstring: the float32 (or float64) error bound over the terms' size."""
+    d, m = X.shape[1], model.centers_.shape[0]
+    kernel = model.kernel_
+    if type(kernel) in (LinearKernel, PolynomialKernel):
+        per_value = getattr(kernel, "degree", 1) * (d + 2) + 1
+    else:
+        Xs = model.scaler_.transform(X) if model.scaler_ is not None else X
+        C = model.centers_ / kernel.length_scales
+        shift = C.mean(axis=0)
+        z, C = Xs / kernel.length_scales - shift, C - shift
+        if type(kernel) is GaussianKernel:
+            reach = np.linalg.norm(z, axis=1).max() + np.linalg.norm(C, axis=1).max()
+            per_value = (d + 2) * reach**2 / 2
+        else:
+            order = 1 if type(kernel) is LaplacianKernel else 2
+            reach = np.linalg.norm(z, order, axis=1).max() + np.linalg.norm(C, order, axis=1).max()
+            per_value = (d + 2) * reach * (1.0 if order == 1 else np.sqrt(5.0))  # the largest matern exponent
+    return float((m + per_value + 8) * u)
+
+
 def _assert_close(got: np.ndarray, want: np.ndarray, scale: np.ndarray, rtol: float) -> None:
     got, want = np.asarray(got, dtype=np.float64), np.asarray(want, dtype=np.float64)
     assert got.shape == want.shape
@@ -150,6 +176,8 @@ def _decided(scores: np.ndarray, tol: np.ndarray) -> np.ndarray:
 
 # --------------------------------------------------------------------------- the checks by role
 def _check(model: object, out: dict[str, np.ndarray], rtol: float, X32: np.ndarray, X64: np.ndarray) -> None:
+    u = np.finfo(X32.dtype).eps / 2
+    assert _worst_case(model, X64, u) * (1 if X32.dtype == np.float32 else 2) <= rtol  # the tolerance's premise
     if isinstance(model, NystromKernelKMeans):
         _check_clusters(model, out, rtol, X64)
         return
@@ -306,3 +334,28 @@ def test_cli_export_onnx_end_to_end(tmp_path, capsys):
     assert "is inside model" in capsys.readouterr().err
     assert main(["export-onnx", str(tmp_path / "absent"), str(tmp_path / "x.onnx")]) == 1
     assert not (tmp_path / "x.onnx").exists()
+
+
+def _python_block(rst: str) -> str:
+    """The first ``.. code-block:: python`` of a reStructuredText text, unindented."""
+    lines = rst.split(".. code-block:: python\n", 1)[1].splitlines()[1:]
+    block = []
+    for line in lines:
+        if line.strip() and not line.startswith("   "):
+            break
+        block.append(line[3:])
+    return "\n".join(block).strip() + "\n"
+
+
+def test_the_guides_snippet_runs(tmp_path, monkeypatch, capsys):
+    """docs/guide/export.rst's Python block, as a user would paste it (in an empty folder)."""
+    code = _python_block((Path(__file__).resolve().parents[1] / "docs" / "guide" / "export.rst").read_text())
+    assert "save_onnx(model, \"model.onnx\")" in code
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {}
+    exec(compile(code, "export.rst", "exec"), namespace)  # noqa: S102 - the documentation's own example
+    assert (tmp_path / "model.onnx").is_file()
+    model, X_new = namespace["model"], namespace["X_new"].astype(np.float64)
+    rtol = _worst_case(model, X_new, 2.0**-24)  # M = 200 centers, d = 4: its own bound
+    _assert_close(namespace["y_onnx"], model.predict(X_new), _decision_scale(model, X_new), rtol)
+    assert 0 <= float(capsys.readouterr().out) < 1e-2  # it prints the largest difference
