@@ -228,6 +228,32 @@ def test_float64_export_equals_daskkrr_to_float64_round_off():
     _check(model, out, RTOL64, X_TEST64, X_TEST64)
 
 
+def test_a_float32_model_and_a_scikit_learn_pipeline():
+    """A model fitted in float32 (float32 coefficients; daskkrr's predict then rounds as the graph does, so
+    the two may differ by twice the bound), and skl2onnx's own ``to_onnx`` of a Pipeline ending in daskkrr."""
+    import skl2onnx
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    from daskkrr.export import register_converters
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = FalkonRegressor(n_centers=M, penalty=1e-3, dtype="float32", random_state=0).fit(
+            X_TRAIN.astype(np.float32), _target("falkon", X_TRAIN))
+        pipe = make_pipeline(StandardScaler(), NystromRegressor(n_centers=M, penalty=1e-3, random_state=0)).fit(
+            X_TRAIN, _target("nystrom", X_TRAIN))
+    assert model.coef_.dtype == np.float32
+    out = _run(to_onnx(model), X_TEST)["variable"]
+    _assert_close(out, model.predict(X_TEST), _decision_scale(model, X_TEST64), 2 * RTOL32)
+
+    register_converters()
+    out = _run(skl2onnx.to_onnx(pipe, X_TEST[:1]), X_TEST)["variable"]
+    final, Z = pipe[-1], pipe[0].transform(X_TEST64)  # the scaler's float32 round-off: a few u more per feature
+    assert _worst_case(final, Z, 2.0**-24) + 4 * 2.0**-24 <= RTOL32
+    _assert_close(out, pipe.predict(X_TEST64), _decision_scale(final, Z), RTOL32)
+
+
 @pytest.mark.parametrize("estimator, multi_class", [(FalkonClassifier, None), (LogisticFalkonClassifier, None),
                                                     (LogisticFalkonClassifier, "ovr")])
 def test_classifier_labels_and_outputs_by_number_of_classes(estimator, multi_class):
