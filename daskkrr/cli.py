@@ -408,6 +408,13 @@ def _parser() -> argparse.ArgumentParser:
                        help="no progress bar on stderr (default: a bar)")
         _add_scheduler(p)
 
+    p = command("export-onnx", "write a saved model as an ONNX model, to serve with onnxruntime without daskkrr")
+    p.add_argument("model", help="model directory written by 'daskkrr fit' (or embed --save-model)")
+    p.add_argument("output", help="ONNX file to write, e.g. model.onnx")
+    p.add_argument("--dtype", choices=("float32", "float64"), default="float32",
+                   help="floating type of the model's input X and of its arithmetic")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing output")
+
     p = command("quickstart", "generate data, fit on a local cluster, print the test error")
     p.add_argument("--n", type=_positive_int, default=100_000, help="rows of synthetic data")
     p.add_argument("--d", type=_positive_int, default=8, help="features")
@@ -868,6 +875,19 @@ def _cmd_unsupervised(args: argparse.Namespace) -> None:
     print(f"wrote {args.out}: {what} in {time.perf_counter() - t0:.1f}s{note}")
 
 
+def _cmd_export_onnx(args: argparse.Namespace) -> None:
+    from daskkrr.export import save_onnx
+    from daskkrr.models.loading import load_model
+    from daskkrr.utils.output_paths import check_paths
+
+    # Refused before the model is read: an output over the model directory, unwritable, or existing.
+    check_paths(inputs={"model": args.model}, outputs={"output": args.output}, overwrite=args.overwrite)
+    model = load_model(args.model)
+    save_onnx(model, args.output, dtype=args.dtype, overwrite=args.overwrite)
+    print(f"wrote {args.output}: {type(model).__name__} as an ONNX model (input 'X' of {model.n_features_in_} "
+          f"{args.dtype} features)")
+
+
 def _cmd_quickstart(args: argparse.Namespace) -> None:
     from daskkrr.progress import ProgressBar, report
     from daskkrr.quickstart import run_quickstart
@@ -888,6 +908,7 @@ _COMMANDS = {
     "tune": _cmd_tune,
     "embed": _cmd_unsupervised,
     "cluster": _cmd_unsupervised,
+    "export-onnx": _cmd_export_onnx,
 }
 
 

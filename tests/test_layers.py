@@ -42,7 +42,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...], str], ...] = (
     ("pipeline", ("pipeline",), "types"),
     ("estimators", ("models",), "types"),
     ("configuration", ("config",), "types"),
-    ("applications", ("tune", "workflow", "quickstart", "plot", "testing"), "types"),
+    ("applications", ("tune", "workflow", "quickstart", "plot", "testing", "export"), "types"),
     ("command line", ("cli",), "types"),
 )
 
