@@ -346,6 +346,96 @@ def test_unsupervised_shapes(saved, tmp_path, kind, name, edit):
     _refused(path, ARRAYS, name)
 
 
+# -------------------------------------------------- ambiguous files, other dtypes, fitted scalars
+
+
+@pytest.mark.parametrize("old, new, field", [
+    ('"params": {', '"params": {"penalty": -5.0, ', "penalty"),  # Python's json keeps the last, others the first
+    ('"kernel": {', '"kernel": {"sigma": 9.0, ', "sigma"),
+    ('"estimator": ', '"estimator": "FalkonClassifier", "estimator": ', "estimator"),
+])
+def test_a_json_key_twice(saved, tmp_path, old, new, field):
+    path = _copy(saved, "regressor", tmp_path)
+    text = (path / META).read_text()
+    assert old in text
+    (path / META).write_text(text.replace(old, new, 1))
+    exc = _refused(path, META, field)
+    assert "appears twice" in str(exc)
+
+
+def test_an_array_member_twice(saved, tmp_path):
+    """zipfile's last member and numpy's loader could disagree on which ``coef`` a model has."""
+    import warnings
+
+    path = _copy(saved, "regressor", tmp_path)
+    with np.load(path / ARRAYS) as npz:
+        coef = npz["coef"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # zipfile: "Duplicate name"
+        with zipfile.ZipFile(path / ARRAYS, "a") as archive:
+            archive.writestr("coef.npy", _npy(coef * 100))
+    exc = _refused(path, ARRAYS, "coef")
+    assert "twice" in str(exc)
+
+
+@pytest.mark.parametrize("name, dtype", [("coef", np.bool_), ("coef", np.int64), ("coef", np.float16),
+                                         ("centers", np.int8), ("residuals", np.longdouble),
+                                         ("center_indices", np.float64), ("y_mean", np.uint8)])
+def test_arrays_of_another_dtype(saved, tmp_path, name, dtype):
+    """save writes real numbers as float32/float64 and row numbers as integers; anything else is an edit
+    (a bool or int8 ``coef`` or ``centers`` predicts a model that was never fitted)."""
+    path = _copy(saved, "regressor", tmp_path)
+    _edit_array(path, name, lambda v: (v + 0.5).astype(dtype))
+    exc = _refused(path, ARRAYS, name)
+    assert "has dtype" in str(exc)
+
+
+@pytest.mark.parametrize("name, edit", [("center_weights", lambda v: _with(v, (0,), 0.0)),
+                                        ("center_weights", lambda v: -v),
+                                        ("center_indices", lambda v: v - 1000)])
+def test_center_weights_and_row_numbers_out_of_range(saved, tmp_path, name, edit):
+    path = _copy(saved, "regressor", tmp_path)
+    _edit_array(path, name, edit)
+    _refused(path, ARRAYS, name)
+
+
+@pytest.mark.parametrize("kind, key, value", [
+    ("regressor", "n_iter_", "many"), ("regressor", "n_iter_", -3), ("regressor", "n_iter_", True),
+    ("regressor", "converged_", [1, 2]), ("regressor", "converged_", "yes"), ("regressor", "jitter_", -1e-3),
+    ("regressor", "fit_time_", float("inf")), ("regressor", "n_data_passes_", 2.5),
+    ("kmeans", "inertia_", "small"),
+])
+def test_fitted_scalars_of_the_wrong_type(saved, tmp_path, kind, key, value):
+    path = _copy(saved, kind, tmp_path)
+    _edit_meta(path, lambda m: m["fitted"].update({key: value}))
+    _refused(path, META, f"fitted.{key}")
+
+
+def test_a_library_version_that_is_not_text(saved, tmp_path):
+    path = _copy(saved, "regressor", tmp_path)
+    _edit_meta(path, lambda m: m.update(library_version={"$gt": ""}))
+    _refused(path, META, "library_version")
+
+
+@pytest.mark.parametrize("kind", ["regressor", "kpca"])
+def test_an_array_save_does_not_write(saved, tmp_path, kind):
+    """Unknown arrays are refused, not ignored, as unknown JSON fields are."""
+    path = _copy(saved, kind, tmp_path)
+    _rewrite_members(path, {"evil.npy": _npy(np.zeros(3))})
+    exc = _refused(path, ARRAYS, "evil")
+    assert "unknown array" in str(exc)
+
+
+def test_a_model_folder_with_unicode_and_through_a_link_loads(saved, tmp_path):
+    """Names are not the attack: a folder named in any script, or a link to a whole model folder, loads."""
+    path = Path(shutil.copytree(saved["regressor"], tmp_path / "modèle 模型 \u200b"))
+    (tmp_path / "link").symlink_to(path)
+    X = np.random.default_rng(1).normal(size=(4, 3))
+    expected = daskkrr.load(saved["regressor"]).predict(X)
+    for where in (path, tmp_path / "link"):
+        np.testing.assert_array_equal(daskkrr.load(where).predict(X), expected)
+
+
 # ---------------------------------------------------------------------- the valid ones
 
 
@@ -373,4 +463,14 @@ def test_a_checkpoint_with_a_forged_header_is_refused(tmp_path):
         archive.writestr("meta.npy", _npy(meta))
         archive.writestr("rhs.npy", _forged_header((400_000_000_000,), b"\0" * 80))
     with pytest.raises(CheckpointError, match=r"rhs: its header claims shape \(400000000000,\)"):
+        FitCheckpoint(ckpt, resume=True).start(lambda: {})
+
+
+def test_a_checkpoint_with_a_json_key_twice_is_refused(tmp_path):
+    ckpt = tmp_path / "ck"
+    ckpt.mkdir()
+    meta = np.array('{"format": "daskkrr-checkpoint", "format": "daskkrr-checkpoint", "format_version": 5}')
+    with zipfile.ZipFile(ckpt / "checkpoint.npz", "w") as archive:
+        archive.writestr("meta.npy", _npy(meta))
+    with pytest.raises(CheckpointError, match=r"format: appears twice in one JSON object"):
         FitCheckpoint(ckpt, resume=True).start(lambda: {})

@@ -40,6 +40,7 @@ def inputs(tmp_path_factory):
     np.savetxt(root / "table.csv", np.c_[X, y], delimiter=",", header="a,b,c,y", comments="")
     (root / "wf.toml").write_text('[data]\nstore = "S"\n')
     os.symlink(root / "S", root / "link")
+    os.symlink(root, root / "up")  # the folder itself: up/S is S
     return root
 
 
@@ -84,6 +85,18 @@ SLIPS = {
                                      "--history S is --data S"),
     "run directory inside its data": (["run", "wf.toml", "--runs-dir", "S/runs"],
                                       "[workflow] runs_dir"),
+    "fit's model folder holds its checkpoint": (["fit", "--data", "S", "--out", "P", "--checkpoint", "P/ck"],
+                                                "--out P contains --checkpoint P/ck"),
+    "predict into its model's folder": (["predict", "--model", "M", "--data", "S", "--out", "M/pred"],
+                                        "--out M/pred is inside --model M"),
+    "predict over its data by a dotted path": (["predict", "--model", "M", "--data", "S", "--out", "x/../S",
+                                                "--overwrite"], "--out x/../S is --data S"),
+    "fit over its config file": (["fit", "--data", "S", "--config", "wf.toml", "--out", "wf.toml", "--overwrite"],
+                                 "--out wf.toml is --config wf.toml"),
+    "embed over its model": (["embed", "--data", "S", "--model", "M", "--out", "M", "--overwrite"],
+                             "--out M is --model M"),
+    "cluster through a link to the inputs' folder": (["cluster", "--data", "S", "--out", "up/S", "--overwrite"],
+                                                     "--out up/S is --data S"),
 }
 
 
@@ -97,7 +110,7 @@ def test_slip_is_refused_before_any_data_is_read(slip, inputs, no_data_read, mon
     assert err.startswith("daskkrr: error: ") and named in err and "would destroy" in err, err
     assert "Traceback" not in err
     assert tree_digest(inputs) == before, "an input changed"
-    assert not (inputs / "D").exists() and not (inputs / "T").exists()
+    assert not any((inputs / name).exists() for name in ("D", "T", "P", "L"))
 
 
 def test_existing_output_still_needs_overwrite(tmp_path):

@@ -22,6 +22,7 @@ from daskkrr.models.persistence import (
 from daskkrr.models.registry import UNSUPERVISED, classes_by_class_name
 from daskkrr.models.unsupervised_persistence import load_unsupervised
 from daskkrr.solvers.variance import noise_variance
+from daskkrr.utils.jsonable import SAMPLER_CENTERS_ARRAY
 
 UNSUPERVISED_NAMES = {cls.__name__ for cls in UNSUPERVISED.values()}
 
@@ -78,6 +79,8 @@ _OLD_DEFAULTS = {
 
 def _build(cls: type, mf: ModelFile) -> Any:
     """The estimator described by checked metadata and arrays (no code from the file runs)."""
+    mf.check_known_arrays({k.rstrip("_") for k in (*_ARRAYS, *_OPTIONAL_ARRAYS)}
+                          | {"classes", "class_weight", SAMPLER_CENTERS_ARRAY}, (POSTERIOR_PREFIX, STATE_PREFIX))
     model = mf.estimator(cls, _OLD_DEFAULTS)
     for key in (*_ARRAYS, *_OPTIONAL_ARRAYS):
         short = key.rstrip("_")

@@ -22,12 +22,22 @@ from sklearn.utils._param_validation import InvalidParameterError
 
 import daskkrr
 from daskkrr.models.persistence import ARRAYS_FILE, FORMAT_NAME, FORMAT_VERSION, METADATA_FILE, ModelFileError
+from daskkrr.sampling.fixed import NOT_A_ROW
 from daskkrr.utils.jsonable import SAMPLER_CENTERS_ARRAY
 from daskkrr.utils.safe_files import contained_file, read_json_object, read_npz
 
 #: Top-level fields of ``daskkrr-model.json``; any other is refused (format version 1 has exactly these).
 KNOWN_FIELDS = frozenset({"format", "format_version", "library_version", "estimator", "params", "kernel", "scaler",
                           "fitted", "sampler_info", "feature_names", "posterior", "classes", "state"})
+#: Arrays of real numbers: save writes them as float32 or float64 (an integer, bool or float16 array is an edit).
+FLOAT_ARRAYS = frozenset({"centers", "coef", "center_weights", "residuals", "y_mean", "intercept", "class_weight",
+                          "basis", "eigenvalues", "explained_variance_ratio", "cluster_centers"})
+#: Row numbers of the centers in the training data (``NOT_A_ROW``, -1, for centers the user gave).
+INDEX_ARRAYS = frozenset({"center_indices"})
+#: Fitted scalars of a fixed type: the JSON type(s) accepted (bools are not numbers here); all are >= 0.
+FITTED_SCALARS: dict[str, tuple[type, ...]] = {
+    "n_iter_": (int,), "n_data_passes_": (int,), "converged_": (bool,), "jitter_": (int, float),
+    "fit_time_": (int, float), "inertia_": (int, float)}
 
 
 @dataclasses.dataclass
@@ -73,9 +83,15 @@ class ModelFile:
             raise ModelFileError(meta_path, "estimator", f"unknown estimator {name!r}; expected one of "
                                  f"{sorted(estimators)}")
         arrays = read_npz(contained_file(folder, ARRAYS_FILE, ModelFileError), ModelFileError)
+        if not isinstance(meta.get("library_version", ""), str):
+            raise ModelFileError(meta_path, "library_version", f"is {meta['library_version']!r}; expected the "
+                                 "version string save() writes")
         model_file = cls(folder, meta, arrays)
         for key, value in arrays.items():
+            model_file.check_dtype(key, value)
             model_file.check_finite(key, value)
+        model_file.check_centers()
+        model_file.check_fitted_scalars()
         return model_file
 
     # ------------------------------------------------------------------ errors
@@ -93,6 +109,51 @@ class ModelFile:
         where = tuple(int(i) for i in np.unravel_index(int(bad[0]), value.shape))
         raise self.array_error(name, f"holds {bad.size} NaN or inf value(s), the first at index {where}; "
                                      "a model holding them predicts NaN")
+
+    def check_dtype(self, name: str, value: np.ndarray) -> None:
+        """Real-valued arrays must be float32 or float64 and row numbers integers, as save writes them."""
+        floats = value.dtype.kind == "f" and value.dtype.itemsize in (4, 8)
+        if (name in FLOAT_ARRAYS and not floats) or (value.dtype.kind == "f" and not floats):
+            raise self.array_error(name, f"has dtype {value.dtype}; expected float32 or float64 (the precision "
+                                         "the model was fitted in)")
+        if name in INDEX_ARRAYS:
+            if value.dtype.kind not in "iu":
+                raise self.array_error(name, f"has dtype {value.dtype}; expected integers (row numbers)")
+            if value.size and value.min() < NOT_A_ROW:
+                raise self.array_error(name, f"holds {value.min()}; row numbers are >= 0 ({NOT_A_ROW} for a "
+                                             "center the user gave)")
+
+    def check_centers(self) -> None:
+        """Center weights are positive, as every sampler makes them (:class:`~daskkrr.sampling.CenterDictionary`)."""
+        weights = self.arrays.get("center_weights")
+        if weights is not None and weights.size and not (weights > 0).all():
+            first = int(np.flatnonzero(~(weights > 0))[0])
+            raise self.array_error("center_weights", f"is {float(weights.reshape(-1)[first])!r} for center {first}; "
+                                                     "center weights are > 0")
+
+    def check_known_arrays(self, names: set[str], prefixes: tuple[str, ...] = ()) -> None:
+        """Refuse an archive member save() does not write (as unknown JSON fields are refused, not ignored)."""
+        unknown = sorted(k for k in self.arrays if k not in names and not k.startswith(prefixes))
+        if unknown:
+            raise self.array_error(unknown[0], f"unknown array(s) {unknown}; a version-{FORMAT_VERSION} model file "
+                                               f"of this estimator has only {sorted(names)}"
+                                               + (f" and arrays named {' or '.join(p + '*' for p in prefixes)}"
+                                                  if prefixes else ""))
+
+    def check_fitted_scalars(self) -> None:
+        """``fitted.n_iter_``, ``converged_`` & co.: of their JSON type, finite and >= 0."""
+        for key, value in self.section("fitted").items():
+            kinds = FITTED_SCALARS.get(key)
+            if kinds is None:
+                continue
+            if bool in kinds:
+                valid = isinstance(value, bool)
+            else:  # a JSON integer may exceed a float's range: compare, do not convert
+                valid = (isinstance(value, kinds) and not isinstance(value, bool) and value >= 0
+                         and (isinstance(value, int) or math.isfinite(value)))
+            if not valid:
+                expected = "true or false" if bool in kinds else f"a finite number >= 0 ({kinds[0].__name__})"
+                raise self.meta_error(f"fitted.{key}", f"is {value!r}; expected {expected}")
 
     def check_shape(self, name: str, value: np.ndarray, expected: tuple[int | None, ...], why: str) -> None:
         """``value.shape`` must be ``expected`` (None: any length); ``why`` says where the lengths come from."""

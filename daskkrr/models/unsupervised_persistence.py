@@ -16,7 +16,7 @@ import numpy as np
 import daskkrr
 from daskkrr.models.persistence import ARRAYS_FILE, FORMAT_NAME, FORMAT_VERSION, METADATA_FILE, parameter_arrays
 from daskkrr.utils.atomic import atomic_directory
-from daskkrr.utils.jsonable import dumps_strict, jsonable_params
+from daskkrr.utils.jsonable import SAMPLER_CENTERS_ARRAY, dumps_strict, jsonable_params
 
 if TYPE_CHECKING:
     from daskkrr.models.model_files import ModelFile
@@ -52,6 +52,7 @@ def save_unsupervised(model: Any, path: str | os.PathLike, *, overwrite: bool = 
 
 def load_unsupervised(cls: Any, mf: ModelFile) -> Any:
     """The estimator of class ``cls`` from a read :class:`ModelFile`, checked as a whole (no code from it runs)."""
+    mf.check_known_arrays({k.rstrip("_") for k in cls._saved_arrays} | {SAMPLER_CENTERS_ARRAY})
     model = mf.estimator(cls)
     for key in cls._saved_arrays:
         setattr(model, key, mf.array(key.rstrip("_")))

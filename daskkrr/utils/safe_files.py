@@ -98,9 +98,30 @@ def parse_json_bounded(text: str, file: str | os.PathLike, field: str = "json",
     if depth > MAX_JSON_DEPTH:
         raise error(file, field, f"JSON nested {depth} levels deep; at most {MAX_JSON_DEPTH} are read")
     try:
-        return json.loads(text)
+        return json.loads(text, object_pairs_hook=_unique_keys)
+    except _DuplicateKeyError as exc:
+        raise error(file, exc.key, "appears twice in one JSON object; readers disagree on which value counts "
+                                   "(Python's takes the last, others the first)") from exc
     except (json.JSONDecodeError, RecursionError) as exc:
         raise error(file, field, f"is not valid JSON: {exc}") from exc
+
+
+class _DuplicateKeyError(ValueError):
+    """A JSON object with a key twice (raised inside the parser, turned into the caller's error)."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object's pairs as a dict, refused when a key repeats (``json`` would keep the last silently)."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKeyError(key)
+        out[key] = value
+    return out
 
 
 def read_json_object(path: Path, error: type[FileFieldError] = FileFieldError) -> dict[str, Any]:
@@ -142,8 +163,13 @@ def read_npz(path: Path, error: type[FileFieldError] = FileFieldError, kinds: st
                                   "daskkrr never writes pickles")
     try:
         with zipfile.ZipFile(path) as archive:
-            return {_array_name(info, path, error): _read_member(archive, info, archive_size, path, error, kinds)
-                    for info in archive.infolist()}
+            arrays: dict[str, np.ndarray] = {}
+            for info in archive.infolist():
+                name = _array_name(info, path, error)
+                if name in arrays:  # zipfile reads one, numpy's loader another: the file means two things
+                    raise error(path, name, "is in the archive twice; np.savez writes each array once")
+                arrays[name] = _read_member(archive, info, archive_size, path, error, kinds)
+            return arrays
     except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, OSError, NotImplementedError) as exc:
         raise error(path, "file", f"cannot be read: not a complete .npz (zip) archive ({exc})") from exc
 
