@@ -31,6 +31,7 @@ __all__ = [
     "PassDone",
     "PassStarted",
     "RhsComputed",
+    "SamplingProgress",
     "SolverState",
     "SolverStep",
     "StageDone",
@@ -175,6 +176,32 @@ class BlockDone(Event):
     """
 
     name: str
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingProgress(Event):
+    """A streaming sampler's dictionary part-way through its pass, sent from inside a block task.
+
+    Emitted from a helper thread while the pass runs, at most one a second or so per
+    task (the sampler's ``progress_interval``), so that a long block (a one-block pass
+    is one task) is seen advancing.
+
+    Parameters
+    ----------
+    name : str
+        The pass's name (as in :class:`PassStarted`).
+    rows_seen : int
+        Rows of the pass processed into the dictionary so far.
+    dictionary_size : int
+        Copies in the dictionary (what the per-block history records).
+    unique : int
+        Distinct rows in the dictionary.
+    """
+
+    name: str
+    rows_seen: int
+    dictionary_size: int
+    unique: int
 
 
 @dataclasses.dataclass(frozen=True)

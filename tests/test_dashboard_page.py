@@ -17,7 +17,7 @@ import pytest
 from daskkrr import FalkonRegressor
 from daskkrr.dashboard import dashboard_url, install
 from daskkrr.dashboard.render import choose_fit, render_fragment
-from daskkrr.dashboard.svg import line_chart
+from daskkrr.dashboard.svg import MARGIN, line_chart
 from daskkrr.progress import FitProgress, report
 from daskkrr.sampling import SAMPLERS
 
@@ -71,13 +71,36 @@ def test_log_chart_handles_empty_and_non_positive_values():
     assert "waiting" in line_chart([], title="t", xlabel="x", ylabel="y", empty_text="waiting")
 
 
-def test_one_point_dictionary_chart_has_a_scale_from_zero():
-    # a one-block SQUEAK pass records one [rows seen, size] point; its axes spanned that point alone
-    svg = line_chart([[20000, 500]], title="t", xlabel="rows seen", ylabel="size", from_zero=True)
-    labels = re.findall(r'font-size="11">([^<]+)</text>', svg)
-    assert "0" in labels and "20,000" in labels and "500" in labels  # both axes run from 0 to the point
-    cx, cy = (float(v) for v in re.search(r'<circle cx="([\d.]+)" cy="([\d.]+)"', svg).groups())
-    assert 62 < cx <= 460 - 14 and 28 <= cy < 260 - 42  # inside the plot, away from the origin
+def _chart_geometry(svg: str) -> tuple[dict[float, float], tuple[float, float, float, float]]:
+    """The y-axis ticks (pixel row -> value) and the plot frame (left, top, width, height) of a chart."""
+    frame = re.search(r'<rect x="(\d+)" y="(\d+)" width="(\d+)" height="(\d+)" fill="#fafafa"', svg)
+    left, top, width, height = (float(v) for v in frame.groups())
+    ticks = {float(y): float(label.replace(",", "")) for y, label in re.findall(
+        rf'<line x1="{int(left)}" y1="([\d.]+)" x2="[\d.]+" y2="[\d.]+" stroke="#e3e3e3"/>'
+        r'<text [^>]*font-size="11">([^<]+)</text>', svg)}
+    return ticks, (left, top, width, height)
+
+
+@pytest.mark.parametrize("points", [[[20000, 500]], [[20000, 500], [40000, 500]], [[64, 3], [20000, 700]]])
+def test_dictionary_chart_frames_its_points_with_a_margin(points):
+    # A one-block SQUEAK pass recorded one [rows seen, size] point: its axes spanned that point alone,
+    # then (from 0) ended at it, so its dot sat on the frame, cut in half.
+    svg = line_chart(points, title="t", xlabel="rows seen", ylabel="size", from_zero=True)
+    ticks, (left, top, width, height) = _chart_geometry(svg)
+    values = sorted(ticks.values())
+    top_size = max(p[1] for p in points)
+    assert len(values) >= 3 and values[0] == 0  # a real scale from 0 ...
+    assert values[-1] >= top_size * (1 + MARGIN)  # ... whose top tick is above the largest point
+    radius = 2.5
+    for cx, cy in re.findall(r'<circle cx="([\d.]+)" cy="([\d.]+)"', svg):
+        # every dot inside the frame, whole on the far sides (the near ones are the origin, 0 rows)
+        assert left <= float(cx) < left + width - radius
+        assert top + radius < float(cy) <= top + height
+    # the ticks are placed where their values are: the point's pixel row matches its size
+    (y_px, y_val), (y0_px, y0_val) = sorted(ticks.items())[0], sorted(ticks.items())[-1]
+    cy_last = float(re.findall(r'<circle cx="[\d.]+" cy="([\d.]+)"', svg)[-1])
+    expected = y0_px + (points[-1][1] - y0_val) / (y_val - y0_val) * (y_px - y0_px)
+    assert cy_last == pytest.approx(expected, abs=0.2)  # 0.2 px: the SVG's one-decimal rounding
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,8 @@ are :mod:`daskkrr.kernels`'.
 """
 
 from daskkrr.bandits.batch import BatchBKB
-from daskkrr.bandits.bkb import BKB, confidence_width
+from daskkrr.bandits.bkb import BKB, bayesian_width, confidence_width
 from daskkrr.bandits.posterior import HallucinatedVariance, NystromPosterior, nystrom_embedding
 
-__all__ = ["BKB", "BatchBKB", "HallucinatedVariance", "NystromPosterior", "confidence_width", "nystrom_embedding"]
+__all__ = ["BKB", "BatchBKB", "HallucinatedVariance", "NystromPosterior", "bayesian_width", "confidence_width",
+           "nystrom_embedding"]

@@ -6,6 +6,29 @@ import html
 import math
 from collections.abc import Sequence
 
+#: Share of a linear axis's span left free beyond the outermost points, so that no point
+#: (a lone one included) sits on the frame with half its dot cut off.
+MARGIN = 0.05
+
+
+def _nice_step(lo: float, hi: float, count: int = 5, integer: bool = False) -> float:
+    """A round step (1, 2, 2.5 or 5 times a power of ten) giving about ``count`` ticks over [lo, hi]."""
+    raw = (hi - lo) / max(1, count)
+    if integer:
+        raw = max(raw, 1.0)
+    mag = 10 ** math.floor(math.log10(raw))
+    return float(next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw))
+
+
+def _nice_range(lo: float, hi: float, *, pinned_low: bool, integer: bool = False) -> tuple[float, float]:
+    """[lo, hi] widened by :data:`MARGIN` of its span on each side (not below a ``pinned_low``
+    bound, the axis's origin), then out to whole ticks, so the outermost ticks frame the points."""
+    pad = MARGIN * (hi - lo)
+    lo2, hi2 = (lo if pinned_low else lo - pad), hi + pad
+    step = _nice_step(lo2, hi2, integer=integer)
+    lo2 = lo if pinned_low else math.floor(lo2 / step) * step
+    return lo2, math.ceil(hi2 / step) * step
+
 
 def _nice_ticks(lo: float, hi: float, count: int = 5, integer: bool = False) -> list[float]:
     """Round tick values covering [lo, hi] (whole numbers only when ``integer``)."""
@@ -13,11 +36,7 @@ def _nice_ticks(lo: float, hi: float, count: int = 5, integer: bool = False) -> 
         return []
     if hi <= lo:
         hi = lo + 1.0
-    raw = (hi - lo) / max(1, count)
-    if integer:
-        raw = max(raw, 1.0)
-    mag = 10 ** math.floor(math.log10(raw))
-    step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
+    step = _nice_step(lo, hi, count, integer)
     start = math.floor(lo / step) * step
     ticks = []
     t = start
@@ -56,7 +75,9 @@ def line_chart(
 
     Non-finite values (and non-positive ones on a log axis) are skipped. ``from_zero`` starts
     both axes at 0 (for counts that grow from nothing, such as a dictionary's size against
-    rows seen: with one point, an axis spanning that point alone showed no scale).
+    rows seen: with one point, an axis spanning that point alone showed no scale). Linear
+    axes end at a round tick at least :data:`MARGIN` of their span beyond the outermost
+    point (one point at the top of the range sat on the frame); log axes end at whole decades.
     """
     left, right, top, bottom = 62, 14, 28, 42
     pw, ph = width - left - right, height - top - bottom
@@ -92,6 +113,10 @@ def line_chart(
         x1 = x0 + 1
     if y1 == y0:
         y0, y1 = y0 - (1 if logy else abs(y0) * 0.1 + 1), y1 + (1 if logy else abs(y1) * 0.1 + 1)
+    integer_x = all(float(x).is_integer() for x in xs)
+    x0, x1 = _nice_range(x0, x1, pinned_low=from_zero and x0 == 0.0, integer=integer_x)
+    if not logy:
+        y0, y1 = _nice_range(y0, y1, pinned_low=from_zero and y0 == 0.0)
 
     def sx(x: float) -> float:
         return left + (x - x0) / (x1 - x0) * pw
@@ -99,7 +124,6 @@ def line_chart(
     def sy(y: float) -> float:
         return top + ph - (y - y0) / (y1 - y0) * ph
 
-    integer_x = all(float(x).is_integer() for x in xs)
     for t in _nice_ticks(x0, x1, integer=integer_x):
         parts.append(f'<line x1="{sx(t):.1f}" y1="{top + ph}" x2="{sx(t):.1f}" y2="{top + ph + 4}" stroke="#555"/>'
                      f'<text x="{sx(t):.1f}" y="{top + ph + 16}" text-anchor="middle" font-size="11">{_fmt(t)}</text>')

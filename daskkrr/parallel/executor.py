@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -42,6 +42,7 @@ from daskkrr.kernels.sparse import dense_rows, is_sparse
 from daskkrr.kernels.thread_rule import engine_threads
 from daskkrr.parallel.backends import Backend, ThreadedBackend, backend_for
 from daskkrr.parallel.resources import Resources
+from daskkrr.parallel.task_progress import ProgressRelay, TaskProgress
 from daskkrr.utils.threads import available_cores, blas_threads
 
 #: Fan-in of the reduction trees.
@@ -121,6 +122,8 @@ class Executor:
         if events is not None and isinstance(self.backend, ThreadedBackend):
             self.backend.on_block = lambda name: self.events.emit(BlockDone(name))
         self._resources: Resources | None = None
+        #: Open task-progress channels: flushed before a pass reports its end.
+        self._relays: list[ProgressRelay] = []
 
     @classmethod
     def coerce(cls, executor_or_client: Any = None) -> Executor:
@@ -151,6 +154,27 @@ class Executor:
     def compute(self, *collections: Any) -> list[Any]:
         """Compute dask collections or Delayed objects here (small results only)."""
         return self.backend.compute(collections)
+
+    @contextlib.contextmanager
+    def task_progress(self, make_event: Callable[[dict[str, Any]], Any],
+                      interval: float | None) -> Iterator[TaskProgress | None]:
+        """A channel for records published from inside block tasks, turned into events here.
+
+        Yields a :class:`~daskkrr.parallel.task_progress.TaskProgress` to pass to the
+        tasks, or None when nothing would listen (no event bus, or ``interval`` None):
+        the tasks then publish nothing. Each record ``payload`` a task sends becomes the
+        event ``make_event(payload)`` on this executor's bus, emitted from a helper thread.
+        """
+        if interval is None or self.events is NULL_BUS:
+            yield None
+            return
+        relay = ProgressRelay(lambda payload: self.events.emit(make_event(payload)), float(interval), self.client)
+        with relay as handle:
+            self._relays.append(relay)
+            try:
+                yield handle
+            finally:
+                self._relays.remove(relay)
 
     def passes(self, X: da.Array, Y: da.Array | None = None) -> BlockPasses:
         """Passes over the row blocks of ``X`` (and ``Y``, chunked alike along the rows)."""
@@ -239,6 +263,8 @@ class BlockPasses:
         yield
         if over_data:
             self.n_passes += 1
+        for relay in list(self.executor._relays):  # records the tasks sent come before the pass's end
+            relay.flush()
         self.executor.events.emit(PassDone(name, n_blocks))
 
     # ------------------------------------------------------------ the patterns

@@ -55,6 +55,9 @@ class FitProgress:
         Row blocks processed by the completed passes.
     blocks_in_pass : int
         Blocks finished in the pass under way (live, when a counter is attached).
+    rows_in_pass : int
+        Rows of the pass under way that a streaming sampler reported processed from
+        inside its block tasks (live, finer than whole blocks).
     pass_task : str or None
         Task prefix of the pass under way (for the live block counts).
     task_base : dict
@@ -91,6 +94,7 @@ class FitProgress:
     passes: int = 0
     blocks_done: int = 0
     blocks_in_pass: int = 0
+    rows_in_pass: int = 0
     pass_task: str | None = None
     task_base: dict[str, int] = dataclasses.field(default_factory=dict)
     dictionary: list[list[float]] = dataclasses.field(default_factory=list)
@@ -112,12 +116,17 @@ class FitProgress:
         return self.blocks_done + min(self.blocks_in_pass, self.n_blocks)
 
     @property
-    def rows_streamed(self) -> int:
-        """Rows read so far; the live part of a pass is estimated from its blocks."""
+    def live_rows(self) -> int:
+        """Rows of the pass under way: from its finished blocks, or the sampler's own count if further."""
         live = 0
         if self.n_blocks:
             live = round(min(self.blocks_in_pass, self.n_blocks) * self.n_rows / self.n_blocks)
-        return self.passes * self.n_rows + int(live)
+        return int(min(max(live, self.rows_in_pass), self.n_rows))
+
+    @property
+    def rows_streamed(self) -> int:
+        """Rows read so far; the live part of a pass is estimated from its blocks (:attr:`live_rows`)."""
+        return self.passes * self.n_rows + self.live_rows
 
     @property
     def dictionary_size(self) -> int | None:
@@ -146,7 +155,7 @@ class FitProgress:
             return None
         if self.status == "done":
             return 1.0
-        live = min(self.blocks_in_pass, self.n_blocks) / self.n_blocks if self.n_blocks else 0.0
+        live = self.live_rows / self.n_rows if self.n_rows else 0.0
         return max(0.0, min(1.0, (self.passes + live) / self.expected_passes))
 
     def apply_counts(self, counts: dict[str, int]) -> bool:
@@ -171,6 +180,7 @@ class FitProgress:
         if self.pass_task:
             self.task_base[self.pass_task] = self.task_base.get(self.pass_task, 0) + n_tasks
         self.blocks_in_pass = 0
+        self.rows_in_pass = 0
 
     # --------------------------------------------------------------- JSON
     def to_dict(self, *, thin: bool = False) -> dict[str, Any]:

@@ -150,7 +150,7 @@ class FitTracker:
         with self._lock:
             self.state.phase = name
             self.state.pass_task = task
-            self.state.blocks_in_pass = 0
+            self.state.blocks_in_pass = self.state.rows_in_pass = 0
             self._emit("phase")
 
     def start_pass(self, name: str, n_blocks: int) -> None:
@@ -162,7 +162,7 @@ class FitTracker:
                 self.phase(phase, task)
             else:
                 self.state.pass_task = task
-                self.state.blocks_in_pass = 0
+                self.state.blocks_in_pass = self.state.rows_in_pass = 0
 
     def pass_done(self, n_blocks: int | None = None) -> None:
         """A pass finished (``n_blocks``: its block tasks, for the live counts)."""
@@ -185,8 +185,22 @@ class FitTracker:
             s.blocks_in_pass += 1
             self._emit("blocks")
 
+    def sampling(self, rows_seen: int, dictionary_size: int) -> None:
+        """A streaming sampler's dictionary part-way through a block: one more point of its growth."""
+        with self._lock:
+            s = self.state
+            if s.dictionary and rows_seen <= s.dictionary[-1][0]:
+                return  # a record of an earlier moment (the pass only moves forward)
+            s.dictionary.append([int(rows_seen), int(dictionary_size)])
+            s.rows_in_pass = max(s.rows_in_pass, int(rows_seen))
+            self._emit("sampling")
+
     def sampled(self, dictionary: Any) -> None:
-        """Centers chosen: record their number and the dictionary's growth, if any."""
+        """Centers chosen: record their number and the dictionary's growth, if any.
+
+        The per-block history joins the points published during the pass (a one-block
+        pass has one history record; the live points show how it got there).
+        """
         with self._lock:
             s = self.state
             s.n_centers = int(dictionary.size)
@@ -198,8 +212,8 @@ class FitTracker:
                 if isinstance(h, dict) and "rows_seen" in h
             ]
             if points:
-                s.dictionary = points
-            s.blocks_in_pass = 0
+                s.dictionary = merge_growth(s.dictionary, points)
+            s.blocks_in_pass = s.rows_in_pass = 0
             self._emit("dictionary")
 
     def cg_iteration(self, iteration: int, residual: Any, solver: str = "CG") -> None:
@@ -219,7 +233,7 @@ class FitTracker:
         with self._lock:
             s = self.state
             s.phase, s.status, s.finished = "done", "done", time.time()
-            s.pass_task, s.blocks_in_pass = None, 0
+            s.pass_task, s.blocks_in_pass, s.rows_in_pass = None, 0, 0
             self._emit("done")
 
     def fail(self, exc: BaseException) -> None:
@@ -245,6 +259,8 @@ class FitTracker:
             self.block_done(ev.block_task_prefix(event.name))
         elif isinstance(event, ev.PassDone):
             self.pass_done(event.n_blocks)
+        elif isinstance(event, ev.SamplingProgress):
+            self.sampling(event.rows_seen, event.dictionary_size)
         elif isinstance(event, ev.CentersChosen):
             self.sampled(event.dictionary)
         elif isinstance(event, ev.SolverStep):
@@ -262,6 +278,20 @@ STAGE_PHASES = {"centers": "sampling", "preconditioner": "preconditioner"}
 PASS_PHASES = {"statistics": "statistics", "rhs": "rhs", "matvec": "cg", "gram": "gram", "cache": "cache"}
 
 
+
+
+def merge_growth(live: list[list[float]], history: list[list[float]]) -> list[list[float]]:
+    """Points of the dictionary's growth published live, completed by the pass's history.
+
+    Both are ``[rows_seen, size]``; at equal rows the history's value wins (it is the
+    state the pass ended the block with). Histories of tree merges (DISQUEAK) count rows
+    per leaf and have no live points: they are kept as they are.
+    """
+    if not live:
+        return history
+    by_rows = {int(r): v for r, v in live}
+    by_rows.update({int(r): v for r, v in history})
+    return [[r, by_rows[r]] for r in sorted(by_rows)]
 
 
 def new_fit_id() -> str:

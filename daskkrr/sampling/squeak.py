@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from daskkrr.events import SamplingProgress
 from daskkrr.kernels import Kernel
 from daskkrr.parallel.executor import TREES, Executor, gather_rows
 from daskkrr.sampling.base import (
@@ -70,6 +71,10 @@ DEFAULT_QBAR = 16
 #: gamma / (1 - eps)-accurate: eps = 0.5 gives a 2 gamma bound with half the copies of
 #: eps -> 0 (eps = 0.3 measured 1.5x the copies of eps = 0.5).
 DEFAULT_EPS = 0.5
+#: Default seconds between two progress records of one block task: about the dashboard's
+#: and the client's polling period (0.5-1 s), so each record is seen and a long block of
+#: a few minutes sends a few hundred small messages.
+DEFAULT_PROGRESS_INTERVAL = 0.5
 
 
 # ------------------------------------------------------------ pilot: gamma for a budget
@@ -146,6 +151,12 @@ def pilot_gamma(
 # ------------------------------------------------------------ shared set-up and finish
 def squeak_params(gamma: float, qbar: int, eps: float, batch_min: int) -> SqueakParams:
     return SqueakParams(gamma=float(gamma), qbar=int(qbar), eps=float(eps), batch_min=int(batch_min))
+
+
+def sampling_event(name: str, payload: dict[str, Any]) -> SamplingProgress:
+    """The event of a record a SQUEAK block task published part-way through (see :func:`stream_block`)."""
+    return SamplingProgress(name, int(payload["rows_seen"]), int(payload["dictionary_size"]),
+                            int(payload["unique"]))
 
 
 def _stopped(state: StreamState) -> bool:
@@ -253,6 +264,14 @@ class SqueakSampler(StreamingRLSSampler):
         dictionary has ``budget_overshoot * n_centers`` unique rows, then thinned to the
         budget (default 2: in the centers benchmark 1.25 left the rare regions
         under-sampled and 4 pushed gamma to its floor ``penalty * n``).
+    progress_interval : float or None
+        While a block is processed, publish the dictionary's size (rows seen, copies,
+        unique rows) every ``progress_interval`` seconds at most, as
+        :class:`~daskkrr.events.SamplingProgress` events on the fit's event bus (the bar
+        and the dashboard show them), from the threaded scheduler or from a worker
+        (default 0.5; ``0``: after every batch; None: never). A block processed faster
+        than this publishes nothing: its end is reported anyway. Publishing only reads
+        the dictionary, so the result does not depend on it.
 
     Notes
     -----
@@ -284,6 +303,7 @@ class SqueakSampler(StreamingRLSSampler):
         batch_min: int = 64,
         max_inflight_bytes: int = 256 * 2**20,
         budget_overshoot: float = 2.0,
+        progress_interval: float | None = DEFAULT_PROGRESS_INTERVAL,
     ):
         self.gamma = gamma
         self.qbar = qbar
@@ -294,6 +314,7 @@ class SqueakSampler(StreamingRLSSampler):
         self.batch_min = batch_min
         self.max_inflight_bytes = max_inflight_bytes
         self.budget_overshoot = budget_overshoot
+        self.progress_interval = progress_interval
 
     def select(
         self,
@@ -313,13 +334,15 @@ class SqueakSampler(StreamingRLSSampler):
         params = squeak_params(gamma, self.qbar, self.eps, self.batch_min)
         passes = executor.passes(X)
         budget = self.max_dictionary
-        state: StreamState = passes.fold(
-            stream_block, None, kernel, params, seed, budget, name="squeak",
-            finish=functools.partial(stream_finish, kernel=kernel, params=params, seed=seed,
-                                     max_dictionary=budget),
-            segment_bytes=int(self.max_inflight_bytes),
-            stop=_stopped if budget is not None else None,
-        )
+        with executor.task_progress(functools.partial(sampling_event, self.name),
+                                    self.progress_interval) as progress:
+            state: StreamState = passes.fold(
+                stream_block, None, kernel, params, seed, budget, progress, name="squeak",
+                finish=functools.partial(stream_finish, kernel=kernel, params=params, seed=seed,
+                                         max_dictionary=budget),
+                segment_bytes=int(self.max_inflight_bytes),
+                stop=_stopped if budget is not None else None,
+            )
         # Segments the fold computed: every block up to the one that stopped the pass
         # records itself in the history, and the fold stops at the end of that segment.
         per_segment = max(1, int(self.max_inflight_bytes) // max(1, passes.max_block_bytes))

@@ -41,8 +41,10 @@ pending rows, and a short per-block history: never anything of size n.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -60,6 +62,9 @@ from daskkrr.sampling.keyed_random import (
     STREAM_SQUEAK_BATCH,
     keyed_rng,
 )
+
+if TYPE_CHECKING:
+    from daskkrr.parallel.task_progress import TaskProgress
 
 #: Kernel/solve tiles are bounded by this many bytes (rows of a batch x entries x 8).
 DEFAULT_BATCH_BYTES = 64 * 2**20
@@ -333,6 +338,7 @@ def _run_batches(
     seed: int,
     max_dictionary: int | None,
     flush: bool,
+    publish: Callable[[Callable[[], dict[str, Any]]], bool] | None = None,
 ) -> StreamState:
     pos = 0
     d = state.dictionary
@@ -349,6 +355,8 @@ def _run_batches(
         state.batches += 1
         if max_dictionary is not None and d.size >= max_dictionary:
             state.stopped = "max_dictionary"
+        if publish is not None:  # reads the dictionary only: the random stream is untouched
+            publish(functools.partial(_live_record, state.rows_seen, d))
     state.dictionary = d
     state.pending = buffer[pos:] if state.stopped is None else buffer[:0]
     state.next_row = start + pos
@@ -364,6 +372,7 @@ def stream_block(
     params: SqueakParams,
     seed: int,
     max_dictionary: int | None = None,
+    progress: TaskProgress | None = None,
 ) -> StreamState:
     """Fold one row block into the pass (the body of one Dask task).
 
@@ -376,6 +385,9 @@ def stream_block(
         Position of the block in the pass (for the history).
     block_first_row : int
         Global row index of ``block[0]``; must continue the previous block.
+    progress : TaskProgress or None
+        Where to publish the dictionary's size while the block is processed (after a
+        batch, at most once per ``progress.interval`` seconds); None publishes nothing.
     """
     if is_sparse(block) and block.shape[0]:  # dense rows a bounded piece at a time (the dictionary is dense)
         for rows, piece in dense_pieces(block):
@@ -397,7 +409,8 @@ def stream_block(
             f"expected row {expected}: blocks must arrive in order and without gaps"
         )
     buffer = block if state.pending.shape[0] == 0 else np.concatenate([state.pending, block])
-    state = _run_batches(state, buffer, kernel, params, seed, max_dictionary, flush=False)
+    publish = progress.publisher() if progress is not None else None
+    state = _run_batches(state, buffer, kernel, params, seed, max_dictionary, flush=False, publish=publish)
     _record(state, block_id, params)
     return state
 
@@ -435,6 +448,11 @@ def _summary(state: StreamState, params: SqueakParams) -> dict[str, Any]:
         "rls_sum": float(d.rls.sum()),
         "d_eff_estimate": d.d_eff_estimate(params.qbar, params.eps),
     }
+
+
+def _live_record(rows_seen: int, d: DictionaryState) -> dict[str, Any]:
+    """What a block task publishes part-way through (plain numbers: it may travel as a worker event)."""
+    return {"rows_seen": int(rows_seen), "dictionary_size": int(d.n_copies), "unique": int(d.size)}
 
 
 def _record(state: StreamState, block_id: int, params: SqueakParams) -> None:
