@@ -36,14 +36,13 @@ def guarantee_deviation(K: np.ndarray, lam: float, probs: np.ndarray, kept: np.n
     The poster's ``(1/2) C <= B^T S S^T B + lam I <= (3/2) C`` holds iff this is
     ``<= 1/2``. Its nonzero eigenvalues are those of ``H^{1/2} D H^{1/2}``,
     ``H = K (K + lam I)^{-1}``, ``D = diag(1/p_j - 1 if kept else -1)``: computable
-    from the kernel matrix of the rows alone. With ``H^{1/2} = V U^T``, ``V = U diag(sqrt(e / (e + lam)))``,
-    that matrix is ``U (V^T D V) U^T``: the eigenvalues of ``V^T D V``, one matrix product fewer.
+    from the kernel matrix of the rows alone.
     """
     e, U = np.linalg.eigh(K)
     e = np.clip(e, 0.0, None)
-    V = U * np.sqrt(e / (e + lam))
+    Hh = (U * np.sqrt(e / (e + lam))) @ U.T
     D = np.where(kept, 1.0 / np.where(kept, probs, 1.0) - 1.0, -1.0)
-    return float(np.abs(np.linalg.eigvalsh((V.T * D) @ V)).max())
+    return float(np.abs(np.linalg.eigvalsh((Hh * D) @ Hh)).max())
 
 
 def effective_dimension(K: np.ndarray, lam: float) -> float:
