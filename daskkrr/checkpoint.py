@@ -218,11 +218,6 @@ class FitCheckpoint:
         """The saved CG state to continue from, or None."""
         return self._cg_state
 
-    @property
-    def resumed(self) -> bool:
-        """Whether a saved state was loaded by :meth:`start`."""
-        return self._resumed
-
     def start(self, fingerprint: Callable[[], dict[str, Any]]) -> None:
         """Load and check the saved checkpoint (with ``resume``) or create the directory.
 

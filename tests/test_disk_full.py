@@ -103,7 +103,8 @@ def _slow(block: np.ndarray) -> np.ndarray:
     return block
 
 
-@pytest.mark.parametrize("what", ["predict", "embed", "cluster"])
+# Labels go through write_array_zarr as predictions do (and the CLI's cluster command is checked below): slow.
+@pytest.mark.parametrize("what", ["predict", "embed", pytest.param("cluster", marks=pytest.mark.slow)])
 def test_parallel_write_on_a_full_disk(what, disk, client):
     """Predictions, an embedding and labels written by 4 threads on 2 workers, 100 chunk files of at
     least a 4 KiB page each on a disk with 64 KiB free: every try fails and leaves nothing, though
@@ -111,9 +112,9 @@ def test_parallel_write_on_a_full_disk(what, disk, client):
     earlier = _digest(disk / "earlier.zarr")
     rng = np.random.default_rng(1)
     X = rng.normal(size=(400, 3))
-    models = {"predict": FalkonRegressor(n_centers=20, random_state=0).fit(X, X[:, 0]),
-              "embed": NystromKernelPCA(n_components=3, n_centers=20, random_state=0).fit(X),
-              "cluster": NystromKernelKMeans(n_clusters=3, n_centers=20, random_state=0).fit(X)}
+    model = {"predict": lambda: FalkonRegressor(n_centers=20, random_state=0).fit(X, X[:, 0]),  # the one written
+             "embed": lambda: NystromKernelPCA(n_components=3, n_centers=20, random_state=0).fit(X),
+             "cluster": lambda: NystromKernelKMeans(n_clusters=3, n_centers=20, random_state=0).fit(X)}[what]()
     _fill(disk, leave=64 * 1024)
     out = disk / f"{what}.zarr"
     with client.as_current():
@@ -121,11 +122,11 @@ def test_parallel_write_on_a_full_disk(what, disk, client):
             rows = da.random.RandomState(attempt).normal(size=(200_000, 3), chunks=(2000, 3)).map_blocks(_slow)
             with pytest.raises(DiskFullError) as info:
                 if what == "predict":
-                    write_array_zarr(models[what].predict(rows), out, name="y_pred")
+                    write_array_zarr(model.predict(rows), out, name="y_pred")
                 elif what == "embed":
-                    write_zarr(models[what].transform(rows), None, out)
+                    write_zarr(model.transform(rows), None, out)
                 else:
-                    write_array_zarr(models[what].predict(rows), out, name="labels")
+                    write_array_zarr(model.predict(rows), out, name="labels")
             _assert_refused(info, out, earlier)
 
 

@@ -193,9 +193,6 @@ class KernelModelBase(BaseEstimator):
             raise ValueError(f"kernel {self.kernel!r} takes no sigma{per_feature}; pass sigma=None")
         return make_kernel(self.kernel, **params)
 
-    def _fits_intercept(self) -> bool:
-        return bool(getattr(self, "fit_intercept", False))
-
     def _feature_dtype(self) -> str:
         """Precision of the kernel blocks; estimators with a ``dtype`` parameter override it."""
         return "float64"

@@ -94,11 +94,7 @@ def execute_online(config: dict[str, Any], run: rd.RunDirectory) -> dict[str, An
     if config["outputs"]["model"]:
         model.save(run.file("model"))
     return {
-        "run_id": run.run_id,
-        "workflow": config["workflow"]["name"],
-        "status": "succeeded",
-        "data": {"store": str(store), "n_rows": int(X.shape[0]), "n_features": int(X.shape[1]),
-                 "n_blocks": int(X.numblocks[0])},
+        **run.result_header(config, store, X),
         "evaluation": "prequential",
         "primary_metric": metrics_names[0],
         "metrics": scores,

@@ -148,6 +148,14 @@ class RunDirectory:
     def file(self, name: str) -> Path:
         return self.path / name
 
+    def result_header(self, config: dict[str, Any], store: Path, X: Any, blocks: bool = True) -> dict[str, Any]:
+        """The first fields of every executor's result: this run, its workflow (``config``'s name), and
+        the data it read (``store``, rows and features of ``X``, and its row blocks with ``blocks``)."""
+        data = {"store": str(store), "n_rows": int(X.shape[0]), "n_features": int(X.shape[1])}
+        if blocks:
+            data["n_blocks"] = int(X.numblocks[0])
+        return {"run_id": self.run_id, "workflow": config["workflow"]["name"], "status": "succeeded", "data": data}
+
     def succeed(self, **extra: Any) -> None:
         self._status.update(status="succeeded", finished=time.time(), **extra)
         write_json(self.path / STATUS_FILE, self._status)

@@ -158,11 +158,7 @@ def _execute(config: dict[str, Any], run: rd.RunDirectory) -> dict[str, Any]:
         model.save(run.file("model"))
 
     return {
-        "run_id": run.run_id,
-        "workflow": config["workflow"]["name"],
-        "status": "succeeded",
-        "data": {"store": str(store), "n_rows": int(X.shape[0]), "n_features": int(X.shape[1]),
-                 "n_blocks": int(X.numblocks[0])},
+        **run.result_header(config, store, X),
         "evaluation": ev["method"],
         "primary_metric": primary,
         "metrics": {k: v for k, v in scores.items() if k != "refit"},

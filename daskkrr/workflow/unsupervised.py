@@ -164,11 +164,7 @@ def _execute(config: dict[str, Any], run: rd.RunDirectory) -> dict[str, Any]:
 
     X, y, store = _open(config)
     outputs = config["outputs"]
-    result: dict[str, Any] = {
-        "run_id": run.run_id, "workflow": config["workflow"]["name"], "status": "succeeded",
-        "data": {"store": str(store), "n_rows": int(X.shape[0]), "n_features": int(X.shape[1])},
-        "outputs": {},
-    }
+    result: dict[str, Any] = {**run.result_header(config, store, X, blocks=False), "outputs": {}}
     features = X
     if "kpca" in config:
         t0 = time.perf_counter()
