@@ -113,6 +113,7 @@ class FalkonClassifier(ClassifierMixin, NystromModelBase):
         fit_intercept: bool = True,
         preconditioner_rows: int | str | None = "auto",
         compute_std: bool = False,
+        std_method: str = "auto",
         class_weight: dict | str | None = None,
     ):
         store_params(self, locals())

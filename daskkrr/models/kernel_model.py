@@ -288,6 +288,7 @@ class KernelModelBase(BaseEstimator):
         input, two lazy dask arrays of one blockwise computation otherwise (each kernel block built once)."""
         self._check_fitted()
         post = posterior_from_model(self)
+        exact = getattr(self, "std_method", "exact") == "exact"  # the fast variance unless asked for the exact one
         check_feature_names(self, X)
         coef2 = self.coef_.reshape(self.coef_.shape[0], -1)
         t = coef2.shape[1]
@@ -296,14 +297,14 @@ class KernelModelBase(BaseEstimator):
             Xs = self._check_predict_input(X)
             _check_extreme_rows(Xs, 0, dtype)
             out = predict_with_std(cast_rows(Xs, dtype), self.kernel_, self.centers_, coef2,
-                                   self.intercept_, post).astype(self._output_dtype(), copy=False)
+                                   self.intercept_, post, exact=exact).astype(self._output_dtype(), copy=False)
             return out[:, :t], out[:, t:]
         self._refuse_sparse(X)
         Xd = load_features(X, self.chunks)
         self._check_n_features(Xd.shape)
         Xs = (self.scaler_.transform(Xd) if self.scaler_ is not None else Xd).astype(dtype)
         both = Xs.map_blocks(
-            _predict_std_block, self.kernel_, self.centers_, coef2, self.intercept_, post,
+            _predict_std_block, self.kernel_, self.centers_, coef2, self.intercept_, post, exact,
             dtype=np.float64, chunks=(Xs.chunks[0], (2 * t,)),
         ).astype(self._output_dtype(), copy=False)
         return both[:, :t], both[:, t:]
@@ -364,12 +365,12 @@ def _predict_block(
 
 def _predict_std_block(
     Xb: np.ndarray, kernel: Kernel, Z: np.ndarray, coef: np.ndarray, intercept: np.ndarray, post: Any,
-    block_info: dict | None = None,
+    exact: bool, block_info: dict | None = None,
 ) -> np.ndarray:
     start = block_info[0]["array-location"][0][0] if block_info and 0 in block_info else 0
     _check_finite_rows(Xb, start)
     _check_extreme_rows(Xb, start, Xb.dtype)
-    return predict_with_std(Xb, kernel, Z, coef, intercept, post)
+    return predict_with_std(Xb, kernel, Z, coef, intercept, post, exact=exact)
 
 
 def _check_extreme_rows(Xs: Any, start: int, dtype: Any) -> None:

@@ -202,7 +202,7 @@ class LogisticFalkonClassifier(FalkonClassifier):
 
     _parameter_constraints: ClassVar[dict[str, Any]] = {
         **{k: v for k, v in FalkonClassifier._parameter_constraints.items()
-           if k not in ("preconditioner_rows", "compute_std")},
+           if k not in ("preconditioner_rows", "compute_std", "std_method")},
         "strategy": [StrOptions(set(LOGISTIC_STRATEGIES))],
         "penalty_schedule": [StrOptions({"auto"}), list],
         "newton_iterations": [positive(Integral)],

@@ -183,6 +183,14 @@ PARAM_DOCS = {
     FALKON with the "recompute" or "cache" strategy makes one more pass over the
     data for ``K_MN K_NM``, which the direct solve and the "gram" strategy
     already have. Exact KRR keeps its ``n x n`` factor (``8 n^2`` bytes).""",
+    "std_method": """std_method : {"auto", "fast", "exact"}, default="auto"
+    How ``return_std`` computes the variance (with ``compute_std=True``). "exact":
+    the Nystrom posterior variance, two ``M x M`` triangular solves per row. "fast":
+    a rank-``r`` factor built at fit time (``M x r``, saved with the model), never
+    below the exact variance, its mean excess over rows like the training rows at
+    most 5% of their mean variance (``posterior_.fast_variance_bound``); "auto": the
+    fast one when its rank keeps ``return_std`` within about 3x ``predict``, else
+    the exact one (see the user guide, "What it costs").""",
 }
 
 
@@ -210,9 +218,10 @@ def params_doc(*names: str) -> str:
 #: FalkonRegressor's (and FalkonClassifier's) parameters, in ``__init__`` order.
 FALKON_PARAMS = ("kernel", "sigma", "penalty", "n_centers", "sampler", "max_iter", "tol", "kernel_params",
                  "dtype", "standardize", "chunks", "random_state", "verbose", "strategy",
-                 "fit_intercept", "preconditioner_rows", "compute_std")
+                 "fit_intercept", "preconditioner_rows", "compute_std", "std_method")
 NYSTROM_PARAMS = ("kernel", "sigma", "penalty", "n_centers", "sampler", "kernel_params", "dtype", "standardize",
-                  "chunks", "random_state", "verbose", "direct_strategy", "fit_intercept", "compute_std")
+                  "chunks", "random_state", "verbose", "direct_strategy", "fit_intercept", "compute_std",
+                  "std_method")
 EXACT_PARAMS = ("kernel", "sigma", "penalty", "kernel_params", "standardize", "chunks", "max_samples", "verbose",
                 "compute_std", "exact_solver", "exact_preconditioner", "exact_n_features", "preconditioner_penalty",
                 "srht_features", "exact_tol", "exact_max_iter", "kernel_tiles", "tile_dtype", "exact_random_state")
@@ -415,6 +424,7 @@ class FalkonRegressor(_NystromPenaltyPath, _RegressorMixin, NystromModelBase):
         "compute_std": ["boolean"],
         "preconditioner_route": [StrOptions({"auto", "dense", "tiled"})],
         "memory_budget": [positive(Integral), None],
+        "std_method": [StrOptions({"auto", "fast", "exact"})],
     }
 
     def __init__(
@@ -438,6 +448,7 @@ class FalkonRegressor(_NystromPenaltyPath, _RegressorMixin, NystromModelBase):
         compute_std: bool = False,
         preconditioner_route: str = "auto",
         memory_budget: int | None = None,
+        std_method: str = "auto",
     ):
         store_params(self, locals())
 
@@ -492,6 +503,7 @@ class NystromRegressor(_NystromPenaltyPath, _RegressorMixin, NystromModelBase):
     _parameter_constraints: ClassVar[dict[str, Any]] = {
         **NystromModelBase._parameter_constraints,
         "compute_std": ["boolean"],
+        "std_method": [StrOptions({"auto", "fast", "exact"})],
     }
 
     def __init__(
@@ -510,6 +522,7 @@ class NystromRegressor(_NystromPenaltyPath, _RegressorMixin, NystromModelBase):
         strategy: str = "auto",
         fit_intercept: bool = True,
         compute_std: bool = False,
+        std_method: str = "auto",
     ):
         store_params(self, locals())
 

@@ -13,18 +13,33 @@ preconditioned Gram matrix ``T^{-T} D K_MN K_NM D T^{-1}``, an ``M x M`` matrix:
 plus the targets' squared norms (a pass over ``y`` only) and ``M x M`` factorisations
 on the client, one of them the triangular inverse behind the residual noise estimate
 (``noise_variance_``).
+
+Unless ``std_method="exact"``, it then builds the fast variance
+(:func:`~daskkrr.solvers.variance.low_rank_variance`: a few ``M x M`` products and an
+eigendecomposition on the client; for a kernel whose ``k(x, x)`` varies, one more pass
+over ``X`` for its mean).
 """
 
 from __future__ import annotations
 
 import logging
 import time
+import warnings
 
 import numpy as np
 
+from daskkrr.kernels.base import Kernel
 from daskkrr.pipeline.context import FitContext
 from daskkrr.pipeline.stages import Stage, kernel_operator, split_column_sums
-from daskkrr.solvers.variance import gram_block, nystrom_posterior
+from daskkrr.solvers.variance import (
+    FAST_STD_RTOL,
+    LowRankVariance,
+    PosteriorVariance,
+    fast_rank_cap,
+    gram_block,
+    low_rank_variance,
+    nystrom_posterior,
+)
 
 logger = logging.getLogger("daskkrr")
 
@@ -62,9 +77,63 @@ def posterior(ctx: FitContext) -> None:
         ctx.preconditioner.T, ctx.preconditioner.d, gram_pre, noise_ratio=float(p.penalty) * ctx.n, n=ctx.n,
         mu=mu, y_sq=_targets_square_norms(ctx), knm_t_y=b, coef=coef.reshape(coef.shape[0], -1),
     )
+    method = getattr(p, "std_method", "exact")
+    if method != "exact":
+        ctx.fitted["posterior_"].low_rank = _fast_variance(ctx, ctx.fitted["posterior_"], method)
     if ctx.passes is not None:
         ctx.fitted["n_data_passes_"] = ctx.passes.n_passes + 1  # the extra pass, if one was made
     logger.info("posterior for return_std in %.2fs", time.perf_counter() - t0)
+
+
+def _diag_sum(Xb: np.ndarray, kernel: Kernel) -> np.ndarray:
+    return np.array([np.sum(kernel.diag(Xb))])
+
+
+def _mean_prior_variance(ctx: FitContext) -> float:
+    """The mean of ``k(x, x)`` over the training rows: a constant for a stationary kernel, else one pass."""
+    if ctx.kernel.is_stationary:
+        return float(ctx.kernel.diag(np.asarray(ctx.centers[:1], dtype=np.float64))[0])
+    return float(ctx.passes.map_reduce(_diag_sum, ctx.kernel, name="posteriordiag")[0]) / ctx.n
+
+
+def _accurate_at_centers(ctx: FitContext, post: PosteriorVariance, low_rank: LowRankVariance) -> bool:
+    """Whether the fast variance keeps its promise ``v_r >= v`` at the centers' own kernel rows to within
+    :data:`FAST_STD_RTOL` of the mean variance.
+
+    ``W = D T^{-1} Y`` is applied to the kernel row directly (no solve), so where ``T`` is nearly singular
+    its large entries cancel in ``k^T W`` and the product's round-off, about ``eps |k|^T |W|``, can
+    exceed the variance itself; the centers' rows (``M^2`` work) show it.
+    """
+    Z = np.asarray(ctx.centers, dtype=np.float64)
+    Kmm, kzz = ctx.kernel(Z, Z), ctx.kernel.diag(Z)
+    deficit = post.unit_variance(Kmm, kzz, exact=True) - low_rank.unit_variance(Kmm, kzz)
+    return bool(np.max(deficit) <= FAST_STD_RTOL * low_rank.mean_variance)
+
+
+def _fast_variance(ctx: FitContext, post: PosteriorVariance, method: str) -> LowRankVariance | None:
+    """The fast variance for ``std_method`` "auto" (None past the rank cap: return_std stays exact) or "fast"."""
+    cap = fast_rank_cap(ctx.n_features)
+    low_rank, rank = low_rank_variance(post, n=ctx.n, mean_kxx=_mean_prior_variance(ctx),
+                                       max_rank=cap if method == "auto" else None)
+    if low_rank is not None and not _accurate_at_centers(ctx, post, low_rank):
+        message = (f"the fast variance's factor D T^-1 Y (rank {rank}) loses more to round-off at the centers than "
+                   f"{FAST_STD_RTOL:.0%} of the mean variance (K_MM is nearly singular, as for a polynomial kernel "
+                   f"with more centers than features)")
+        if method == "auto":
+            logger.info("%s: return_std uses the exact variance", message)
+        else:
+            warnings.warn(f"{message}; return_std uses the exact variance", UserWarning, stacklevel=2)
+        return None
+    if rank > cap:
+        message = (f"the fast variance needs rank {rank} of {post.n_centers} to keep its mean error within "
+                   f"{FAST_STD_RTOL:.0%} of the mean variance, above {cap}, the rank at which return_std costs "
+                   f"about 3x predict ({ctx.n_features} features)")
+        if method == "auto":
+            logger.info("%s: return_std uses the exact variance", message)
+        else:
+            warnings.warn(f"{message}; it is used (conservative, at that cost); std_method='exact' costs two "
+                          f"M x M triangular solves per row instead", UserWarning, stacklevel=2)
+    return low_rank
 
 
 def with_posterior(stages: tuple[Stage, ...], solver: str) -> tuple[Stage, ...]:
