@@ -254,6 +254,14 @@ def test_a_float32_model_and_a_scikit_learn_pipeline():
     _assert_close(out, pipe.predict(X_TEST64), _decision_scale(final, Z), RTOL32)
 
 
+def test_two_targets_give_two_columns():
+    y = _target("nystrom", X_TRAIN)
+    model = NystromRegressor(n_centers=M, penalty=1e-3, random_state=0).fit(X_TRAIN, np.column_stack([y, -2 * y]))
+    out = _run(to_onnx(model), X_TEST)
+    assert out["variable"].shape == (len(X_TEST), 2)
+    _check(model, out, RTOL32, X_TEST, X_TEST64)
+
+
 @pytest.mark.parametrize("estimator, multi_class", [(FalkonClassifier, None), (LogisticFalkonClassifier, None),
                                                     (LogisticFalkonClassifier, "ovr")])
 def test_classifier_labels_and_outputs_by_number_of_classes(estimator, multi_class):

@@ -91,9 +91,9 @@ def to_onnx(model: Any, X: Any = None, dtype: Any = np.float32, *, target_opset:
     ----------
     model : estimator
         A fitted ``FalkonRegressor``, ``NystromRegressor``, ``ExactKernelRidge``,
-        ``OnlineKernelRidge``, ``FalkonClassifier``, ``LogisticFalkonClassifier``
-        or ``NystromKernelPCA``, with a gaussian, laplacian, matern, linear or
-        polynomial kernel.
+        ``OnlineKernelRidge``, ``FalkonClassifier``, ``LogisticFalkonClassifier``,
+        ``NystromKernelPCA`` or ``NystromKernelKMeans``, with a gaussian, laplacian,
+        matern, linear or polynomial kernel.
     X : array-like of shape (n_rows, n_features), int or None, default=None
         A sample of the input or the number of features, checked against the
         model's ``n_features_in_``; None takes the model's.
