@@ -92,7 +92,7 @@ def _diag_sum(Xb: np.ndarray, kernel: Kernel) -> np.ndarray:
 def _mean_prior_variance(ctx: FitContext) -> float:
     """The mean of ``k(x, x)`` over the training rows: a constant for a stationary kernel, else one pass."""
     if ctx.kernel.is_stationary:
-        return float(ctx.kernel.diag(np.asarray(ctx.centers[:1], dtype=np.float64))[0])
+        return float(ctx.kernel.diag(np.asarray(ctx.centers, dtype=np.float64)[:1])[0])
     return float(ctx.passes.map_reduce(_diag_sum, ctx.kernel, name="posteriordiag")[0]) / ctx.n
 
 
