@@ -285,6 +285,7 @@ def test_svmlight_file_to_sparse_store_and_back(text_data, tmp_path):
     _assert_same_predictions(from_store.predict(X), dense.predict(X.toarray()))
 
 
+@pytest.mark.slow  # starts a local cluster for `daskkrr fit` (about 30 s on 2 shared cores)
 def test_cli_convert_sparse_then_fit_and_predict(text_data, tmp_path):
     from sklearn.datasets import dump_svmlight_file
 
