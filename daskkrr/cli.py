@@ -327,13 +327,16 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("input", help="CSV/TSV file (.gz allowed) with a header row, or a Parquet file, folder of parts "
                                  "or fsspec URL (s3://..., file://...)")
     p.add_argument("output", help="Zarr store to write")
-    p.add_argument("--target", required=True, help="name of the target column")
+    p.add_argument("--target", default=None, help="name of the target column (required, except with --sparse)")
     p.add_argument("--chunk-rows", type=_positive_int, default=100_000, help="rows per chunk of the store")
     p.add_argument("--sep", default=None, help="field separator (default: from the file name)")
     p.add_argument("--categorical", choices=("refuse", "onehot"), default="refuse",
                    help="Parquet: refuse categorical (text, dictionary) feature columns, or one-hot encode them "
                         "into columns named COLUMN=VALUE")
     p.add_argument("--overwrite", action="store_true", help="replace an existing output")
+    p.add_argument("--sparse", action="store_true",
+                   help="the input is a LIBSVM/svmlight file (label index:value ...): stored as CSR row blocks, "
+                        "its labels as y (--target is then not used)")
 
     p = command("generate", "write a synthetic regression/classification Zarr store")
     p.add_argument("output", help="Zarr store to write")
@@ -478,12 +481,27 @@ def _cmd_convert(args: argparse.Namespace) -> None:
     from daskkrr.utils.output_paths import check_paths
 
     check_paths(inputs={"input": args.input}, outputs={"output": args.output}, overwrite=args.overwrite)
+    if args.sparse:
+        _convert_sparse(args)
+        return
+    if args.target is None:
+        raise UsageError("convert needs --target NAME (the target column of the table), or --sparse for a "
+                         "LIBSVM/svmlight file, whose labels are the target")
     summary = convert_table(args.input, args.output, target=args.target, chunk_rows=args.chunk_rows,
                             sep=args.sep, overwrite=args.overwrite, categorical=args.categorical)
     encoded = summary.get("categories") or {}
     note = f" ({', '.join(encoded)} one-hot encoded)" if encoded else ""
     print(f"wrote {args.output}: {summary['rows']} rows x {summary['features']} features{note}, "
           f"target {args.target!r}")
+
+
+def _convert_sparse(args: argparse.Namespace) -> None:
+    """``convert --sparse``: a LIBSVM/svmlight file to CSR row blocks (daskkrr.data.sparse_store)."""
+    from daskkrr.data.sparse_store import convert_svmlight
+
+    summary = convert_svmlight(args.input, args.output, chunk_rows=args.chunk_rows)
+    print(f"wrote {args.output}: {summary['rows']} rows x {summary['features']} features, "
+          f"{summary['stored']} stored entries (sparse), target 'y'")
 
 
 def _cmd_generate(args: argparse.Namespace) -> None:

@@ -259,3 +259,56 @@ def test_sparse_tag_follows_support():
     assert FalkonRegressor().__sklearn_tags__().input_tags.sparse
     for cls in REFUSING:
         assert not cls().__sklearn_tags__().input_tags.sparse
+
+
+def test_svmlight_file_to_sparse_store_and_back(text_data, tmp_path):
+    """LIBSVM rows (scikit-learn's dumper) -> CSR row blocks in Zarr -> a dask array of the same blocks."""
+    from sklearn.datasets import dump_svmlight_file
+
+    from daskkrr import open_dataset
+    from daskkrr.data.sparse_store import convert_svmlight
+
+    X, y = text_data
+    dump_svmlight_file(X, y, str(tmp_path / "train.svm"))
+    summary = convert_svmlight(tmp_path / "train.svm", tmp_path / "train.zarr", chunk_rows=150,
+                               n_features=N_FEATURES)
+    assert summary == {"rows": N_ROWS, "features": N_FEATURES, "stored": X.nnz}
+    Xd, yd = open_dataset(tmp_path / "train.zarr")
+    assert Xd.chunks == ((150, 150, 100), (N_FEATURES,))
+    assert sp.issparse(Xd.blocks[2].compute())
+    # the dumper writes 16 significant digits ("%.16g"): each value comes back within half a unit of the
+    # 16th digit, at most 5e-16 relative (a leading digit 1), plus the rounding of reading it back (eps)
+    np.testing.assert_allclose(Xd.compute().toarray(), X.toarray(), rtol=5e-16 + 2.3e-16, atol=0)
+    np.testing.assert_allclose(yd.compute(), y, rtol=5e-16 + 2.3e-16, atol=0)
+    from_store = FalkonRegressor(**FALKON).fit(tmp_path / "train.zarr")
+    dense = FalkonRegressor(**FALKON).fit(Xd.compute().toarray(), yd.compute())
+    _assert_same_predictions(from_store.predict(X), dense.predict(X.toarray()))
+
+
+@pytest.mark.slow  # starts a local cluster for `daskkrr fit` (about 30 s on 2 shared cores)
+def test_cli_convert_sparse_then_fit_and_predict(text_data, tmp_path):
+    from sklearn.datasets import dump_svmlight_file
+
+    from daskkrr import load, open_dataset
+    from daskkrr.cli import main
+
+    X, y = text_data
+    dump_svmlight_file(X, y, str(tmp_path / "train.svm"))
+    assert main(["convert", "--sparse", str(tmp_path / "train.svm"), str(tmp_path / "train.zarr"),
+                 "--chunk-rows", "200"]) == 0
+    assert main(["fit", "--data", str(tmp_path / "train.zarr"), "--out", str(tmp_path / "model"),
+                 "--n-centers", "60", "--workers", "1"]) == 0
+    Xd, yd = open_dataset(tmp_path / "train.zarr")
+    model = load(tmp_path / "model")
+    # the CLI's parameters and its centers (drawn with no fixed seed), given as rows of X
+    params = {**model.get_params(), "sampler": X.toarray()[model.center_indices_]}
+    reference = FalkonRegressor(**params).fit(Xd.compute().toarray(), yd.compute())
+    _assert_same_predictions(model.predict(X), reference.predict(X.toarray()))
+
+
+def test_cli_convert_without_target_or_sparse_says_which(tmp_path, capsys):
+    from daskkrr.cli import main
+
+    (tmp_path / "t.csv").write_text("a,b\n1,2\n")
+    assert main(["convert", str(tmp_path / "t.csv"), str(tmp_path / "t.zarr")]) == 2
+    assert "convert needs --target NAME" in capsys.readouterr().err

@@ -24,6 +24,7 @@ from zarr.abc.store import Store
 
 from daskkrr.data.chunking import FORMAT_VERSION, align_rows, as_row_blocks, numpy_to_dask
 from daskkrr.data.sparse import is_sparse_array, sparse_to_dask
+from daskkrr.data.sparse_store import is_sparse_group, open_sparse_group
 from daskkrr.data.validation import CorruptStoreError, check_chunk_rows, check_features, check_target
 
 __all__ = ["open_dataset"]
@@ -216,6 +217,12 @@ def _from_zarr_group(group: zarr.Group, x: str, y: Any, where: str) -> tuple[Any
         names = sorted(group.array_keys())
     except Exception as exc:  # an array's metadata is damaged
         raise _corrupt(where, exc) from exc
+    if x not in names and is_sparse_group(group.get(x)):  # CSR row blocks (daskkrr convert --sparse)
+        X = open_sparse_group(cast(zarr.Group, group[x]), where)
+        y_name = _target_name(y, names, names, x, where) if isinstance(y, str) else None
+        if not isinstance(y, str):
+            return X, _array_target(y)
+        return X, None if y_name is None else checked_from_zarr(cast(zarr.Array, group[y_name]), where, y_name)
     if x not in names:
         _raise_if_damaged(group, x, where)
         dataset = _try_open_xarray(group)
