@@ -6,7 +6,7 @@ observed with Gaussian noise of standard deviation 0.1):
 - ``branin``: Branin on a 50 x 50 grid of [0, 1]^2 (rescaled from [-5, 10] x [0, 15]): 2500 arms;
 - ``hartmann6``: Hartmann-6 (negated) at 1000 uniform points of [0, 1]^6 plus its optimum
   (1001 arms: with 3001 arms and T = 1000 the run timed out, issue 40; each step's cost
-  grows with the arms, so this bounds the time; run it with ``--T 500``).
+  grows with the arms, so this bounds the time; the cited run used ``--T 300``).
 
 Methods, all with a Gaussian kernel, penalty 0.01 (the noise variance), delta
 0.5 and BKB's ``beta~_t`` with eps = 0 (:func:`daskkrr.bandits.confidence_width`;
