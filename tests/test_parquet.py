@@ -201,6 +201,7 @@ def test_peak_memory_is_bounded_by_a_chunk_not_the_table(tmp_path):
     assert _store(tmp_path / "o.zarr")[0].shape == (rows, columns - 1)
 
 
+@pytest.mark.slow  # two fits and four predictions on a cluster: 20-30 s on 2 idle cores
 def test_fit_and_predict_from_parquet_give_the_model_of_the_zarr_route(tmp_path, frame, cluster2, capsys):
     address = cluster2.scheduler.address
     rng = np.random.default_rng(2)
