@@ -185,3 +185,4 @@ def test_tiled_route_refuses_what_needs_the_client_matrices(problem):
         FalkonRegressor(preconditioner_route="tiled", strategy="gram", **FIT).fit(X, y)
     with pytest.raises(ValueError, match="compute_std needs the M x M posterior"):
         FalkonRegressor(preconditioner_route="tiled", compute_std=True, **FIT).fit(X, y)
+
