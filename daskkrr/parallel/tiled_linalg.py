@@ -329,9 +329,12 @@ class TiledMatrix:
         return out
 
     def release(self) -> None:
-        """Free the tiles held in worker memory (spilled tiles go with their :class:`TileStore`)."""
-        if self.storage == "memory":
-            self.executor.backend.release(list(self.tiles.values()))
+        """Free the tiles held in worker memory (spilled tiles go with their :class:`TileStore`).
+
+        The handles are dropped, not cancelled: on a cluster, cancelling a key also cancels the keys
+        computed from it (releasing the inner matrix cancelled the factor ``A`` built from it, and the
+        next pass failed with "lost dependencies"); a dropped future is freed once nothing holds it.
+        """
         self.tiles = {}
 
 

@@ -250,6 +250,8 @@ def falkon_preconditioner(ctx: FitContext, *, sketch: bool = True, iterative: bo
 def _tiled_preconditioner(ctx: FitContext, iterative: bool, factoring: str) -> None:
     """FALKON's factors as tiles on the workers (or spilled), as the factor plan says."""
     p, Z, plan = ctx.params, ctx.centers, ctx.factor_plan
+    if Z is None:
+        raise RuntimeError("the centers are not chosen yet; run choose_centers first")
     t0 = time.perf_counter()
     ctx.preconditioner = TiledFalkonPreconditioner.from_centers(
         ctx.executor, Z.astype(np.float64), ctx.kernel, penalty=float(p.penalty), n=weight_sum(ctx), tile=plan.tile,
