@@ -995,7 +995,11 @@ def _main(argv: Sequence[str] | None) -> int:
         os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "error")
         import dask
 
-        dask.config.refresh()
+        # The one key, set in place: dask.config.refresh() would empty the whole config first, and a
+        # worker running in this process (a LocalCluster(processes=False), a notebook calling main())
+        # that reads it in that moment (its heartbeat) fails with KeyError and closes itself; the next
+        # computation then waits forever for workers. It also dropped the caller's own dask settings.
+        dask.config.set({"logging.distributed": os.environ["DASK_LOGGING__DISTRIBUTED"]})
         logging.getLogger("distributed").setLevel(logging.ERROR)
     try:
         # SIGTERM/SIGHUP unwind like Ctrl-C: temporary outputs are removed, local clusters closed.

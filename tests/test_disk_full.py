@@ -147,6 +147,29 @@ def test_model_save_and_checkpoint_on_a_full_disk(disk):
     assert shutil.disk_usage(disk).free > 0
 
 
+def test_save_model_on_a_full_disk_keeps_the_earlier_model(disk):
+    """``save_model`` and an unsupervised model's ``save``, new or replacing a model saved earlier
+    (``overwrite=True``): DiskFullError, no temporary or ``.NAME.old-*`` left, the earlier model
+    byte-identical and still loadable."""
+    import daskkrr
+    from daskkrr.models.persistence import save_model
+
+    earlier = _digest(disk / "earlier.zarr")
+    X = np.random.default_rng(4).normal(size=(300, 4))
+    save_model(FalkonRegressor(n_centers=10, random_state=0).fit(X, X[:, 0]), disk / "model")
+    saved = _digest(disk / "model")
+    bigger = FalkonRegressor(n_centers=200, random_state=0).fit(X, X[:, 1])
+    _fill(disk)
+    with pytest.raises(DiskFullError, match="model: no space left on device"):
+        save_model(bigger, disk / "model", overwrite=True)
+    with pytest.raises(DiskFullError) as info:
+        NystromKernelPCA(n_components=2, n_centers=50, random_state=0).fit(X).save(disk / "kpca")
+    _assert_refused(info, disk / "kpca", earlier)
+    assert _digest(disk / "model") == saved, "the earlier model changed"
+    (disk / "ballast").unlink()
+    assert daskkrr.load(disk / "model").centers_.shape == (10, 4)
+
+
 def test_threaded_write_on_a_full_disk(disk):
     """Dask's threaded scheduler raises the first chunk's error while other threads still write
     (each block takes 0.2 s, twice the clean-up's 0.1 s of seeing the temporary gone): the write
@@ -235,6 +258,21 @@ def test_every_writing_command_on_a_full_disk(command, disk, cli_inputs, client,
     else:
         assert left == [], f"left on the disk: {left}"
     assert _digest(disk / "earlier.zarr") == earlier and _digest(cli_inputs) == inputs
+
+
+def test_the_command_line_keeps_the_dask_config_of_its_process(tmp_path, monkeypatch):
+    """Each ``main()`` call used to ``dask.config.refresh()``: the config was emptied for a moment, and
+    the in-process workers of the ``client`` fixture, whose heartbeat read ``distributed.comm.retry.count``
+    then, closed themselves (KeyError: 'comm'); the next test's computation waited for workers until
+    pytest's timeout (the hang of this file under load). Now the one logging key is set in place, and
+    settings of the calling process survive."""
+    import dask
+
+    monkeypatch.setenv("DASK_LOGGING__DISTRIBUTED", "error")  # restored after the test
+    with dask.config.set({"daskkrr-test.marker": 1, "logging.distributed": "warning"}):  # restored on exit
+        assert main(["convert", str(tmp_path / "absent.csv"), str(tmp_path / "out.zarr"), "--target", "y"]) == 1
+        assert dask.config.get("daskkrr-test.marker", None) == 1, "main() dropped the process's dask config"
+        assert dask.config.get("logging.distributed") == "error"
 
 
 def _run_record(disk: Path, relative: str) -> bool:

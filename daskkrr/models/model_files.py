@@ -149,8 +149,9 @@ class ModelFile:
             if bool in kinds:
                 valid = isinstance(value, bool)
             else:  # a JSON integer may exceed a float's range: compare, do not convert
-                valid = (isinstance(value, kinds) and not isinstance(value, bool) and value >= 0
-                         and (isinstance(value, int) or math.isfinite(value)))
+                number: Any = value  # an int or float once the isinstance below holds
+                valid = (isinstance(value, kinds) and not isinstance(value, bool) and number >= 0
+                         and (isinstance(number, int) or math.isfinite(number)))
             if not valid:
                 expected = "true or false" if bool in kinds else f"a finite number >= 0 ({kinds[0].__name__})"
                 raise self.meta_error(f"fitted.{key}", f"is {value!r}; expected {expected}")
