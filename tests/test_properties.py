@@ -11,7 +11,7 @@ from pathlib import Path
 import dask.array as da
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
@@ -126,6 +126,7 @@ def test_any_dask_chunking_becomes_row_blocks(n, d, row_chunk, col_chunk, seed):
     chunk=st.integers(1, 30),
     constant=st.booleans(),
 )
+@example(X=np.array([[0.0], [5e-324]]), chunk=1, constant=False)  # a spread below the smallest normal float
 def test_standardizer_matches_numpy(X, chunk, constant):
     if constant:
         X = X.copy()
