@@ -314,3 +314,10 @@ def test_unsupervised_output_on_extreme_rows_is_refused(data, name):
     Xp[5, 0] = -1e300
     with pytest.raises(ExtremeValueError, match=r"X column 0 .* at row 5"):
         model.transform(Xp) if name == "kpca" else model.predict(Xp)
+
+
+def test_a_spread_below_the_smallest_subnormal_is_refused_too(data):
+    X, y = data
+    Xs = _one_column(X, 1, 0.0)
+    Xs[::2, 1] = 5e-324  # the column's standard deviation underflows to 0 in float64, yet it is not constant
+    _refused(ExactKernelRidge(penalty=1e-3), Xs, y, match=r"X column 1 has a standard deviation of .*subnormal")

@@ -622,9 +622,10 @@ def _scale_from_variance(var: np.ndarray, mean: np.ndarray, n: float, shift: np.
     # A constant column of huge values keeps its mean's rounding error (~ n eps |mean|) after centring:
     # its unit (2**shift) as the scale brings that to ~ n eps, as 1 does for moderate columns.
     scale = np.where(constant, np.ldexp(1.0, np.maximum(shift, 0)), np.ldexp(np.sqrt(var), shift))
-    # A spread below the smallest normal float (values of order 1e-308 and less, e.g. [0, 5e-324]) comes
-    # back from 2**shift as a subnormal or 0: such a column is constant at float64's resolution.
-    return np.where(scale < np.finfo(np.float64).tiny, 1.0, scale)
+    # A positive spread below the smallest subnormal (e.g. [0, 5e-324]) underflows to 0 on the way back from
+    # 2**shift: keep it positive, the smallest subnormal, so that transform stays finite and the estimators
+    # refuse the column as they refuse any subnormal scale (extremes.check_subnormal_scale).
+    return np.where(scale == 0, np.nextafter(0.0, 1.0), scale)
 
 
 def _vector(values: Any, d: int, name: str) -> np.ndarray | None:
