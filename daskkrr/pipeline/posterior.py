@@ -119,21 +119,23 @@ def _fast_variance(ctx: FitContext, post: PosteriorVariance, method: str) -> Low
         message = (f"the fast variance's factor D T^-1 Y (rank {rank}) loses more to round-off at the centers than "
                    f"{FAST_STD_RTOL:.0%} of the mean variance (K_MM is nearly singular, as for a polynomial kernel "
                    f"with more centers than features)")
-        if method == "auto":
-            logger.info("%s: return_std uses the exact variance", message)
-        else:
-            warnings.warn(f"{message}; return_std uses the exact variance", UserWarning, stacklevel=2)
+        _tell(method, message, "return_std uses the exact variance")
         return None
     if rank > cap:
         message = (f"the fast variance needs rank {rank} of {post.n_centers} to keep its mean error within "
                    f"{FAST_STD_RTOL:.0%} of the mean variance, above {cap}, the rank at which return_std costs "
                    f"about 3x predict ({ctx.n_features} features)")
-        if method == "auto":
-            logger.info("%s: return_std uses the exact variance", message)
-        else:
-            warnings.warn(f"{message}; it is used (conservative, at that cost); std_method='exact' costs two "
-                          f"M x M triangular solves per row instead", UserWarning, stacklevel=2)
+        _tell(method, message, "it is used (conservative, at that cost); std_method='exact' costs two "
+                               "M x M triangular solves per row instead")
     return low_rank
+
+
+def _tell(method: str, message: str, when_fast: str) -> None:
+    """Why the fast variance is not as asked: logged for "auto" (which falls back to exact), a warning for "fast"."""
+    if method == "auto":
+        logger.info("%s: return_std uses the exact variance", message)
+    else:
+        warnings.warn(f"{message}; {when_fast}", UserWarning, stacklevel=3)
 
 
 def with_posterior(stages: tuple[Stage, ...], solver: str) -> tuple[Stage, ...]:
