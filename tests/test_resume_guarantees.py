@@ -328,57 +328,190 @@ def _wait_for(ckpt: Path, proc: subprocess.Popen, reached, timeout: float = 600.
         time.sleep(0.02)
 
 
-POINTS = {
-    "sampled": lambda meta: True,  # the first save is the centers'
-    "mid": lambda meta: meta.get("stage") == "cg" and meta.get("iteration", 0) >= 4,
-    "end": lambda meta: meta.get("stage") == "cg" and meta.get("iteration", 0) >= 8,
+def _reached(solver_stage: str, mid: int, end: int) -> dict:
+    """The three points of a fit, as its checkpoint shows them: the centers saved (the first save),
+    the solver's state of iteration ``mid`` saved, and of iteration ``end``."""
+    def at(iteration: int):
+        return lambda meta: meta.get("stage") == solver_stage and meta.get("iteration", 0) >= iteration
+
+    return {"sampled": lambda meta: True, "mid": at(mid), "end": at(end)}
+
+
+#: How each estimator is fitted on the command line. ``toml``: its ``[model]`` table (the classifier
+#: is chosen there, the logistic by ``--estimator``: both ways the CLI picks one); ``params``: given as
+#: flags and to the uninterrupted reference; ``target``: its labels in DATA; ``points``: its checkpoint
+#: at the three points. FALKON's own preconditioner (no row sketch) gives the regressor and the
+#: classifier 20-40 CG iterations, so the points lie apart; the logistic saves after each of its 3-5
+#: Newton steps.
+CLI_ESTIMATORS = {
+    "falkon": dict(cls=FalkonRegressor, target="ratings", toml='preconditioner_rows = "none"\n', flags=[],
+                   params=dict(n_centers=60, penalty=1e-3, max_iter=80, preconditioner_rows=None),
+                   points=_reached("cg", 4, 8)),
+    "classifier": dict(cls=FalkonClassifier, target="classes",
+                       toml='estimator = "classifier"\npreconditioner_rows = "none"\n', flags=[],
+                       params=dict(n_centers=60, penalty=1e-3, max_iter=80, preconditioner_rows=None),
+                       points=_reached("cg", 4, 8)),
+    "logistic": dict(cls=LogisticFalkonClassifier, target="binary", toml="newton_iterations = 20\n",
+                     flags=["--estimator", "logistic"],
+                     params=dict(n_centers=40, penalty=1e-2, max_iter=60, newton_iterations=20),
+                     points=_reached("newton", 2, 3)),
 }
+POINTS = CLI_ESTIMATORS["falkon"]["points"]
 CLI_FAST = [(signal.SIGKILL, "mid", 1, 3, "float32")]
 CLI_FULL = [(s, p, a, b, t) for s in (signal.SIGTERM, signal.SIGKILL) for p in POINTS for a, b in ((1, 2), (3, 1))
             for t in ("float64", "float32") if (s, p, a, b, t) not in CLI_FAST]
 
 
+def all_pairs(factors: list[tuple], reverse: bool = False) -> list[tuple]:
+    """A covering design of strength two: cases (one value per factor) such that every two values of
+    two different factors appear together in at least one case. Greedy: of all combinations (in order,
+    or reversed), take the one that covers the most pairs not yet covered, until none is left.
+    Deterministic, so the cases' ids stay the same from run to run."""
+    import itertools
+
+    def pairs(case: tuple) -> set:
+        return {(i, case[i], j, case[j]) for i, j in itertools.combinations(range(len(case)), 2)}
+
+    candidates = list(itertools.product(*factors))
+    if reverse:
+        candidates.reverse()
+    uncovered = set().union(*map(pairs, candidates))
+    design = []
+    while uncovered:
+        best = max(candidates, key=lambda case: len(pairs(case) & uncovered))
+        design.append(best)
+        uncovered -= pairs(best)
+    return design
+
+
+#: The classifier and the logistic on the command line. A full product (2 signals x 3 points x 3 first
+#: x 3 resume worker counts x 2 dtypes = 108, or 24 with the regressor's two worker pairs) would take
+#: about 40 minutes per estimator on 2 idle cores. A fault that shows only with one particular value of
+#: one factor, or with a particular pair of values of two factors (SIGKILL while the centers are saved,
+#: float32 on 3 workers, ...), is found by any design that holds every pair of values once: the
+#: pairwise design holds them in about 10 cases per estimator. The two estimators take the
+#: combinations in opposite orders, so their designs differ and together they hold more triples. The
+#: regressor keeps its full product (CLI_FULL).
+CLI_FACTORS = [(signal.SIGTERM, signal.SIGKILL), tuple(POINTS), (1, 2, 3), (1, 2, 3), ("float64", "float32")]
+CLI_PAIRWISE = [(name, *case) for name, reverse in (("classifier", False), ("logistic", True))
+                for case in all_pairs(CLI_FACTORS, reverse=reverse)]
+
+
+def test_the_pairwise_designs_hold_every_pair_of_values():
+    """Every two values of two factors are in one case of each estimator's design, in far fewer cases
+    than the full product."""
+    import itertools
+
+    for name in ("classifier", "logistic"):
+        cases = [case[1:] for case in CLI_PAIRWISE if case[0] == name]
+        assert len(cases) <= 12, (name, len(cases))
+        for (i, values_i), (j, values_j) in itertools.combinations(enumerate(CLI_FACTORS), 2):
+            held = {(case[i], case[j]) for case in cases}
+            assert held == set(itertools.product(values_i, values_j)), (name, i, j)
+
+
 @pytest.fixture(scope="module")
-def store(tmp_path_factory):
-    return write_zarr(X, RATINGS, tmp_path_factory.mktemp("cli") / "train.zarr", chunk_rows=CHUNK)
+def stores(tmp_path_factory):
+    """The training data as Zarr stores, one per target in DATA (written when first asked for)."""
+    written: dict[str, Path] = {}
+
+    def get(target: str) -> Path:
+        if target not in written:
+            written[target] = write_zarr(X, DATA[target], tmp_path_factory.mktemp(target) / "train.zarr",
+                                         chunk_rows=CHUNK)
+        return written[target]
+
+    return get
 
 
-def _cli_case(store, tmp_path, signum, point, first_workers, resume_workers, dtype):
+@pytest.fixture(scope="module")
+def store(stores):
+    return stores("ratings")
+
+
+_CLI_REFERENCES: dict[tuple[str, str], object] = {}
+
+
+def _cli_reference(name: str, store: Path, dtype: str):
+    """The uninterrupted fit of the command line's parameters, on the threaded scheduler (once each)."""
+    if (name, dtype) not in _CLI_REFERENCES:
+        spec = CLI_ESTIMATORS[name]
+        _CLI_REFERENCES[name, dtype] = spec["cls"](**spec["params"], sigma=2.0, tol=TOL[dtype], random_state=0,
+                                                    dtype=dtype).fit(store)
+    return _CLI_REFERENCES[name, dtype]
+
+
+def _assert_same_classifications(model, reference, dtype: str) -> None:
+    """Equal predicted classes wherever the reference's margin exceeds what the coefficients'
+    tolerance can move. A decision value is k(x, C) @ coef + intercept with Gaussian kernel values in
+    [0, 1], so |k(x, C) @ (coef - coef_ref)| <= sqrt(M) * ||coef - coef_ref|| <= sqrt(M) * RTOL *
+    ||coef_ref|| per class (Cauchy-Schwarz); add the intercepts' difference. A row whose two best
+    classes (binary: whose decision value and 0) are further apart than twice that must keep its
+    class; the decision values themselves are compared to the same bound."""
+    rows = X[::5]
+    got, want = model.decision_function(rows), reference.decision_function(rows)
+    bound = (np.sqrt(reference.coef_.shape[0]) * RTOL[dtype] * np.linalg.norm(reference.coef_)
+             + np.max(np.abs(model.intercept_ - reference.intercept_)))
+    assert np.max(np.abs(got - want)) <= bound, (np.max(np.abs(got - want)), bound)
+    ranked = np.sort(want, axis=1) if want.ndim == 2 else np.stack([np.minimum(want, 0), np.maximum(want, 0)], 1)
+    clear = ranked[:, -1] - ranked[:, -2] > 2 * bound
+    assert clear.mean() > 0.9  # else the check below would say little
+    np.testing.assert_array_equal(model.predict(rows)[clear], reference.predict(rows)[clear])
+
+
+def _cli_case(name, stores, tmp_path, signum, point, first_workers, resume_workers, dtype):
+    spec = CLI_ESTIMATORS[name]
+    store = stores(spec["target"])
     ckpt, out = tmp_path / "ck", tmp_path / "model"
     config = tmp_path / "model.toml"
-    # FALKON's own preconditioner (no row sketch): more CG iterations, so the points lie apart.
-    config.write_text(f'[model]\npreconditioner_rows = "none"\ndtype = "{dtype}"\n')
-    flags = ["--centers", "60", "--penalty", "1e-3", "--sigma", "2.0", "--tol", str(TOL[dtype]), "--max-iter", "80",
-             "--seed", "0", "--config", str(config)]
+    config.write_text(f'[model]\n{spec["toml"]}dtype = "{dtype}"\n')
+    params = spec["params"]
+    flags = [*spec["flags"], "--centers", str(params["n_centers"]), "--penalty", str(params["penalty"]), "--sigma",
+             "2.0", "--tol", str(TOL[dtype]), "--max-iter", str(params["max_iter"]), "--seed", "0", "--config",
+             str(config)]
     fit = ["fit", "--data", str(store), *flags, "--checkpoint", str(ckpt), "--checkpoint-every", "1"]
     proc = _daskkrr(*fit, "--out", str(tmp_path / "interrupted"), "--workers", str(first_workers))
-    _wait_for(ckpt, proc, POINTS[point])
+    _wait_for(ckpt, proc, spec["points"][point])
     if proc.poll() is None:  # else it finished first: it is resumed from its final checkpoint all the same
         proc.send_signal(signum)
-    proc.communicate(timeout=120)
+    _, err = proc.communicate(timeout=120)
+    # 0 if it finished first; SIGTERM: the handler's exit 128 + 15; SIGKILL: killed by the signal.
+    assert proc.returncode in (0, 128 + signum if signum == signal.SIGTERM else -signum), (proc.returncode, err)
     resumed = _daskkrr(*fit, "--out", str(out), "--workers", str(resume_workers), "--resume")
     _, err = resumed.communicate(timeout=600)
     assert resumed.returncode == 0, err
     model = daskkrr.load(out)
-    reference = FalkonRegressor(n_centers=60, penalty=1e-3, sigma=2.0, tol=TOL[dtype], max_iter=80, random_state=0,
-                                preconditioner_rows=None, dtype=dtype).fit(store)
+    reference = _cli_reference(name, store, dtype)
+    assert type(model) is spec["cls"]
     np.testing.assert_array_equal(model.center_indices_, reference.center_indices_)
     assert abs(model.n_iter_ - reference.n_iter_) <= 1, (model.n_iter_, reference.n_iter_)
     assert _relative(model.coef_, reference.coef_) <= RTOL[dtype]
+    if name != "falkon":
+        np.testing.assert_array_equal(model.classes_, reference.classes_)
+        np.testing.assert_allclose(model.intercept_, reference.intercept_, rtol=RTOL[dtype], atol=RTOL[dtype])
+        _assert_same_classifications(model, reference, dtype)
 
 
 @pytest.mark.slow  # two command-line fits, each with its own local cluster
 @pytest.mark.parametrize("signum, point, first_workers, resume_workers, dtype", CLI_FAST)
-def test_a_killed_cli_fit_resumes_on_another_cluster(store, tmp_path, signum, point, first_workers, resume_workers,
+def test_a_killed_cli_fit_resumes_on_another_cluster(stores, tmp_path, signum, point, first_workers, resume_workers,
                                                      dtype):
-    _cli_case(store, tmp_path, signum, point, first_workers, resume_workers, dtype)
+    _cli_case("falkon", stores, tmp_path, signum, point, first_workers, resume_workers, dtype)
 
 
 @pytest.mark.slow
 @FULL_MATRIX
 @pytest.mark.parametrize("signum, point, first_workers, resume_workers, dtype", CLI_FULL)
-def test_every_cli_interruption_resumes(store, tmp_path, signum, point, first_workers, resume_workers, dtype):
-    _cli_case(store, tmp_path, signum, point, first_workers, resume_workers, dtype)
+def test_every_cli_interruption_resumes(stores, tmp_path, signum, point, first_workers, resume_workers, dtype):
+    _cli_case("falkon", stores, tmp_path, signum, point, first_workers, resume_workers, dtype)
+
+
+@pytest.mark.slow
+@FULL_MATRIX
+@pytest.mark.parametrize("name, signum, point, first_workers, resume_workers, dtype", CLI_PAIRWISE)
+def test_every_cli_interruption_of_a_classifier_resumes(name, stores, tmp_path, signum, point, first_workers,
+                                                        resume_workers, dtype):
+    _cli_case(name, stores, tmp_path, signum, point, first_workers, resume_workers, dtype)
 
 
 # ---------------------------------------------------------------- SIGTERM at three points of a CLI fit, resumed
@@ -450,8 +583,7 @@ def test_sigterm_at_three_points_of_a_fit_then_resume(point, store, clusters, tm
         assert sorted(p.name for p in ckpt.iterdir()) == ([CHECKPOINT_FILE] if saved else [])
     assert main([*fit, "--resume"]) == 0, capsys.readouterr().err
     model = daskkrr.load(out)
-    reference = FalkonRegressor(n_centers=60, penalty=1e-3, sigma=2.0, tol=TOL["float64"], max_iter=80,
-                                random_state=0, preconditioner_rows=None).fit(store)
+    reference = _cli_reference("falkon", store, "float64")
     np.testing.assert_array_equal(model.center_indices_, reference.center_indices_)
     assert abs(model.n_iter_ - reference.n_iter_) <= 1, (model.n_iter_, reference.n_iter_)
     assert _relative(model.coef_, reference.coef_) <= RTOL["float64"]
