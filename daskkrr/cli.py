@@ -534,7 +534,7 @@ def _cmd_fit(args: argparse.Namespace) -> None:
     # Fail before the work, not after: --out over --data or --checkpoint, unwritable, existing.
     check_paths(inputs={"--data": args.data, "--config": args.config}, outputs={"--out": args.out},
                 states={"--checkpoint": args.checkpoint}, overwrite=args.overwrite)
-    config = read_config(args.config) if args.config else {}
+    config = read_config(args.config, estimator=args.estimator) if args.config else {}
     if args.estimator:
         config["estimator"] = args.estimator
     model = _build_from_flags(config, _model_overrides(args), verbose=bool(args.verbose))
@@ -572,7 +572,7 @@ def _cmd_tune(args: argparse.Namespace) -> None:
                 outputs={"--out": args.out, "--history": history}, overwrite=args.overwrite)
     if args.budget_seconds is not None and not args.budget_seconds > 0:
         raise UsageError(f"--budget-seconds must be > 0; got {args.budget_seconds!r}")
-    config = read_config(args.config) if args.config else {}
+    config = read_config(args.config, estimator=args.estimator) if args.config else {}
     if args.estimator:
         config["estimator"] = args.estimator
     model = _build_from_flags(config, _model_overrides(args), verbose=bool(args.verbose))

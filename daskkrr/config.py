@@ -33,8 +33,13 @@ class ConfigError(ValueError):
     """A configuration file or value is invalid."""
 
 
-def read_config(path: str | os.PathLike) -> dict[str, Any]:
-    """Read and validate a TOML config; return ``{"estimator": name, **params}``."""
+def read_config(path: str | os.PathLike, estimator: str | None = None) -> dict[str, Any]:
+    """Read and validate a TOML config; return ``{"estimator": name, **params}``.
+
+    ``estimator`` (``daskkrr fit --estimator``) replaces the file's ``estimator`` before its keys are
+    checked: a flag overrides the file, so the file's keys are those of the flag's estimator (a
+    ``newton_iterations`` with ``--estimator logistic`` is not refused as unknown to the default).
+    """
     raw = read_toml(path, error=ConfigError, what="config file")
     unknown = unknown_keys(raw, {"model"}, where=str(path), what="table")
     if unknown:
@@ -42,6 +47,8 @@ def read_config(path: str | os.PathLike) -> dict[str, Any]:
     model = raw.get("model", {})
     if not isinstance(model, dict):
         raise ConfigError(f"{path}: 'model' must be a table")
+    if estimator is not None:
+        model = {**model, "estimator": estimator}
     return check_model_config(model, where=str(path), from_file=True)
 
 

@@ -198,6 +198,22 @@ def test_config_value_is_overridden_by_a_flag_only_when_given(tmp_path, capsys):
     assert (model.n_centers, model.max_iter, model.verbose) == (60, 7, False)
 
 
+def test_the_estimator_flag_decides_the_keys_a_config_may_hold(tmp_path, capsys):
+    """``--estimator logistic`` overrides the file's estimator (here falkon) before the file's keys are
+    checked, so a logistic-only key is accepted; without the flag, or with another estimator, it is
+    refused, naming the estimator and the file (issue 36: the CLI resume matrix's logistic config)."""
+    path = tmp_path / "m.toml"
+    path.write_text('[model]\nestimator = "falkon"\nnewton_iterations = 3\n')
+    assert read_config(path, estimator="logistic") == {"estimator": "logistic", "newton_iterations": 3}
+    with pytest.raises(ConfigError, match=r"m.toml: unknown key 'newton_iterations' for estimator 'falkon'"):
+        read_config(path)
+    fit = ["fit", "--data", str(tmp_path / "missing.zarr"), "--out", str(tmp_path / "o"), "--config", str(path)]
+    assert main([*fit, "--estimator", "logistic"]) == 1
+    assert "no Zarr store at" in capsys.readouterr().err  # past the config: the data are checked next
+    assert main([*fit, "--estimator", "classifier"]) == 1
+    assert "unknown key 'newton_iterations' for estimator 'classifier'" in capsys.readouterr().err
+
+
 def test_cli_fit_with_strategy_intercept_and_kernel_params(tmp_path, cluster2):
     store = tmp_path / "train.zarr"
     assert main(["generate", str(store), "--n", "1500", "--d", "3", "--chunk-rows", "500",
