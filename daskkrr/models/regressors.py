@@ -289,11 +289,9 @@ _FITTED_DOC = """
         GP's signal and noise variances per target, in squared units of ``y``.
     noise_variance_ : ndarray of shape (n_targets,) or None
         With ``compute_std=True``, the noise variance per target estimated from the
-        training residuals: ``RSS / (n - d_eff)`` (``d_eff`` the trace of the hat
-        matrix; ``posterior_.residual_variance``), for the Nystrom models less the part
-        of it that is the centers' miss at the training rows (see the user guide,
-        "Predictive uncertainty"). A new observation's std is
-        ``sqrt(std**2 + noise_variance_)``. None otherwise.
+        training residuals, ``RSS / (n - d_eff)`` (``d_eff`` the trace of the hat
+        matrix); ``return_std`` is scaled so the GP's noise variance is this one, and a
+        new observation's std is ``sqrt(std**2 + noise_variance_)``. None otherwise.
     feature_names_in_ : ndarray of shape (n_features,) of str
         Names of the features seen in fit, when ``X`` carried them (DataFrame
         columns, an xarray feature coordinate, a converted Zarr store's header);

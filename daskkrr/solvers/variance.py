@@ -39,14 +39,12 @@ The convention (the same for exact KRR and the Nystrom models):
   variance of the part they span (``fit``). ``s^2`` is tied to the penalty (``1 / penalty`` times
   the noise), right for ``fit`` but not for the miss: at a penalty far below the data's noise to
   signal ratio it made the std many times too wide (issue 37). The miss has its own amplitude
-  ``a`` (:func:`miss_amplitude`, two moments of the training data, independent of the penalty),
-  stored as ``miss_ratio = a / s^2``; the residual variance ``sigma_hat^2`` holds the miss at the
-  training rows (``a r_bar``, ``r_bar`` its mean, the DTC model's training values being in the
-  centers' span), so the noise variance is ``sigma_hat^2 - a r_bar``. Exact KRR has no miss;
+  ``a <= s^2`` (:func:`miss_amplitude`: a moment estimate from the targets' mean square, which does
+  not depend on the penalty), stored as ``miss_ratio = a / s^2``. Exact KRR has no miss;
 * ``std`` is the standard deviation of the latent function ``f(x)`` (plus the
   intercept), ``sqrt(a miss(x) + s^2 fit(x))`` (``sqrt(s^2 v(x))`` for exact KRR and models
   saved before the split), as scikit-learn's ``return_std``; a new observation ``y`` at ``x``
-  has variance ``std^2 + noise_variance``.
+  has variance ``std^2 + s^2 lambda n``.
 
 ``d_eff`` and ``RSS`` come from what the posterior already has: with the factor ``R``
 below, ``d_eff = tr(G (G + sigma^2 I)^{-1}) = M - ||R^{-1}||_F^2``, and
@@ -85,8 +83,8 @@ costs ``2 M r`` flops per row on the kernel row the mean needs anyway.
 
 With the miss's own amplitude the unit variance is ``v_rho = rho miss + fit`` (``rho`` the largest
 ``miss_ratio``), ``rho k(x, x) - c^T A c - 2 (P m)^T c + m^T P m + offset`` with ``A = rho I - P``; ``Q`` above
-is the case ``rho = 1``. For ``rho >= 1`` ``A`` is PSD and is truncated as ``Q`` was. For ``rho < 1`` (a penalty
-below the data's ratio) ``A = A_+ - N N^T``, ``N`` from the eigenvectors of ``P`` with eigenvalues above
+is the case ``rho = 1`` (``A`` PSD, truncated as ``Q`` was). For ``rho < 1`` (a penalty below the data's
+ratio) ``A = A_+ - N N^T``, ``N`` from the eigenvectors of ``P`` with eigenvalues above
 ``rho`` (directions the data hardly determines); ``A_+`` is truncated and ``N`` kept whole, so the three
 statements above hold with ``A_+`` for ``Q`` and the rank counts ``N``'s columns too.
 """
@@ -240,12 +238,9 @@ class PosteriorVariance:
         model was fitted with ``std_method="exact"``, when ``"auto"`` found it needs more than
         :func:`fast_rank_cap` of rank, for exact KRR, and in models saved before it.
     miss_ratio : ndarray of shape (n_targets,) or None
-        ``rho = a / s^2`` per target: the amplitude ``a`` of the centers' miss
-        ``k(x, x) - k_M^T K_MM^{-1} k_M`` (estimated by moments, see :func:`miss_amplitude`) over
-        ``prior_variance``. None (exact KRR, models saved before it): ``rho = 1``, one amplitude.
-    mean_miss : float
-        ``r_bar``, the mean of the centers' miss over the training rows (0 for exact KRR): the part of
-        the residual variance that is the miss, not noise, is ``a r_bar``.
+        ``rho = a / s^2 <= 1`` per target: the amplitude ``a`` of the centers' miss
+        ``k(x, x) - k_M^T K_MM^{-1} k_M`` (see :func:`miss_amplitude`) over ``prior_variance``.
+        None (exact KRR, models saved before it): ``rho = 1``, one amplitude.
     """
 
     factor: np.ndarray
@@ -259,23 +254,16 @@ class PosteriorVariance:
     effective_dof: float = float("nan")
     low_rank: LowRankVariance | None = None
     miss_ratio: np.ndarray | None = None
-    mean_miss: float = 0.0
 
     @property
     def n_centers(self) -> int:
         return int(self.factor.shape[0])
 
     @property
-    def residual_variance(self) -> np.ndarray:
-        """``s^2 * penalty * n`` per target (squared units of ``y``): the residual estimate
-        ``RSS / (n - d_eff)`` (see the module docstring)."""
-        return self.prior_variance * self.noise_ratio
-
-    @property
     def noise_variance(self) -> np.ndarray:
-        """The noise variance per target (squared units of ``y``): :attr:`residual_variance` less the
-        centers' miss it holds, ``a r_bar`` (nothing for exact KRR and models saved before the split)."""
-        return np.maximum(self.residual_variance - self._rho * self.mean_miss * self.prior_variance, 0.0)
+        """The GP's noise variance per target, ``s^2 * penalty * n`` (squared units of ``y``): the
+        residual estimate ``RSS / (n - d_eff)`` (see the module docstring)."""
+        return self.prior_variance * self.noise_ratio
 
     @property
     def _rho(self) -> np.ndarray:
@@ -330,7 +318,7 @@ class PosteriorVariance:
         arrays = {
             "factor": np.asarray(self.factor), "scale": self.scale, "shift": self.shift,
             "prior_variance": self.prior_variance,
-            "numbers": np.array([self.offset, self.noise_ratio, self.effective_dof, self.mean_miss]),
+            "numbers": np.array([self.offset, self.noise_ratio, self.effective_dof]),
         }
         if self.miss_ratio is not None:
             arrays["miss_ratio"] = self.miss_ratio
@@ -360,13 +348,12 @@ class PosteriorVariance:
             noise_ratio=float(numbers[1]) if numbers.size > 1 else float("nan"),
             likelihood_prior_variance=likelihood,
             effective_dof=float(numbers[2]) if numbers.size > 2 else float("nan"),
-            # files written before the centers' miss had its own amplitude: one amplitude, no miss in the noise
+            # files written before the centers' miss had its own amplitude have one amplitude
             miss_ratio=None if "miss_ratio" not in arrays else np.asarray(arrays["miss_ratio"], np.float64).reshape(-1),
-            mean_miss=float(numbers[3]) if numbers.size > 3 else 0.0,
         )
         square = (M, M)
         if (factor.shape != square or post.scale.shape != (M,) or post.shift.shape != (M,)
-                or (post.correction is not None and post.correction.shape != square) or numbers.size not in (2, 3, 4)
+                or (post.correction is not None and post.correction.shape != square) or numbers.size not in (2, 3)
                 or likelihood.shape != prior.shape
                 or (post.miss_ratio is not None and post.miss_ratio.shape != prior.shape)):
             raise ValueError(f"the posterior arrays do not fit together (factor of shape {factor.shape})")
@@ -451,35 +438,31 @@ def nystrom_posterior(
         return post
     # E||c||^2 over the training rows, c = T^{-T} D k_M(x): the mean of the Nystrom k_M^T K_MM^{-1} k_M
     spanned = float(np.trace(gram_pre)) / n
-    mean_miss = max(float(mean_kxx) - spanned, 0.0)
-    amplitude = miss_amplitude(post.residual_variance, np.asarray(y_sq, dtype=np.float64).reshape(-1) / n,
-                               spanned - float(shift @ shift), mean_miss)
-    return dataclasses.replace(post, miss_ratio=amplitude / post.prior_variance, mean_miss=mean_miss)
+    amplitude = miss_amplitude(post.noise_variance, np.asarray(y_sq, dtype=np.float64).reshape(-1) / n,
+                               spanned - float(shift @ shift), post.prior_variance)
+    return dataclasses.replace(post, miss_ratio=amplitude / post.prior_variance)
 
 
-def miss_amplitude(residual_variance: np.ndarray, mean_square: np.ndarray, mean_spanned: float,
-                   mean_miss: float) -> np.ndarray:
-    """The amplitude ``a`` of the centers' miss ``k(x, x) - k_M^T K_MM^{-1} k_M``, by the method of moments.
+def miss_amplitude(noise_variance: np.ndarray, mean_square: np.ndarray, mean_spanned: float,
+                   prior_variance: np.ndarray) -> np.ndarray:
+    """The amplitude ``a`` of the centers' miss ``k(x, x) - k_M^T K_MM^{-1} k_M``: ``min(a_moments, s^2)``.
 
-    Under the prior ``f ~ GP(0, a k)`` with noise ``sigma_n^2``, two moments of the training data give
-    ``a`` and ``sigma_n^2`` without the penalty:
+    Under the prior ``f ~ GP(0, a k)`` with noise ``sigma_n^2`` the targets' mean square is
+    ``E[||y||^2 / n] = a E[k(x, x)] + sigma_n^2``. The Nystrom fit sees the part the centers span,
+    ``a E[k_M^T K_MM^{-1} k_M]`` (``mean_spanned``, less the spatial mean's share ``mu^T K_MM^{-1} mu`` when
+    ``y`` was centred for an intercept); with the noise estimate ``RSS / (n - d_eff)`` (which holds the
+    miss at the training rows too) this gives the moment estimate
+    ``a_moments = (||y||^2 / n - noise) / mean_spanned`` (at least 0), which does not depend on the penalty.
 
-    * the targets' mean square, ``E[||y||^2 / n] = a E[k(x, x)] + sigma_n^2``; the part the centers span,
-      ``a E[k_M^T K_MM^{-1} k_M]``, is the one that reaches the Nystrom fit (``mean_spanned``, less the
-      spatial mean's share ``mu^T K_MM^{-1} mu`` when ``y`` was centred for an intercept), so
-      ``E[||y||^2 / n] = a (mean_spanned + r_bar) + sigma_n^2``;
-    * the residual variance of the Nystrom fit (the DTC model, whose training values lie in the centers'
-      span) holds the noise and the miss at the training rows: ``E[RSS / (n - d_eff)] = sigma_n^2 + a r_bar``
-      (``r_bar = mean_miss``; FITC's view of DTC's residuals).
-
-    Subtracting, ``a = (||y||^2 / n - RSS / (n - d_eff)) / mean_spanned``, clipped to ``[0, residual / r_bar]``
-    (a variance component estimated by moments is truncated where the moment equations give a negative
-    variance). At the penalty of the data's noise to signal ratio ``a`` estimates the same amplitude as
-    ``s^2 = residual / (penalty n)``; at a smaller penalty ``s^2`` grows as ``1 / penalty`` and ``a`` does not.
+    ``s^2 = noise / (penalty n)`` estimates the same amplitude when the penalty is the data's noise to
+    signal ratio, and grows as ``1 / penalty`` below it: the smaller of the two keeps the std as it was
+    at and above that penalty, and stops the miss's ``1 / penalty`` growth below it. (Taking the miss's
+    share ``a r_bar`` out of the noise as well would centre the intervals on 564_fried, but on inputs with
+    heavy tails, where a few rows hold most of the miss, it left nearly no noise for the others.)
     """
-    residual = np.asarray(residual_variance, dtype=np.float64)
-    a = np.maximum(np.asarray(mean_square, dtype=np.float64) - residual, 0.0) / max(mean_spanned, np.finfo(float).tiny)
-    return np.minimum(a, residual / mean_miss) if mean_miss > 0 else a
+    noise = np.asarray(noise_variance, dtype=np.float64)
+    a = np.maximum(np.asarray(mean_square, dtype=np.float64) - noise, 0.0) / max(mean_spanned, np.finfo(float).tiny)
+    return np.minimum(a, np.asarray(prior_variance, dtype=np.float64))
 
 
 def low_rank_variance(post: PosteriorVariance, *, n: int, mean_kxx: float, rtol: float = FAST_STD_RTOL,

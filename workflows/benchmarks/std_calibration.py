@@ -8,8 +8,7 @@ One ``FalkonRegressor(compute_std=True)`` fit per penalty on a PMLB set from
 - ``std_old`` / ``std``: the mean latent std with one amplitude ``s^2 = residual variance /
   (penalty n)`` for the whole Nystrom variance (what ``return_std`` gave before) and with the
   centers' miss at its own amplitude (now; ``posterior_.miss_ratio``);
-- ``noise_old`` / ``noise``: the residual variance ``RSS / (n - d_eff)`` (the noise variance before)
-  and ``noise_variance_`` (now: less the miss's share at the training rows);
+- ``noise``: ``noise_variance_``, the residual variance ``RSS / (n - d_eff)`` (the same before and now);
 - ``in1_old``, ``in2_old`` / ``in1``, ``in2``: the fraction of test targets inside ``+-1`` and ``+-2``
   of a new observation's std ``sqrt(std^2 + noise)`` (nominal 68.3% and 95.4%);
 - ``f_in2_old`` / ``f_in2``: for 564_fried, whose noise-free function is known (Friedman #1,
@@ -34,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fit_tools import SHARED_DATA, machine, print_table, write_results  # noqa: E402
 from predictive_std import load_split  # noqa: E402
 
-COLUMNS = ("penalty", "n_train", "M", "resid_sd", "d_eff", "noise_old", "noise", "std_old", "std", "in1_old",
+COLUMNS = ("penalty", "n_train", "M", "resid_sd", "d_eff", "noise", "std_old", "std", "in1_old",
            "in2_old", "in1", "in2", "f_in2_old", "f_in2")
 
 
@@ -62,13 +61,13 @@ def calibration(penalty: float, data: tuple[np.ndarray, ...], centers: int, know
     mean, std = model.predict(Xte, return_std=True)
     post = model.posterior_
     std_old = one_amplitude_std(model, Xte)
-    noise_old, noise = float(post.residual_variance[0]), float(model.noise_variance_[0])
+    noise = float(model.noise_variance_[0])
     resid = np.abs(yte - mean)
-    obs_old, obs = np.sqrt(std_old**2 + noise_old), np.sqrt(std**2 + noise)
+    obs_old, obs = np.sqrt(std_old**2 + noise), np.sqrt(std**2 + noise)
     f_err = np.abs(friedman(Xte) - mean) if known_f else None
     return {
         "penalty": penalty, "n_train": len(ytr), "M": centers, "resid_sd": float(np.std(yte - mean)),
-        "d_eff": float(post.effective_dof), "noise_old": noise_old, "noise": noise,
+        "d_eff": float(post.effective_dof), "noise": noise,
         "std_old": float(std_old.mean()), "std": float(std.mean()),
         "in1_old": float(np.mean(resid <= obs_old)), "in2_old": float(np.mean(resid <= 2 * obs_old)),
         "in1": float(np.mean(resid <= obs)), "in2": float(np.mean(resid <= 2 * obs)),
