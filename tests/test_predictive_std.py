@@ -40,11 +40,16 @@ def _all_centers(cls, **params):
     return cls(n_centers=10_000, random_state=0, fit_intercept=False, std_method="exact", **extra, **params)
 
 
-def _likelihood_std(model, std):
-    """``std`` at the maximum-likelihood amplitude (the GP's own empirical Bayes ``s^2``) instead of
-    the residual-calibrated one ``return_std`` uses: the std scales with ``sqrt(s^2)``."""
+def _likelihood_std(model, Xt, std):
+    """The std of the one-amplitude GP at the maximum-likelihood amplitude (the GP's own empirical Bayes
+    ``s^2``) instead of the calibrated amplitudes ``return_std`` uses: ``sqrt(s^2 (miss + fit))``. Exact
+    KRR has one amplitude (the std scales with ``sqrt(s^2)``); a Nystrom model's miss has its own."""
     post = model.posterior_
-    return std * np.sqrt(post.likelihood_prior_variance / post.prior_variance)
+    if post.miss_ratio is None:
+        return std * np.sqrt(post.likelihood_prior_variance / post.prior_variance)
+    Xs = Xt if model.scaler_ is None else model.scaler_.transform(Xt)
+    miss, fit = post.variance_parts(model.kernel_(Xs, model.centers_), model.kernel_.diag(Xs))
+    return np.sqrt(post.likelihood_prior_variance[0] * np.maximum(miss + fit, 0.0))
 
 
 def _sklearn_gp(kernel_name: str, sigma, s2: float, alpha: float, X, y):
@@ -68,7 +73,7 @@ def test_every_point_a_center_equals_sklearn_gaussian_process(cls, kernel_name):
     assert s2 == pytest.approx(y @ np.linalg.solve(K + PENALTY * n * np.eye(n), y) / n, rel=1e-8)
     gp = _sklearn_gp(kernel_name, 0.8, s2, alpha=s2 * PENALTY * n, X=X, y=y)
     gp_mean, gp_std = gp.predict(Xt, return_std=True)
-    np.testing.assert_allclose(_likelihood_std(model, std), gp_std, rtol=1e-6)
+    np.testing.assert_allclose(_likelihood_std(model, Xt, std), gp_std, rtol=1e-6)
     np.testing.assert_allclose(mean, gp_mean, rtol=1e-6, atol=1e-8)
     # The noise variance return_std uses: RSS / (n - tr H), H = K (K + penalty n I)^{-1}, dense here.
     H = K @ np.linalg.inv(K + PENALTY * n * np.eye(n))
@@ -89,7 +94,7 @@ def test_standardized_model_is_the_gp_on_centred_targets_and_scaled_features():
     s2 = float(model.posterior_.likelihood_prior_variance[0])
     gp = _sklearn_gp("gaussian", 0.9, s2, s2 * PENALTY * n, Xs, y - y.mean())  # normalize_y=False, y centred
     gp_mean, gp_std = gp.predict(Xts, return_std=True)
-    np.testing.assert_allclose(_likelihood_std(model, std), gp_std, rtol=1e-6)
+    np.testing.assert_allclose(_likelihood_std(model, Xt, std), gp_std, rtol=1e-6)
     np.testing.assert_allclose(mean, gp_mean + y.mean(), rtol=1e-6)
     # The std is in the units of y: scaling y by c scales it by c.
     scaled = ExactKernelRidge(sigma=0.9, penalty=PENALTY, compute_std=True).fit(X, 1000 * y)
@@ -131,13 +136,22 @@ def test_fewer_centers_match_the_dense_dtc_formula(cls, strategy, sampler, inter
     ref_noise: list[float] = []
     ref_mean, ref_std = _dense_dtc_std(model.kernel_, X, y, model.centers_, Xt, PENALTY, intercept, ref_noise)
     np.testing.assert_allclose(mean, ref_mean, rtol=1e-6, atol=1e-7)
-    np.testing.assert_allclose(_likelihood_std(model, std), ref_std, rtol=1e-6)
+    np.testing.assert_allclose(_likelihood_std(model, Xt, std), ref_std, rtol=1e-6)
     # RSS and d_eff from the accumulated Gram matrix (no pass over the data), against the dense hat matrix
     np.testing.assert_allclose(model.noise_variance_, ref_noise, rtol=1e-6)
-    # Far from the data the std is the prior's (plus the intercept's uncertainty), above all others.
+    # The miss's amplitude (miss_amplitude), densely: a = min((||y_c||^2 / n - noise) / (mean Q_ii - mu' K_MM^-1 mu),
+    # s^2), Q the Nystrom kernel; K_MM's condition number (sigma 0.7, 60 centers) costs digits: 1e-6 relative
+    Knm, Kmm = model.kernel_(X, model.centers_), model.kernel_(model.centers_, model.centers_)
+    mu = Knm.mean(axis=0)
+    spanned = np.mean(np.einsum("ij,ji->i", Knm, np.linalg.solve(Kmm, Knm.T)))
+    spanned -= mu @ np.linalg.solve(Kmm, mu) if intercept else 0.0
+    yc = y - y.mean() if intercept else y
+    a = min(max(np.mean(yc**2) - ref_noise[0], 0.0) / spanned, model.posterior_.prior_variance[0])
+    np.testing.assert_allclose(model.posterior_.miss_ratio * model.posterior_.prior_variance, a, rtol=1e-6)
+    # Far from the data the std is the miss's prior, sqrt(a k(x, x)) (plus the intercept's uncertainty).
     far = model.predict(np.full((1, 2), 50.0), return_std=True)[1][0]
-    prior = np.sqrt(model.posterior_.prior_variance[0])
-    assert far > std.max() and (far > prior if intercept else far == pytest.approx(prior, rel=1e-12))
+    prior = np.sqrt(a)
+    assert far > prior if intercept else far == pytest.approx(prior, rel=1e-12)
 
 
 def _gp_sample(seed: int, n: int, n_test: int, ell: float, s2: float, noise: float):
@@ -167,6 +181,34 @@ def test_95_percent_intervals_cover_95_percent_of_held_out_gp_data(make):
         covered_f.append(np.mean(np.abs(ft - mean) <= 1.96 * std))
     assert 0.93 <= np.mean(covered_y) <= 0.97
     assert 0.93 <= np.mean(covered_f) <= 0.97
+
+
+def test_intervals_at_the_default_penalty_cover_their_nominal_share_of_held_out_gp_data():
+    """The GP data above, fitted at the default penalty (1e-6, 150 times below the data's noise to signal
+    ratio): with one amplitude ``s^2 = noise / (penalty n)`` the centers' miss made the intervals far too
+    wide (+-1.96 of a new observation held 97.6% of the 2 000 held-out rows, +-1 held 81%, +-1.96 of the
+    latent std 98.2% of the true function values); with the miss's own amplitude (a moment estimate, which
+    does not depend on the penalty) they hold their nominal share.
+
+    Bands: 20 draws x 100 held-out rows = 2 000 rows; a binomial fraction with p = 0.95 has the SD
+    sqrt(p (1 - p) / 2000) = 0.0049, with p = 0.683 (+-1) 0.0104; each band is 4 of them either side
+    (rows of one draw share its fit, which widens the spread a little; 4 SD leaves room for that).
+    """
+    n, n_test, noise, s2, draws = 300, 100, 0.3, 2.0, 20
+    in1_y, in2_y, in2_f = [], [], []
+    for seed in range(draws):
+        X, y, Xt, yt, ft = _gp_sample(seed, n, n_test, 0.15, s2, noise)
+        model = NystromRegressor(n_centers=100, sigma=0.15, standardize=False, fit_intercept=False,
+                                 compute_std=True, random_state=0).fit(X, y)
+        mean, std = model.predict(Xt, return_std=True)
+        new_y = np.sqrt(std**2 + model.noise_variance_[0])
+        in1_y.append(np.mean(np.abs(yt - mean) <= new_y))
+        in2_y.append(np.mean(np.abs(yt - mean) <= 1.96 * new_y))
+        in2_f.append(np.mean(np.abs(ft - mean) <= 1.96 * std))
+    sd95, sd68 = np.sqrt(0.95 * 0.05 / (draws * n_test)), np.sqrt(0.683 * 0.317 / (draws * n_test))
+    assert abs(np.mean(in2_y) - 0.95) <= 4 * sd95, np.mean(in2_y)
+    assert abs(np.mean(in1_y) - 0.683) <= 4 * sd68, np.mean(in1_y)
+    assert abs(np.mean(in2_f) - 0.95) <= 4 * sd95, np.mean(in2_f)
 
 
 def test_default_penalty_noise_estimate_and_two_std_coverage_on_data_with_known_noise():

@@ -10,14 +10,14 @@ preconditioned Gram matrix ``T^{-T} D K_MN K_NM D T^{-1}``, an ``M x M`` matrix:
   costs about as much as ``M / d`` CG iterations (``K^T K`` is ``M^2`` flops per
   row against ``2 M d`` for a kernel product);
 
-plus the targets' squared norms (a pass over ``y`` only) and ``M x M`` factorisations
-on the client, one of them the triangular inverse behind the residual noise estimate
-(``noise_variance_``).
+plus the targets' squared norms (a pass over ``y`` only), the mean of ``k(x, x)`` over
+the training rows (a constant for a stationary kernel, else one pass over ``X``; the
+amplitude of the centers' miss needs it) and ``M x M`` factorisations on the client, one
+of them the triangular inverse behind the residual noise estimate (``noise_variance_``).
 
 Unless ``std_method="exact"``, it then builds the fast variance
 (:func:`~daskkrr.solvers.variance.low_rank_variance`: a few ``M x M`` products and an
-eigendecomposition on the client; for a kernel whose ``k(x, x)`` varies, one more pass
-over ``X`` for its mean).
+eigendecomposition on the client).
 """
 
 from __future__ import annotations
@@ -73,13 +73,14 @@ def posterior(ctx: FitContext) -> None:
     fits_intercept = bool(getattr(p, "fit_intercept", False))
     b, mu = split_column_sums(knm_t_y, ctx.n, fits_intercept)
     coef = np.asarray(ctx.fitted["coef_"], dtype=np.float64)
+    mean_kxx = _mean_prior_variance(ctx)
     ctx.fitted["posterior_"] = nystrom_posterior(
         ctx.preconditioner.T, ctx.preconditioner.d, gram_pre, noise_ratio=float(p.penalty) * ctx.n, n=ctx.n,
-        mu=mu, y_sq=_targets_square_norms(ctx), knm_t_y=b, coef=coef.reshape(coef.shape[0], -1),
+        mu=mu, y_sq=_targets_square_norms(ctx), knm_t_y=b, coef=coef.reshape(coef.shape[0], -1), mean_kxx=mean_kxx,
     )
     method = getattr(p, "std_method", "exact")
     if method != "exact":
-        ctx.fitted["posterior_"].low_rank = _fast_variance(ctx, ctx.fitted["posterior_"], method)
+        ctx.fitted["posterior_"].low_rank = _fast_variance(ctx, ctx.fitted["posterior_"], method, mean_kxx)
     if ctx.passes is not None:
         ctx.fitted["n_data_passes_"] = ctx.passes.n_passes + 1  # the extra pass, if one was made
     logger.info("posterior for return_std in %.2fs", time.perf_counter() - t0)
@@ -110,11 +111,10 @@ def _accurate_at_centers(ctx: FitContext, post: PosteriorVariance, low_rank: Low
     return bool(np.max(deficit) <= FAST_STD_RTOL * low_rank.mean_variance)
 
 
-def _fast_variance(ctx: FitContext, post: PosteriorVariance, method: str) -> LowRankVariance | None:
+def _fast_variance(ctx: FitContext, post: PosteriorVariance, method: str, mean_kxx: float) -> LowRankVariance | None:
     """The fast variance for ``std_method`` "auto" (None past the rank cap: return_std stays exact) or "fast"."""
     cap = fast_rank_cap(ctx.n_features)
-    low_rank, rank = low_rank_variance(post, n=ctx.n, mean_kxx=_mean_prior_variance(ctx),
-                                       max_rank=cap if method == "auto" else None)
+    low_rank, rank = low_rank_variance(post, n=ctx.n, mean_kxx=mean_kxx, max_rank=cap if method == "auto" else None)
     if low_rank is not None and not _accurate_at_centers(ctx, post, low_rank):
         message = (f"the fast variance's factor D T^-1 Y (rank {rank}) loses more to round-off at the centers than "
                    f"{FAST_STD_RTOL:.0%} of the mean variance (K_MM is nearly singular, as for a polynomial kernel "

@@ -33,10 +33,18 @@ The convention (the same for exact KRR and the Nystrom models):
   hat matrix, plus one for an intercept), and ``s^2 = sigma_hat^2 / (lambda n)``, so
   that the GP's noise variance ``s^2 lambda n`` is that estimate. The maximum-likelihood
   ``s^2`` above is kept as ``likelihood_prior_variance`` (scikit-learn's GP with that
-  amplitude has the std ``std * sqrt(likelihood_prior_variance / prior_variance)``);
+  amplitude has the std ``sqrt(likelihood_prior_variance v(x))``);
+* the Nystrom models' ``v`` has two terms, the centers' miss ``k(x, x) - k_M^T K_MM^{-1} k_M``
+  (what the centers do not span: the whole prior far from them) and the rest, the posterior
+  variance of the part they span (``fit``). ``s^2`` is tied to the penalty (``1 / penalty`` times
+  the noise), right for ``fit`` but not for the miss: at a penalty far below the data's noise to
+  signal ratio it made the std many times too wide (issue 37). The miss has its own amplitude
+  ``a <= s^2`` (:func:`miss_amplitude`: a moment estimate from the targets' mean square, which does
+  not depend on the penalty), stored as ``miss_ratio = a / s^2``. Exact KRR has no miss;
 * ``std`` is the standard deviation of the latent function ``f(x)`` (plus the
-  intercept), ``sqrt(s^2 v(x))``, as scikit-learn's ``return_std``; a new
-  observation ``y`` at ``x`` has variance ``s^2 (v(x) + lambda n)``.
+  intercept), ``sqrt(a miss(x) + s^2 fit(x))`` (``sqrt(s^2 v(x))`` for exact KRR and models
+  saved before the split), as scikit-learn's ``return_std``; a new observation ``y`` at ``x``
+  has variance ``std^2 + s^2 lambda n``.
 
 ``d_eff`` and ``RSS`` come from what the posterior already has: with the factor ``R``
 below, ``d_eff = tr(G (G + sigma^2 I)^{-1}) = M - ||R^{-1}||_F^2``, and
@@ -72,6 +80,13 @@ has orthonormal columns, so ``Q - Q_r`` is PSD, whether or not ``L`` is invertib
 
 ``c^T Y = k^T D T^{-1} Y``, so the stored factor is ``W = D T^{-1} Y`` (``M x r``) and the fast variance
 costs ``2 M r`` flops per row on the kernel row the mean needs anyway.
+
+With the miss's own amplitude the unit variance is ``v_rho = rho miss + fit`` (``rho`` the largest
+``miss_ratio``), ``rho k(x, x) - c^T A c - 2 (P m)^T c + m^T P m + offset`` with ``A = rho I - P``; ``Q`` above
+is the case ``rho = 1`` (``A`` PSD, truncated as ``Q`` was). For ``rho < 1`` (a penalty below the data's
+ratio) ``A = A_+ - N N^T``, ``N`` from the eigenvectors of ``P`` with eigenvalues above
+``rho`` (directions the data hardly determines); ``A_+`` is truncated and ``N`` kept whole, so the three
+statements above hold with ``A_+`` for ``Q`` and the rank counts ``N``'s columns too.
 """
 
 from __future__ import annotations
@@ -143,21 +158,31 @@ class LowRankVariance:
     constant: float
     bound: float
     mean_variance: float
+    negative: np.ndarray | None = None
+    miss_ratio: float = 1.0
 
     @property
     def rank(self) -> int:
-        return int(self.factor.shape[1])
+        """Columns of ``factor`` and ``negative`` together: ``2 M rank`` flops per row."""
+        return int(self.factor.shape[1]) + (0 if self.negative is None else int(self.negative.shape[1]))
 
     def unit_variance(self, Kxm: np.ndarray, kxx: np.ndarray) -> np.ndarray:
         """``v_r(x)`` for kernel rows ``Kxm = k(X, Z)`` (n_b, M) and ``kxx = k(x, x)``; clipped at 0."""
         K = np.asarray(Kxm, dtype=np.float64)
         U = K @ self.factor
-        v = np.asarray(kxx, dtype=np.float64) - np.einsum("ij,ij->i", U, U) - 2 * (K @ self.linear) + self.constant
+        v = (self.miss_ratio * np.asarray(kxx, dtype=np.float64) - np.einsum("ij,ij->i", U, U)
+             - 2 * (K @ self.linear) + self.constant)
+        if self.negative is not None and self.negative.shape[1]:
+            N = K @ self.negative
+            v += np.einsum("ij,ij->i", N, N)
         return np.maximum(v, 0.0)
 
     def to_arrays(self) -> dict[str, np.ndarray]:
-        return {"factor": self.factor, "linear": self.linear,
-                "numbers": np.array([self.constant, self.bound, self.mean_variance])}
+        arrays = {"factor": self.factor, "linear": self.linear,
+                  "numbers": np.array([self.constant, self.bound, self.mean_variance, self.miss_ratio])}
+        if self.negative is not None:
+            arrays["negative"] = self.negative
+        return arrays
 
     @classmethod
     def from_arrays(cls, arrays: dict[str, np.ndarray], n_centers: int) -> LowRankVariance:
@@ -165,12 +190,17 @@ class LowRankVariance:
         factor = np.asarray(arrays["factor"], dtype=np.float64)
         linear = np.asarray(arrays["linear"], dtype=np.float64)
         numbers = np.asarray(arrays["numbers"], dtype=np.float64).reshape(-1)
+        # files written before the centers' miss had its own amplitude have 3 numbers and no negative part
+        negative = arrays.get("negative")
+        negative = None if negative is None else np.asarray(negative, dtype=np.float64)
         if (factor.ndim != 2 or factor.shape[0] != n_centers or factor.shape[1] > n_centers
-                or linear.shape != (n_centers,) or numbers.size != 3):
+                or linear.shape != (n_centers,) or numbers.size not in (3, 4)
+                or (negative is not None and (negative.ndim != 2 or negative.shape[0] != n_centers))):
             raise ValueError(f"the fast variance's arrays (factor {factor.shape}, linear {linear.shape}, "
                              f"{numbers.size} numbers) do not fit {n_centers} centers")
         return cls(factor=factor, linear=linear, constant=float(numbers[0]), bound=float(numbers[1]),
-                   mean_variance=float(numbers[2]))
+                   mean_variance=float(numbers[2]), negative=negative,
+                   miss_ratio=float(numbers[3]) if numbers.size > 3 else 1.0)
 
 
 @dataclasses.dataclass
@@ -207,6 +237,10 @@ class PosteriorVariance:
         The fast variance, used by ``return_std`` unless ``std_method="exact"``; None when the
         model was fitted with ``std_method="exact"``, when ``"auto"`` found it needs more than
         :func:`fast_rank_cap` of rank, for exact KRR, and in models saved before it.
+    miss_ratio : ndarray of shape (n_targets,) or None
+        ``rho = a / s^2 <= 1`` per target: the amplitude ``a`` of the centers' miss
+        ``k(x, x) - k_M^T K_MM^{-1} k_M`` (see :func:`miss_amplitude`) over ``prior_variance``.
+        None (exact KRR, models saved before it): ``rho = 1``, one amplitude.
     """
 
     factor: np.ndarray
@@ -219,6 +253,7 @@ class PosteriorVariance:
     likelihood_prior_variance: np.ndarray | None = None
     effective_dof: float = float("nan")
     low_rank: LowRankVariance | None = None
+    miss_ratio: np.ndarray | None = None
 
     @property
     def n_centers(self) -> int:
@@ -231,31 +266,51 @@ class PosteriorVariance:
         return self.prior_variance * self.noise_ratio
 
     @property
+    def _rho(self) -> np.ndarray:
+        return np.ones_like(self.prior_variance) if self.miss_ratio is None else self.miss_ratio
+
+    @property
     def fast_variance_bound(self) -> np.ndarray | None:
         """Per target, in squared units of ``y``: the mean amount by which the fast variance exceeds the
         exact one over rows drawn like the training rows (never below it); None without a fast variance."""
         return None if self.low_rank is None else self.low_rank.bound * self.prior_variance
 
-    def unit_variance(self, Kxm: np.ndarray, kxx: np.ndarray, exact: bool = False) -> np.ndarray:
-        """``v(x)`` for kernel rows ``Kxm = k(X, Z)`` (n_b, M) and ``kxx = k(x, x)`` (n_b,); clipped at 0.
+    def variance_parts(self, Kxm: np.ndarray, kxx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The two terms of the exact ``v(x) = miss + fit`` for kernel rows ``Kxm = k(X, Z)`` (n_b, M) and
+        ``kxx = k(x, x)`` (n_b,): the centers' miss ``k(x, x) - ||c||^2`` and the rest (the posterior
+        variance of the part the centers span, with the intercept's); exact KRR has the whole ``v`` in ``fit``.
+        """
+        K = np.asarray(Kxm, dtype=np.float64)
+        C = solve_upper(self.factor, (self.scale[:, None] * K.T), trans=True)  # (M, n_b)
+        if self.correction is None:  # exact KRR: T^T T = K + sigma^2 I, no miss
+            return np.zeros(K.shape[0]), np.asarray(kxx, dtype=np.float64) - np.einsum("ij,ij->j", C, C)
+        miss = np.asarray(kxx, dtype=np.float64) - np.einsum("ij,ij->j", C, C)
+        C -= self.shift[:, None]
+        E = solve_upper(self.correction, C, trans=True)
+        return miss, np.einsum("ij,ij->j", E, E) + self.offset
 
-        The fast variance (:class:`LowRankVariance`, never below ``v``) when there is one and not ``exact``.
+    def unit_variance(self, Kxm: np.ndarray, kxx: np.ndarray, exact: bool = False) -> np.ndarray:
+        """``v_rho(x) = rho miss + fit`` (see :meth:`variance_parts`), ``rho`` the largest ``miss_ratio``;
+        clipped at 0.
+
+        The fast variance (:class:`LowRankVariance`, never below ``v_rho``) when there is one and not ``exact``.
         """
         if self.low_rank is not None and not exact:
             return self.low_rank.unit_variance(Kxm, kxx)
-        K = np.asarray(Kxm, dtype=np.float64)
-        C = solve_upper(self.factor, (self.scale[:, None] * K.T), trans=True)  # (M, n_b)
-        v = np.asarray(kxx, dtype=np.float64) - np.einsum("ij,ij->j", C, C)
-        if self.correction is not None:
-            C -= self.shift[:, None]
-            E = solve_upper(self.correction, C, trans=True)
-            v += np.einsum("ij,ij->j", E, E)
-        v += self.offset
-        return np.maximum(v, 0.0)
+        miss, fit = self.variance_parts(Kxm, kxx)
+        return np.maximum(float(np.max(self._rho)) * miss + fit, 0.0)
 
     def std(self, Kxm: np.ndarray, kxx: np.ndarray, exact: bool = False) -> np.ndarray:
-        """Standard deviation per row and target, ``(n_b, n_targets)`` (see :meth:`unit_variance`)."""
-        return np.sqrt(self.unit_variance(Kxm, kxx, exact)[:, None] * self.prior_variance[None, :])
+        """Standard deviation per row and target, ``(n_b, n_targets)``: ``sqrt(a_t miss + s_t^2 fit)``.
+
+        The fast variance is built for the largest ``rho``, so for a target with a smaller one it is
+        wider than its exact std (still never below it).
+        """
+        if self.low_rank is not None and not exact:
+            return np.sqrt(self.low_rank.unit_variance(Kxm, kxx)[:, None] * self.prior_variance[None, :])
+        miss, fit = self.variance_parts(Kxm, kxx)
+        v = np.maximum(miss[:, None] * self._rho[None, :] + fit[:, None], 0.0)
+        return np.sqrt(v * self.prior_variance[None, :])
 
     # ------------------------------------------------------------------ persistence
     def to_arrays(self) -> dict[str, np.ndarray]:
@@ -265,6 +320,8 @@ class PosteriorVariance:
             "prior_variance": self.prior_variance,
             "numbers": np.array([self.offset, self.noise_ratio, self.effective_dof]),
         }
+        if self.miss_ratio is not None:
+            arrays["miss_ratio"] = self.miss_ratio
         if self.likelihood_prior_variance is not None:
             arrays["likelihood_prior_variance"] = self.likelihood_prior_variance
         if self.correction is not None:
@@ -291,11 +348,14 @@ class PosteriorVariance:
             noise_ratio=float(numbers[1]) if numbers.size > 1 else float("nan"),
             likelihood_prior_variance=likelihood,
             effective_dof=float(numbers[2]) if numbers.size > 2 else float("nan"),
+            # files written before the centers' miss had its own amplitude have one amplitude
+            miss_ratio=None if "miss_ratio" not in arrays else np.asarray(arrays["miss_ratio"], np.float64).reshape(-1),
         )
         square = (M, M)
         if (factor.shape != square or post.scale.shape != (M,) or post.shift.shape != (M,)
                 or (post.correction is not None and post.correction.shape != square) or numbers.size not in (2, 3)
-                or likelihood.shape != prior.shape):
+                or likelihood.shape != prior.shape
+                or (post.miss_ratio is not None and post.miss_ratio.shape != prior.shape)):
             raise ValueError(f"the posterior arrays do not fit together (factor of shape {factor.shape})")
         low_rank = {k[len(LOW_RANK_PREFIX):]: v for k, v in arrays.items() if k.startswith(LOW_RANK_PREFIX)}
         if low_rank:  # files written before the fast variance, or fitted with std_method="exact", have none
@@ -331,6 +391,7 @@ def nystrom_posterior(
     y_sq: np.ndarray,
     knm_t_y: np.ndarray,
     coef: np.ndarray,
+    mean_kxx: float | None = None,
 ) -> PosteriorVariance:
     """The posterior of a Nystrom model from FALKON's factor and the preconditioned Gram matrix.
 
@@ -349,6 +410,9 @@ def nystrom_posterior(
     y_sq, knm_t_y, coef
         ``||y||^2`` per target, ``K_MN y`` and the coefficients, with ``y`` as the
         solver saw it (centred when the targets were centred); see :func:`prior_variance`.
+    mean_kxx : float or None, default=None
+        The mean of ``k(x, x)`` over the training rows: the centers' miss then gets its own amplitude
+        (:func:`miss_amplitude`); None keeps one amplitude for the whole variance.
     """
     M = T.shape[0]
     shift = np.zeros(M) if mu is None else solve_upper(T, d * np.asarray(mu, dtype=np.float64), trans=True)
@@ -362,7 +426,7 @@ def nystrom_posterior(
     # d_eff = tr(G (G + sigma^2 I)^{-1}) = M - tr((I + G / sigma^2)^{-1}), one more for the intercept
     dof = M - _inverse_square_norm(R) + (0.0 if mu is None else 1.0)
     rss = nystrom_rss(T, d, gram_pre, shift, n=n, y_sq=y_sq, knm_t_y=knm_t_y, coef=coef)
-    return _calibrated(
+    post = _calibrated(
         PosteriorVariance(
             factor=np.asarray(T, dtype=np.float64), scale=np.asarray(d, dtype=np.float64), correction=R,
             shift=shift, offset=0.0 if mu is None else noise_ratio / n,
@@ -370,6 +434,35 @@ def nystrom_posterior(
         ),
         rss, dof, y_sq, n,
     )
+    if mean_kxx is None:
+        return post
+    # E||c||^2 over the training rows, c = T^{-T} D k_M(x): the mean of the Nystrom k_M^T K_MM^{-1} k_M
+    spanned = float(np.trace(gram_pre)) / n
+    amplitude = miss_amplitude(post.noise_variance, np.asarray(y_sq, dtype=np.float64).reshape(-1) / n,
+                               spanned - float(shift @ shift), post.prior_variance)
+    return dataclasses.replace(post, miss_ratio=amplitude / post.prior_variance)
+
+
+def miss_amplitude(noise_variance: np.ndarray, mean_square: np.ndarray, mean_spanned: float,
+                   prior_variance: np.ndarray) -> np.ndarray:
+    """The amplitude ``a`` of the centers' miss ``k(x, x) - k_M^T K_MM^{-1} k_M``: ``min(a_moments, s^2)``.
+
+    Under the prior ``f ~ GP(0, a k)`` with noise ``sigma_n^2`` the targets' mean square is
+    ``E[||y||^2 / n] = a E[k(x, x)] + sigma_n^2``. The Nystrom fit sees the part the centers span,
+    ``a E[k_M^T K_MM^{-1} k_M]`` (``mean_spanned``, less the spatial mean's share ``mu^T K_MM^{-1} mu`` when
+    ``y`` was centred for an intercept); with the noise estimate ``RSS / (n - d_eff)`` (which holds the
+    miss at the training rows too) this gives the moment estimate
+    ``a_moments = (||y||^2 / n - noise) / mean_spanned`` (at least 0), which does not depend on the penalty.
+
+    ``s^2 = noise / (penalty n)`` estimates the same amplitude when the penalty is the data's noise to
+    signal ratio, and grows as ``1 / penalty`` below it: the smaller of the two keeps the std as it was
+    at and above that penalty, and stops the miss's ``1 / penalty`` growth below it. (Taking the miss's
+    share ``a r_bar`` out of the noise as well would centre the intervals on 564_fried, but on inputs with
+    heavy tails, where a few rows hold most of the miss, it left nearly no noise for the others.)
+    """
+    noise = np.asarray(noise_variance, dtype=np.float64)
+    a = np.maximum(np.asarray(mean_square, dtype=np.float64) - noise, 0.0) / max(mean_spanned, np.finfo(float).tiny)
+    return np.minimum(a, np.asarray(prior_variance, dtype=np.float64))
 
 
 def low_rank_variance(post: PosteriorVariance, *, n: int, mean_kxx: float, rtol: float = FAST_STD_RTOL,
@@ -399,6 +492,7 @@ def low_rank_variance(post: PosteriorVariance, *, n: int, mean_kxx: float, rtol:
     """
     R = np.asarray(post.correction, dtype=np.float64)
     M, sigma2, m = R.shape[0], post.noise_ratio, post.shift
+    rho = 1.0 if post.miss_ratio is None else float(np.max(post.miss_ratio))
     Rinv = solve_upper(R, np.eye(M))
     P = Rinv @ Rinv.T  # (R^T R)^{-1}
     S = (sigma2 * (R.T @ R - np.eye(M)) + n * np.outer(m, m)) / n
@@ -406,28 +500,49 @@ def low_rank_variance(post: PosteriorVariance, *, n: int, mean_kxx: float, rtol:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", JitterWarning)  # a jitter makes the bound larger, never wrong
         L = cholesky_jitter(S, what="Gram matrix of the fast variance", max_jitter_ratio=1.0)[0].T  # L L^T = S
-    B = Rinv.T @ L  # R^{-T} L
-    H = L.T @ L - B.T @ B  # L^T Q L, Q = I - P
+    positive, negative = _split_quadratic_form(rho, P, Rinv)
+    AL = positive(L)
+    H = L.T @ AL  # L^T A_+ L
     H = (H + H.T) / 2
     lam = np.maximum(np.linalg.eigvalsh(H)[::-1], 0.0)  # descending; negative ones are round-off
     Pm = P @ m
     constant = float(m @ Pm) + post.offset
-    mean_variance = float(mean_kxx - (np.trace(S) - np.einsum("ij,ji->", P, S)) - m @ Pm + post.offset)
+    trace_s = float(np.trace(S))
+    mean_variance = float(rho * mean_kxx - (rho * trace_s - np.einsum("ij,ji->", P, S)) - m @ Pm + post.offset)
     tails = np.append(np.cumsum(lam[::-1])[::-1], 0.0)  # tails[r] = sum_{i >= r} lambda_i (0-based)
     rank = int(np.argmax(tails <= rtol * max(mean_variance, 0.0)))  # tails[M] = 0 always qualifies
-    if max_rank is not None and rank > max_rank:
-        return None, rank
+    if max_rank is not None and rank + negative.shape[1] > max_rank:
+        return None, rank + negative.shape[1]
     if rank:
         top, V = sla.eigh(H, subset_by_index=[M - rank, M - 1])
         keep = top > 0
-        Y = (L @ V[:, keep] - Rinv @ (B @ V[:, keep])) / np.sqrt(top[keep])  # Q L V Lambda^{-1/2}
+        Y = (AL @ V[:, keep]) / np.sqrt(top[keep])  # A_+ L V Lambda^{-1/2}
     else:
         Y = np.zeros((M, 0))
     scale = post.scale[:, None]
     factor = scale * solve_upper(post.factor, Y)  # D T^{-1} Y
     linear = post.scale * solve_upper(post.factor, Pm)
-    return LowRankVariance(factor=factor, linear=linear, constant=constant, bound=float(tails[rank]),
-                           mean_variance=mean_variance), rank
+    return LowRankVariance(
+        factor=factor, linear=linear, constant=constant, bound=float(tails[rank]), mean_variance=mean_variance,
+        negative=scale * solve_upper(post.factor, negative) if negative.shape[1] else None, miss_ratio=rho,
+    ), rank + negative.shape[1]
+
+
+def _split_quadratic_form(rho: float, P: np.ndarray, Rinv: np.ndarray) -> tuple[Any, np.ndarray]:
+    """``A = rho I - P = A_+ - N N^T``: the product ``X -> A_+ X`` and the factor ``N`` of the negative part.
+
+    ``P = (R^T R)^{-1}`` has eigenvalues in ``(0, 1]``: for ``rho >= 1``, ``A = (rho - 1) I + Q`` is PSD
+    (``Q = I - P``, applied as ``X - R^{-1} (R^{-T} X)``) and ``N`` has no column; for ``rho < 1`` the
+    eigenvectors of ``P`` with eigenvalue ``p > rho`` make ``N`` (columns ``u sqrt(p - rho)``), kept
+    whole so that truncating ``A_+`` alone keeps the fast variance above the exact one.
+    """
+    M = P.shape[0]
+    if rho >= 1.0:
+        return (lambda X: rho * X - Rinv @ (Rinv.T @ X)), np.zeros((M, 0))
+    p, U = np.linalg.eigh((P + P.T) / 2)
+    A_plus = (U * np.maximum(rho - p, 0.0)) @ U.T
+    over = p > rho
+    return (lambda X: A_plus @ X), U[:, over] * np.sqrt(p[over] - rho)
 
 
 def nystrom_rss(T: np.ndarray, d: np.ndarray, gram_pre: np.ndarray, shift: np.ndarray, *, n: int,
