@@ -58,3 +58,25 @@ def test_memory_budget_from_the_config_or_the_flag(fit_args, tmp_path):
     assert "more than 50% of its memory budget" in route["reason"]
     assert main([*fit_args, "--config", str(config), "--memory-budget", "none", "--out", str(tmp_path / "flag")]) == 0
     assert _route(tmp_path / "flag")["route"] == "dense"
+
+
+def test_predict_with_a_model_whose_centers_are_in_zarr(fit_args, cluster2, tmp_path, monkeypatch):
+    """``daskkrr predict`` streams a Zarr model's center chunks (tests/test_model_store.py) to the same
+    predictions, up to the chunked sum's round-off (``(J + 2) eps |k| |C|``, bounded here by its largest
+    value over the rows: |k| <= 1 for the Gaussian kernel, so ``(J + 2) eps ||C||_1``)."""
+    import zarr
+
+    import daskkrr
+    from daskkrr.data import model_store
+
+    assert main([*fit_args, "--out", str(tmp_path / "m")]) == 0
+    fitted = daskkrr.load(tmp_path / "m")
+    monkeypatch.setattr(model_store, "CHUNK_BYTES", 100 * 3 * 8)  # three chunks of 100 centers
+    fitted.save(tmp_path / "z", store="zarr")
+    assert daskkrr.load(tmp_path / "z").centers_.numblocks[0] == 3
+    data = fit_args[fit_args.index("--data") + 1]
+    assert main(["predict", "--model", str(tmp_path / "z"), "--data", data, "--out", str(tmp_path / "p.zarr"),
+                 "--scheduler", cluster2.scheduler.address]) == 0
+    got = zarr.open_group(str(tmp_path / "p.zarr"), mode="r")["y_pred"][:]
+    want = fitted.predict(zarr.open_group(data, mode="r")["X"][:])
+    np.testing.assert_allclose(got, want, rtol=0, atol=5 * np.finfo(float).eps * np.abs(fitted.coef_).sum())
