@@ -366,7 +366,7 @@ class _Graph:
 def _decision(g: _Graph, model: Any, X: str) -> str:
     """``k(scale(X), centers_) @ coef_ + intercept_``, of shape (n_rows, n_targets)."""
     K = _kernel_block(g, model, X)
-    coef = model.coef_.reshape(model.coef_.shape[0], -1)
+    coef = np.asarray(model.coef_).reshape(model.coef_.shape[0], -1)  # a Zarr model's lazy coef_: read here
     intercept = np.asarray(model.intercept_, dtype=np.float64).reshape(-1)
     return g.op("Add", g.op("MatMul", K, g.const(coef, "coef")), g.const(intercept, "intercept"))
 

@@ -35,6 +35,7 @@ from daskkrr.data.sparse import column_absmax, first_non_finite_row, is_sparse_a
 from daskkrr.kernels import Kernel, kernel_key, make_kernel
 from daskkrr.kernels.engine import engine_for
 from daskkrr.kernels.sparse import cast_rows
+from daskkrr.parallel.center_chunks import chunked_decision, chunked_matvec
 from daskkrr.solvers.variance import posterior_from_model, predict_with_std
 
 if TYPE_CHECKING:  # annotations only: the estimators build no dask graph here
@@ -269,7 +270,10 @@ class KernelModelBase(BaseEstimator):
             # scikit-learn's checks (2-D, numeric, sparse if taken, n_features_in_); the rows named for NaN.
             Xs = self._check_predict_input(X)
             _check_extreme_rows(Xs, 0, dtype)
-            out = engine_for(self.kernel_).matvec(self.kernel_, cast_rows(Xs, dtype), self.centers_, coef2)
+            if self._centers_in_chunks():
+                out = chunked_matvec(cast_rows(Xs, dtype), self.kernel_, self.centers_, coef2)
+            else:
+                out = engine_for(self.kernel_).matvec(self.kernel_, cast_rows(Xs, dtype), self.centers_, coef2)
             return (out + self.intercept_).astype(self._output_dtype(), copy=False)
         self._refuse_sparse(X)
         Xd = load_features(X, self.chunks)
@@ -277,26 +281,37 @@ class KernelModelBase(BaseEstimator):
         Xs = self.scaler_.transform(Xd) if self.scaler_ is not None else Xd
         Xs = Xs.astype(dtype)
         t = coef2.shape[1]
+        if self._centers_in_chunks():  # each task reads one chunk of the centers; no process holds them all
+            streamed = chunked_decision(Xs.map_blocks(_checked_rows, dtype=Xs.dtype), self.kernel_, self.centers_,
+                                        coef2) + self.intercept_
+            return streamed.astype(self._output_dtype(), copy=False)
         out = Xs.map_blocks(
             _predict_block, self.kernel_, self.centers_, coef2, self.intercept_,
             dtype=np.float64, chunks=(Xs.chunks[0], (t,)),
         )
         return out.astype(self._output_dtype(), copy=False)
 
+    def _centers_in_chunks(self) -> bool:
+        """True when ``centers_`` is a lazy array (read from a model's Zarr store, chunked by rows)."""
+        return not is_in_memory(self.centers_)
+
     def _decision_and_std(self, X: Any) -> tuple[Any, Any]:
         """``(k(scale(X), Z) coef + intercept, posterior std)``, both ``(n, t)``: numpy for in-memory
-        input, two lazy dask arrays of one blockwise computation otherwise (each kernel block built once)."""
+        input, two lazy dask arrays of one blockwise computation otherwise (each kernel block built once).
+
+        The posterior holds ``M x M`` factors, so the centers of a model that has one are read whole here."""
         self._check_fitted()
         post = posterior_from_model(self)
         exact = getattr(self, "std_method", "exact") == "exact"  # the fast variance unless asked for the exact one
         check_feature_names(self, X)
-        coef2 = self.coef_.reshape(self.coef_.shape[0], -1)
+        centers = np.asarray(self.centers_)
+        coef2 = np.asarray(self.coef_).reshape(self.coef_.shape[0], -1)
         t = coef2.shape[1]
         dtype = self._feature_dtype()
         if is_in_memory(X):
             Xs = self._check_predict_input(X)
             _check_extreme_rows(Xs, 0, dtype)
-            out = predict_with_std(cast_rows(Xs, dtype), self.kernel_, self.centers_, coef2,
+            out = predict_with_std(cast_rows(Xs, dtype), self.kernel_, centers, coef2,
                                    self.intercept_, post, exact=exact).astype(self._output_dtype(), copy=False)
             return out[:, :t], out[:, t:]
         self._refuse_sparse(X)
@@ -304,7 +319,7 @@ class KernelModelBase(BaseEstimator):
         self._check_n_features(Xd.shape)
         Xs = (self.scaler_.transform(Xd) if self.scaler_ is not None else Xd).astype(dtype)
         both = Xs.map_blocks(
-            _predict_std_block, self.kernel_, self.centers_, coef2, self.intercept_, post, exact,
+            _predict_std_block, self.kernel_, centers, coef2, self.intercept_, post, exact,
             dtype=np.float64, chunks=(Xs.chunks[0], (2 * t,)),
         ).astype(self._output_dtype(), copy=False)
         return both[:, :t], both[:, t:]
@@ -321,11 +336,15 @@ class KernelModelBase(BaseEstimator):
             )
 
     # ------------------------------------------------------------ persistence
-    def save(self, path: Any, *, overwrite: bool = False) -> Any:
-        """Save the fitted model (arrays + JSON metadata, no pickle); see :func:`daskkrr.load`."""
+    def save(self, path: Any, *, overwrite: bool = False, store: str = "auto") -> Any:
+        """Save the fitted model (arrays + JSON metadata, no pickle); see :func:`daskkrr.load`.
+
+        ``store`` says where the centers and coefficients go: "npz" (with the other arrays),
+        "zarr" (a chunked Zarr store in the folder, read lazily by the loaded model's predict) or
+        "auto" (Zarr from :data:`~daskkrr.models.persistence.ZARR_MIN_BYTES`; see :func:`save_model`)."""
         from daskkrr.models.persistence import save_model
 
-        return save_model(self, path, overwrite=overwrite)
+        return save_model(self, path, overwrite=overwrite, store=store)
 
 
 def length_scale(sigma: Any, n_features: int | None) -> float | tuple[float, ...]:
@@ -353,13 +372,19 @@ def length_scale(sigma: Any, n_features: int | None) -> float | tuple[float, ...
     return tuple(float(v) for v in scales)
 
 
+def _checked_rows(Xb: np.ndarray, block_info: dict | None = None) -> np.ndarray:
+    """``Xb`` after the NaN/inf and overflow checks, which name its rows by their place in ``X``."""
+    start = block_info[0]["array-location"][0][0] if block_info and 0 in block_info else 0
+    _check_finite_rows(Xb, start)
+    _check_extreme_rows(Xb, start, Xb.dtype)
+    return Xb
+
+
 def _predict_block(
     Xb: np.ndarray, kernel: Kernel, Z: np.ndarray, coef: np.ndarray, y_mean: np.ndarray,
     block_info: dict | None = None,
 ) -> np.ndarray:
-    start = block_info[0]["array-location"][0][0] if block_info and 0 in block_info else 0
-    _check_finite_rows(Xb, start)
-    _check_extreme_rows(Xb, start, Xb.dtype)
+    _checked_rows(Xb, block_info)
     return engine_for(kernel).matvec(kernel, Xb, Z, coef) + y_mean
 
 
@@ -367,9 +392,7 @@ def _predict_std_block(
     Xb: np.ndarray, kernel: Kernel, Z: np.ndarray, coef: np.ndarray, intercept: np.ndarray, post: Any,
     exact: bool, block_info: dict | None = None,
 ) -> np.ndarray:
-    start = block_info[0]["array-location"][0][0] if block_info and 0 in block_info else 0
-    _check_finite_rows(Xb, start)
-    _check_extreme_rows(Xb, start, Xb.dtype)
+    _checked_rows(Xb, block_info)
     return predict_with_std(Xb, kernel, Z, coef, intercept, post, exact=exact)
 
 

@@ -21,14 +21,23 @@ import numpy as np
 from sklearn.utils._param_validation import InvalidParameterError
 
 import daskkrr
-from daskkrr.models.persistence import ARRAYS_FILE, FORMAT_NAME, FORMAT_VERSION, METADATA_FILE, ModelFileError
+from daskkrr.data.model_store import STORE_NAME, first_non_finite, open_model_arrays
+from daskkrr.models.persistence import (
+    ARRAYS_FILE,
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    METADATA_FILE,
+    ZARR_ARRAYS,
+    ModelFileError,
+)
 from daskkrr.sampling.fixed import NOT_A_ROW
 from daskkrr.utils.jsonable import SAMPLER_CENTERS_ARRAY
 from daskkrr.utils.safe_files import contained_file, read_json_object, read_npz
 
 #: Top-level fields of ``daskkrr-model.json``; any other is refused (format version 1 has exactly these).
 KNOWN_FIELDS = frozenset({"format", "format_version", "library_version", "estimator", "params", "kernel", "scaler",
-                          "fitted", "sampler_info", "feature_names", "posterior", "classes", "state"})
+                          "fitted", "sampler_info", "feature_names", "posterior", "classes", "state",
+                          "zarr_arrays"})
 #: Arrays of real numbers: save writes them as float32 or float64 (an integer, bool or float16 array is an edit).
 FLOAT_ARRAYS = frozenset({"centers", "coef", "center_weights", "residuals", "y_mean", "intercept", "class_weight",
                           "basis", "eigenvalues", "explained_variance_ratio", "cluster_centers"})
@@ -46,7 +55,10 @@ class ModelFile:
 
     folder: Path
     meta: dict[str, Any]
-    arrays: dict[str, np.ndarray]
+    #: numpy arrays from ``arrays.npz``; lazy (dask) ones from the Zarr store (:mod:`daskkrr.data.model_store`).
+    arrays: dict[str, Any]
+    #: The file (a Zarr array's folder) of each array not in ``arrays.npz``, named by its errors.
+    sources: dict[str, Path] = dataclasses.field(default_factory=dict)
 
     @property
     def meta_path(self) -> Path:
@@ -87,27 +99,44 @@ class ModelFile:
             raise ModelFileError(meta_path, "library_version", f"is {meta['library_version']!r}; expected the "
                                  "version string save() writes")
         model_file = cls(folder, meta, arrays)
-        for key, value in arrays.items():
+        model_file.add_zarr_arrays()
+        for key, value in model_file.arrays.items():
             model_file.check_dtype(key, value)
             model_file.check_finite(key, value)
         model_file.check_centers()
         model_file.check_fitted_scalars()
         return model_file
 
+    def add_zarr_arrays(self) -> None:
+        """The arrays of the model's Zarr store (``zarr_arrays`` lists them), checked and opened lazily."""
+        names = self.meta.get("zarr_arrays")
+        if names is None:
+            return
+        if names != list(ZARR_ARRAYS):
+            raise self.meta_error("zarr_arrays", f"is {names!r}; save() writes {list(ZARR_ARRAYS)} (the arrays "
+                                                 f"kept in {STORE_NAME})")
+        both = sorted(set(names) & set(self.arrays))
+        if both:
+            raise self.array_error(both[0], f"is in {ARRAYS_FILE} and in {STORE_NAME}; save() writes it once")
+        self.arrays.update(open_model_arrays(self.folder, tuple(names), ModelFileError))
+        self.sources.update({name: self.folder / STORE_NAME / name for name in names})
+
     # ------------------------------------------------------------------ errors
     def meta_error(self, field: str, problem: str) -> ModelFileError:
         return ModelFileError(self.meta_path, field, problem)
 
     def array_error(self, field: str, problem: str) -> ModelFileError:
-        return ModelFileError(self.arrays_path, field, problem)
+        return ModelFileError(self.sources.get(field, self.arrays_path), field, problem)
 
-    def check_finite(self, name: str, value: np.ndarray) -> None:
-        """Refuse NaN or inf in a float array (a model holding them predicts NaN), naming the first."""
-        if value.dtype.kind != "f" or np.isfinite(value).all():
+    def check_finite(self, name: str, value: Any) -> None:
+        """Refuse NaN or inf in a float array (a model holding them predicts NaN), naming the first; a lazy
+        array is read one chunk at a time."""
+        if value.dtype.kind != "f":
             return
-        bad = np.flatnonzero(~np.isfinite(value.reshape(-1)))
-        where = tuple(int(i) for i in np.unravel_index(int(bad[0]), value.shape))
-        raise self.array_error(name, f"holds {bad.size} NaN or inf value(s), the first at index {where}; "
+        found = _first_non_finite(value) if isinstance(value, np.ndarray) else first_non_finite(value)
+        if found is None:
+            return
+        raise self.array_error(name, f"holds {found[0]} NaN or inf value(s), the first at index {found[1]}; "
                                      "a model holding them predicts NaN")
 
     def check_dtype(self, name: str, value: np.ndarray) -> None:
@@ -294,6 +323,14 @@ class ModelFile:
             got = f"a list of {len(names)}" if isinstance(names, list) else f"a JSON {type(names).__name__}"
             raise self.meta_error("feature_names", f"must be a list of {d} strings (one per feature); got {got}")
         return np.asarray(names, dtype=object)
+
+
+def _first_non_finite(value: np.ndarray) -> tuple[int, tuple[int, ...]] | None:
+    """``(count, index of the first)`` of the NaN/inf values of an in-memory array; None if all are finite."""
+    if np.isfinite(value).all():
+        return None
+    bad = np.flatnonzero(~np.isfinite(value.reshape(-1)))
+    return bad.size, tuple(int(i) for i in np.unravel_index(int(bad[0]), value.shape))
 
 
 def _named_parameter(message: str, params: dict[str, Any]) -> str | None:

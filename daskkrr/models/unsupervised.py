@@ -171,10 +171,15 @@ class NystromUnsupervisedBase(KernelModelBase):
         Xs = self.scaler_.transform(Xd) if self.scaler_ is not None else Xd
         return Xs.astype(np.float64), False
 
-    def save(self, path: Any, *, overwrite: bool = False) -> Any:
-        """Save the fitted model (arrays + JSON metadata, no pickle); see :func:`daskkrr.load`."""
+    def save(self, path: Any, *, overwrite: bool = False, store: str = "auto") -> Any:
+        """Save the fitted model (arrays + JSON metadata, no pickle); see :func:`daskkrr.load`.
+
+        All its arrays go to ``arrays.npz``: ``store`` may be "auto" or "npz".
+        """
+        from daskkrr.models.persistence import check_store
         from daskkrr.models.unsupervised_persistence import save_unsupervised
 
+        check_store(store, self, zarr_possible=False)
         return save_unsupervised(self, path, overwrite=overwrite)
 
 

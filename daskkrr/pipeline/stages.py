@@ -204,8 +204,12 @@ def falkon_preconditioner(ctx: FitContext, *, sketch: bool = True, iterative: bo
                                         executor=ctx.executor)
     tiled = ctx.factor_plan.route == "tiled"
     if tiled and getattr(p, "compute_std", False):
+        # Not tiled: the posterior is two M x M triangular factors (T and R) that return_std applies whole to
+        # every predicted row and that the model file keeps, and its fast variance is an M x M eigenproblem.
         raise ValueError(f"compute_std needs the M x M posterior on the client, but {ctx.factor_plan.reason}; "
-                         "fit without compute_std, or with preconditioner_route='dense' and enough memory")
+                         f"the posterior's two {Z.shape[0]} x {Z.shape[0]} factors would be held by every "
+                         "process that predicts and saved with the model. Fit without compute_std, or with "
+                         "fewer centers (or preconditioner_route='dense' where the client has the memory)")
     if sketch:
         saved = getattr(ctx.store, "saved_sketch_rows", lambda: None)()  # a resumed fit keeps its sketch
         saved_on = getattr(ctx.store, "saved_sketch_on", lambda: None)()  # ... and where it was summed
