@@ -11,9 +11,9 @@ the upper triangles of ``T`` and ``A`` (and, while ``A`` is factored, of the inn
 as ``b x b`` tiles: ``3 x M^2 / 2`` entries of the factors' precision across the workers, and
 at most a few tiles per task. With float32 factors the inner matrix's place is then taken by
 ``D K_MM D`` in float64 tiles (the penalty term's, as the dense route keeps it): ``T``, ``A`` and
-twice a float32 triangle, :data:`TILED_FLOAT32_UNITS` float32 triangles. Its tiles stay in the workers' memory when they fit in
-:data:`TILE_MEMORY_FRACTION` of it (and of ``memory_budget``), else they are spilled to a Zarr
-store on disk.
+twice a float32 triangle, :data:`TILED_FLOAT32_UNITS` float32 triangles. Its tiles stay in the
+workers' memory when they fit in :data:`TILE_MEMORY_FRACTION` of it (and of ``memory_budget``),
+else they are spilled to a Zarr store on disk.
 
 ``preconditioner_route="auto"`` takes the dense route whenever its matrices fit in
 :data:`CLIENT_MEMORY_FRACTION` of the client's memory budget (the memory available to this

@@ -55,6 +55,7 @@ __all__ = [
     "ZarrTile",
     "kernel_cholesky",
     "kernel_tiles",
+    "solve_column_norms",
     "solve_graphs",
     "solve_upper_tiled",
     "tiled_cholesky",
@@ -429,13 +430,15 @@ def tiled_cholesky(executor: Executor, layout: TileLayout, source: TileSource, p
 
 def kernel_cholesky(executor: Executor, Z: np.ndarray, kernel: Kernel, *, tile: int, dtype: Any = "float64",
                     weights: np.ndarray | None = None, store: TileStore | None = None,
-                    relative_jitter: float | None = None,
-                    what: str = "center kernel matrix K_MM") -> tuple[TiledMatrix, float, np.ndarray]:
-    """Tiled upper Cholesky factor of ``D K(Z, Z) D + jitter I`` (``D = diag(sqrt(weights))``).
+                    relative_jitter: float | None = None, what: str = "center kernel matrix K_MM",
+                    regularizer: float = 0.0,
+                    advice: str = SINGULAR_ADVICE) -> tuple[TiledMatrix, float, np.ndarray]:
+    """Tiled upper Cholesky factor of ``D K(Z, Z) D + (regularizer + jitter) I`` (``D = diag(sqrt(weights))``).
 
     The tiles of ``K`` are computed from the centers inside the graph (and again on a jitter
-    retry): they are never all held at once beside the factor. Returns the factor, the jitter and
-    ``d = sqrt(weights)``.
+    retry): they are never all held at once beside the factor. The jitter policy is the dense
+    :func:`~daskkrr.utils.linalg.cholesky_jitter`'s on the regularised matrix (``advice`` ends its
+    error). Returns the factor, the jitter and ``d = sqrt(weights)``.
     """
     Z = np.ascontiguousarray(Z, dtype=np.float64)
     M = Z.shape[0]
@@ -443,11 +446,11 @@ def kernel_cholesky(executor: Executor, Z: np.ndarray, kernel: Kernel, *, tile: 
     if d.shape != (M,):
         raise ValueError(f"weights must have shape ({M},); got {d.shape}")
     layout = TileLayout(M, max(1, min(int(tile), M)))
-    diagonal = kernel.diag(Z) * d**2
+    diagonal = kernel.diag(Z) * d**2 + float(regularizer)
     if not np.all(np.isfinite(diagonal)):
         raise np.linalg.LinAlgError(f"{what} of shape {(M, M)} has NaN or inf entries")
     policy = JitterPolicy.for_matrix((M, M), float(np.mean(diagonal)), np.dtype(dtype), what=what,
-                                     relative_jitter=relative_jitter, advice=SINGULAR_ADVICE)
+                                     relative_jitter=relative_jitter, advice=advice)
     handle = executor.broadcast((Z, d, kernel))
 
     def source(i: int, j: int, shift: float, target: Any) -> Delayed:
@@ -571,6 +574,18 @@ def gather(executor: Executor, graphs: Sequence[Any], shape: tuple[int, ...]) ->
     """Compute row-block graphs here and stack them into an array of ``shape``."""
     parts = executor.backend.compute(list(graphs))
     return np.concatenate([np.asarray(p, dtype=np.float64) for p in parts], axis=0).reshape(shape)
+
+
+def _column_squares(V: np.ndarray) -> np.ndarray:
+    return np.einsum("ij,ij->j", V, V)
+
+
+def solve_column_norms(T: TiledMatrix, V: np.ndarray, *, trans: bool = False) -> np.ndarray:
+    """``||(T^{-1} V)_{:, c}||^2`` (``T^{-T}`` with ``trans``) of each column of ``V`` (``(M, k)``): the solved
+    blocks are squared where they are computed, and only ``k`` numbers per tile row come here."""
+    solved = solve_graphs(T, as_blocks(T.layout, V), trans=trans)
+    squares = [delayed(_column_squares, pure=True)(x, dask_key_name=_key("solve")) for x in solved]
+    return np.sum(T.executor.backend.compute(squares), axis=0)
 
 
 def solve_upper_tiled(T: TiledMatrix, V: np.ndarray, *, trans: bool = False) -> np.ndarray:
