@@ -9,9 +9,11 @@ float64 matrices, ``3 x 8 M^2`` bytes, 2.4 GB at M = 10 000 and 60 GB at M = 50 
 The tiled route (:class:`~daskkrr.parallel.tiled_falkon.TiledFalkonPreconditioner`) holds
 the upper triangles of ``T`` and ``A`` (and, while ``A`` is factored, of the inner matrix)
 as ``b x b`` tiles: ``3 x M^2 / 2`` entries of the factors' precision across the workers, and
-at most a few tiles per task. Its tiles stay in the workers' memory when they fit in
-:data:`TILE_MEMORY_FRACTION` of it (and of ``memory_budget``), else they are spilled to a Zarr
-store on disk.
+at most a few tiles per task. With float32 factors the inner matrix's place is then taken by
+``D K_MM D`` in float64 tiles (the penalty term's, as the dense route keeps it): ``T``, ``A`` and
+twice a float32 triangle, :data:`TILED_FLOAT32_UNITS` float32 triangles. Its tiles stay in the
+workers' memory when they fit in :data:`TILE_MEMORY_FRACTION` of it (and of ``memory_budget``),
+else they are spilled to a Zarr store on disk.
 
 ``preconditioner_route="auto"`` takes the dense route whenever its matrices fit in
 :data:`CLIENT_MEMORY_FRACTION` of the client's memory budget (the memory available to this
@@ -42,6 +44,8 @@ DENSE_FACTOR_MATRICES = 3
 CLIENT_MEMORY_FRACTION = 0.5
 #: Triangular tile matrices the tiled route holds at once: ``T``, the inner matrix and ``A``.
 TILED_MATRICES = 3
+#: Float32 triangles held with float32 factors once ``A`` is factored: ``T``, ``A`` and the float64 kernel tiles.
+TILED_FLOAT32_UNITS = 4
 #: Largest share of the workers' memory (and of ``memory_budget``) the kept tiles may take; beyond it
 #: they are spilled to Zarr.
 TILE_MEMORY_FRACTION = 0.5
@@ -96,10 +100,11 @@ def dense_bytes(n_centers: int) -> int:
 
 
 def tiled_bytes(n_centers: int, tile: int, itemsize: int) -> int:
-    """Bytes of the tiled route's triangular tile matrices, all workers together."""
+    """Bytes of the tiled route's triangular tile matrices, all workers together (the most held at once)."""
     from daskkrr.parallel.tiled_linalg import triangle_bytes
 
-    return TILED_MATRICES * triangle_bytes(n_centers, tile, itemsize)
+    units = TILED_FLOAT32_UNITS if itemsize == 4 else TILED_MATRICES
+    return units * triangle_bytes(n_centers, tile, itemsize)
 
 
 def plan_factor(n_centers: int, factor_itemsize: int, budget: Budget, *, route: str = "auto",

@@ -14,7 +14,7 @@ CG's speed only: both converge to the same Nystrom solution.
 
 The rest follows the dense class: the same jitter (policy and floor), the same float32
 factorisation from 2048 centers in a float32 fit with ``D K_MM D`` applied exactly in the
-penalty term (recomputed tile by tile from the centers instead of kept), the same
+penalty term (kept as float64 tiles where the factors are, as the dense route keeps it), the same
 ``exact_penalty`` term ``v - jitter T^{-T} T^{-1} v``.
 """
 
@@ -36,13 +36,14 @@ from daskkrr.parallel.tiled_linalg import (
     as_blocks,
     gather,
     kernel_cholesky,
+    kernel_tiles,
     shifted_source,
     solve_graphs,
     tiled_cholesky,
     upper_matvec_graphs,
     upper_times_transpose,
 )
-from daskkrr.parallel.tiles import _key, _recompute_product, _sum_roles
+from daskkrr.parallel.tiles import _kept_product, _key, _sum_roles
 from daskkrr.utils.linalg import JitterPolicy
 
 __all__ = ["TiledFalkonPreconditioner", "tiled_diagonal"]
@@ -67,6 +68,16 @@ def _scale_rows(x: np.ndarray, d: np.ndarray, factor: float) -> np.ndarray:
     return np.asarray(x, dtype=np.float64) * d[:, None] * factor
 
 
+def _data_plus_penalty(c: np.ndarray, d: np.ndarray, factor: float, lam: float, q: np.ndarray) -> np.ndarray:
+    """``D c * factor + lam q`` (the right-hand side of the operator's one ``T^{-T}`` solve)."""
+    return _scale_rows(c, d, factor) + lam * np.asarray(q, dtype=np.float64)
+
+
+def _tile_product(K: Any, vi: np.ndarray, vj: np.ndarray, diagonal: bool) -> tuple:
+    """``(K v_j, K^T v_i)`` of a kept kernel tile (read from the spill store where it is a marker)."""
+    return _kept_product(_load(K), vi, vj, diagonal, None, None)
+
+
 @dataclasses.dataclass
 class TiledFalkonPreconditioner:
     """The factors ``T`` and ``A`` of FALKON's preconditioner as tiles (see the module docstring).
@@ -82,8 +93,9 @@ class TiledFalkonPreconditioner:
     jitter: float
     exact_penalty: bool
     factor_precision: str
-    #: ``(Z, kernel)`` when the factors are float32: the penalty term applies ``D K_MM D``, recomputed.
-    centers: tuple[np.ndarray, Kernel] | None = None
+    #: ``D K_MM D`` as float64 tiles, kept when the factors are float32: the penalty term applies it exactly
+    #: (as the dense route keeps it; recomputing its tiles each CG iteration took most of an iteration's time).
+    kmm: TiledMatrix | None = None
     store: TileStore | None = None
     #: No sketch: the inner matrix is FALKON's own, in float64 unless the factors are float32.
     precision: str = "float64"
@@ -139,11 +151,11 @@ class TiledFalkonPreconditioner:
             center = gather(executor, upper_matvec_graphs(T, as_blocks(T.layout, np.ones(M))), (M,))
         inner = upper_times_transpose(T, rows=float(M), center=center, shift=float(penalty), store=store)
         A = cls._factor_inner(executor, inner, single, store)
-        inner.release()
+        inner.release()  # before the kernel tiles: they take its place (parallel.factor_cost counts them)
+        kept = kernel_tiles(executor, Z, kernel, d, tile=T.layout.b, store=store) if single else None
         return cls(T=T, A=A, d=d, penalty=float(penalty), n=float(n), jitter=jitter,
                    exact_penalty=relative_jitter is not None or single, factor_precision=factor_precision,
-                   centers=(np.ascontiguousarray(Z, dtype=np.float64), kernel) if single else None, store=store,
-                   precision="float32" if single else "float64")
+                   kmm=kept, store=store, precision="float32" if single else "float64")
 
     @staticmethod
     def _factor_inner(executor: Executor, inner: TiledMatrix, single: bool, store: TileStore | None) -> TiledMatrix:
@@ -195,8 +207,15 @@ class TiledFalkonPreconditioner:
         return gather(self.executor, solve_graphs(self.A, w, trans=True), b.shape)
 
     def operator(self, gram_matvec: Callable[[np.ndarray], np.ndarray]) -> Callable[[np.ndarray], np.ndarray]:
-        """The preconditioned FALKON operator ``beta -> P^T H P beta / n``: two graphs of tile solves
-        around the caller's ``gram_matvec`` (the pass over the data)."""
+        """The preconditioned FALKON operator ``beta -> P^T H P beta / n``: one graph of tile solves on each
+        side of the caller's ``gram_matvec`` (the pass over the data), the least CG allows.
+
+        ``P^T H P beta / n = A^{-T} (T^{-T} (D c / n + lambda q) + lambda r)`` with ``v = A^{-1} beta``,
+        ``t = T^{-1} v``, ``c = K_nM^T K_nM D t`` (the caller's), and the penalty term
+        ``T^{-T} D K_MM D t`` split as ``T^{-T} q + r``: ``q = D K_MM D t``, ``r = 0`` with the kernel
+        tiles kept (float32 factors), else ``q = -jitter t``, ``r = v`` (``exact_penalty``) or ``q = 0``,
+        ``r = v``. One ``T^{-T}`` solve then serves both terms (the dense route does two).
+        """
 
         def apply(beta: np.ndarray) -> np.ndarray:
             beta = np.asarray(beta, dtype=np.float64)
@@ -205,40 +224,40 @@ class TiledFalkonPreconditioner:
             parts = self.executor.backend.compute([*v, *t])
             nb = self.T.layout.nb
             v_blocks, t_blocks = parts[:nb], parts[nb:]
-            t_full = np.concatenate(t_blocks, axis=0)
-            u = (self.d[:, None] * t_full).reshape(beta.shape)
+            u = (self.d[:, None] * np.concatenate(t_blocks, axis=0)).reshape(beta.shape)
             c = np.asarray(gram_matvec(u), dtype=np.float64).reshape(beta.shape)
-            w = solve_graphs(self.T, self._scaled(self._blocks(c), 1.0 / self.n), trans=True)
-            total = [delayed(_lincomb, pure=True)(1.0, wi, self.penalty, pi, dask_key_name=_key("solve"))
-                     for wi, pi in zip(w, self._penalty_graphs(v_blocks, t_blocks))]
-            return gather(self.executor, solve_graphs(self.A, total, trans=True), beta.shape)
+            return gather(self.executor, self._back_graphs(self._blocks(c), v_blocks, t_blocks), beta.shape)
 
         return apply
 
-    def _penalty_graphs(self, v: list[np.ndarray], t: list[np.ndarray]) -> list[Any]:
-        """``T^{-T} D K_MM D T^{-1} v`` for ``t = T^{-1} v``, block by block (see
-        :class:`~daskkrr.solvers.FalkonPreconditioner`)."""
-        if self.centers is not None:
-            return solve_graphs(self.T, self._kernel_product(t), trans=True)
-        if not self.exact_penalty:
-            return list(v)
-        back = solve_graphs(self.T, t, trans=True)
-        return [delayed(_lincomb, pure=True)(1.0, vi, -self.jitter, bi, dask_key_name=_key("solve"))
-                for vi, bi in zip(v, back)]
+    def _back_graphs(self, c: list[np.ndarray], v: list[np.ndarray], t: list[np.ndarray]) -> list[Delayed]:
+        """``A^{-T} (T^{-T} (D c / n + lambda q) + lambda r)`` block by block (see :meth:`operator`)."""
+        lam = self.penalty
+        d = self._d_blocks()
+        if self.kmm is not None:
+            q = self._kernel_product(t)
+            inner = [delayed(_data_plus_penalty, pure=True)(ci, di[:, 0], 1.0 / self.n, lam, qi,
+                                                            dask_key_name=_key("solve"))
+                     for ci, di, qi in zip(c, d, q)]
+            return solve_graphs(self.A, solve_graphs(self.T, inner, trans=True), trans=True)
+        shift = -lam * self.jitter if self.exact_penalty else 0.0
+        inner = [delayed(_data_plus_penalty, pure=True)(ci, di[:, 0], 1.0 / self.n, shift, ti,
+                                                        dask_key_name=_key("solve"))
+                 for ci, di, ti in zip(c, d, t)]
+        w = solve_graphs(self.T, inner, trans=True)
+        total = [delayed(_lincomb, pure=True)(1.0, wi, lam, vi, dask_key_name=_key("solve")) for wi, vi in zip(w, v)]
+        return solve_graphs(self.A, total, trans=True)
 
     def _kernel_product(self, t: list[np.ndarray]) -> list[Delayed]:
-        """``D K_MM D t`` with the kernel tiles recomputed from the centers (upper triangle: a tile
-        ``(i, j)`` gives ``K_ij t_j`` to block ``i`` and ``K_ij^T t_i`` to block ``j``)."""
-        if self.centers is None:
-            raise RuntimeError("the kernel product of the penalty term needs the centers (float32 factors)")
-        Z, kernel = self.centers
-        L = self.T.layout
-        Zb = L.split(Z)
-        db = self._d_blocks()
-        contrib: list[list[tuple[int, Delayed]]] = [[] for _ in range(L.nb)]
-        for i, j in L.pairs:
-            task = delayed(_recompute_product, pure=True)(Zb[i], Zb[j], t[i], t[j], kernel, i == j, db[i], db[j],
-                                                          dask_key_name=_key("kmm"))
+        """``D K_MM D t`` from the kept tiles (upper triangle: a tile ``(i, j)`` gives ``K_ij t_j`` to block
+        ``i`` and ``K_ij^T t_i`` to block ``j``; each tile is read once)."""
+        if self.kmm is None:
+            raise RuntimeError("the kernel product of the penalty term needs the kept kernel tiles (float32 factors)")
+        K = self.kmm
+        contrib: list[list[tuple[int, Delayed]]] = [[] for _ in range(K.layout.nb)]
+        for i, j in K.layout.pairs:
+            task = delayed(_tile_product, pure=True, traverse=False)(K.tile(i, j), t[i], t[j], i == j,
+                                                                     dask_key_name=_key("kmm"))
             contrib[i].append((0, task))
             if i != j:
                 contrib[j].append((1, task))
@@ -250,5 +269,7 @@ class TiledFalkonPreconditioner:
         """Free the tiles (and the spill store)."""
         self.T.release()
         self.A.release()
+        if self.kmm is not None:
+            self.kmm.release()
         if self.store is not None:
             self.store.close()

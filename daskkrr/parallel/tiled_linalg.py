@@ -54,6 +54,8 @@ __all__ = [
     "TiledMatrix",
     "ZarrTile",
     "kernel_cholesky",
+    "kernel_tiles",
+    "solve_column_norms",
     "solve_graphs",
     "solve_upper_tiled",
     "tiled_cholesky",
@@ -268,17 +270,27 @@ def _op_scale_center(G: np.ndarray, rows: float, wi: np.ndarray | None, wj: np.n
 
 
 def _op_trsv(Tii: np.ndarray, B: np.ndarray, trans: bool) -> np.ndarray:
-    """``T_ii^{-1} B`` (``T_ii^{-T} B``) in float64: every solve is then one fixed linear map."""
-    from scipy.linalg import solve_triangular
+    """``T_ii^{-1} B`` (``T_ii^{-T} B``) in float64: every solve is then one fixed linear map. A float32
+    tile is read as it is (:func:`~daskkrr.utils.linalg.solve_upper`'s mixed loops): upcasting it took
+    twenty times the solve itself."""
+    from daskkrr.utils.linalg import solve_upper
 
-    return solve_triangular(np.asarray(Tii, dtype=np.float64), B, lower=False, trans="T" if trans else "N",
-                            check_finite=False)
+    return solve_upper(Tii, np.asarray(B, dtype=np.float64), trans=trans)
 
 
 def _op_minus_product(acc: np.ndarray, Tij: np.ndarray, x: np.ndarray, trans: bool) -> np.ndarray:
-    """``acc - T_ij x`` (``acc - T_ij^T x``) in float64."""
-    T = np.asarray(Tij, dtype=np.float64)
-    return acc - (T.T @ x if trans else T @ x)
+    """``acc - T_ij x`` (``acc - T_ij^T x``) in float64 (a float32 tile read as it is for a few columns, as
+    in :func:`_op_trsv`; for more, upcast for BLAS)."""
+    from daskkrr.utils.linalg import MIXED_SOLVE_MAX_COLUMNS
+
+    x = np.asarray(x, dtype=np.float64)
+    if Tij.dtype == np.float32:
+        if x.ndim == 1 or x.shape[1] <= MIXED_SOLVE_MAX_COLUMNS:
+            from daskkrr.utils.mixed_solve import minus_product_mixed
+
+            return minus_product_mixed(acc, Tij, x, trans)
+        Tij = np.asarray(Tij, dtype=np.float64)
+    return np.asarray(acc, dtype=np.float64) - (Tij.T @ x if trans else Tij @ x)
 
 
 def _op_upper_matvec(acc: np.ndarray | None, Tij: np.ndarray, x: np.ndarray) -> np.ndarray:
@@ -418,13 +430,15 @@ def tiled_cholesky(executor: Executor, layout: TileLayout, source: TileSource, p
 
 def kernel_cholesky(executor: Executor, Z: np.ndarray, kernel: Kernel, *, tile: int, dtype: Any = "float64",
                     weights: np.ndarray | None = None, store: TileStore | None = None,
-                    relative_jitter: float | None = None,
-                    what: str = "center kernel matrix K_MM") -> tuple[TiledMatrix, float, np.ndarray]:
-    """Tiled upper Cholesky factor of ``D K(Z, Z) D + jitter I`` (``D = diag(sqrt(weights))``).
+                    relative_jitter: float | None = None, what: str = "center kernel matrix K_MM",
+                    regularizer: float = 0.0,
+                    advice: str = SINGULAR_ADVICE) -> tuple[TiledMatrix, float, np.ndarray]:
+    """Tiled upper Cholesky factor of ``D K(Z, Z) D + (regularizer + jitter) I`` (``D = diag(sqrt(weights))``).
 
     The tiles of ``K`` are computed from the centers inside the graph (and again on a jitter
-    retry): they are never all held at once beside the factor. Returns the factor, the jitter and
-    ``d = sqrt(weights)``.
+    retry): they are never all held at once beside the factor. The jitter policy is the dense
+    :func:`~daskkrr.utils.linalg.cholesky_jitter`'s on the regularised matrix (``advice`` ends its
+    error). Returns the factor, the jitter and ``d = sqrt(weights)``.
     """
     Z = np.ascontiguousarray(Z, dtype=np.float64)
     M = Z.shape[0]
@@ -432,11 +446,11 @@ def kernel_cholesky(executor: Executor, Z: np.ndarray, kernel: Kernel, *, tile: 
     if d.shape != (M,):
         raise ValueError(f"weights must have shape ({M},); got {d.shape}")
     layout = TileLayout(M, max(1, min(int(tile), M)))
-    diagonal = kernel.diag(Z) * d**2
+    diagonal = kernel.diag(Z) * d**2 + float(regularizer)
     if not np.all(np.isfinite(diagonal)):
         raise np.linalg.LinAlgError(f"{what} of shape {(M, M)} has NaN or inf entries")
     policy = JitterPolicy.for_matrix((M, M), float(np.mean(diagonal)), np.dtype(dtype), what=what,
-                                     relative_jitter=relative_jitter, advice=SINGULAR_ADVICE)
+                                     relative_jitter=relative_jitter, advice=advice)
     handle = executor.broadcast((Z, d, kernel))
 
     def source(i: int, j: int, shift: float, target: Any) -> Delayed:
@@ -454,6 +468,23 @@ def _kernel_tile(shared: tuple[np.ndarray, np.ndarray, Kernel], rows: tuple[int,
     Z, d, kernel = shared
     r, c = slice(*rows), slice(*cols)
     return _apply(_op_kernel, target, Z[r], Z[c], kernel, d[r], d[c], diagonal, dtype)
+
+
+def kernel_tiles(executor: Executor, Z: np.ndarray, kernel: Kernel, d: np.ndarray, *, tile: int,
+                 dtype: Any = "float64", store: TileStore | None = None, name: str = "K") -> TiledMatrix:
+    """The upper-triangle tiles of ``D K(Z, Z) D`` (``D = diag(d)``), diagonal tiles whole (symmetric), kept
+    where they are computed (or spilled to ``store``)."""
+    Z = np.ascontiguousarray(Z, dtype=np.float64)
+    layout = TileLayout(Z.shape[0], max(1, min(int(tile), Z.shape[0])))
+    handle = executor.broadcast((Z, np.asarray(d, dtype=np.float64), kernel))
+    targets = _targets(store, layout, dtype, name)
+    graphs = [delayed(_kernel_tile, pure=True, traverse=False)(handle, layout.bounds(i), layout.bounds(j), None,
+                                                               str(np.dtype(dtype)), targets[(i, j)],
+                                                               dask_key_name=_key("kmm"))
+              for i, j in layout.pairs]
+    held = _hold(executor, graphs)
+    return TiledMatrix(executor, layout, np.dtype(dtype), dict(zip(layout.pairs, held)),
+                       "memory" if store is None else "zarr")
 
 
 # --------------------------------------------------------------------------- T T^T
@@ -543,6 +574,18 @@ def gather(executor: Executor, graphs: Sequence[Any], shape: tuple[int, ...]) ->
     """Compute row-block graphs here and stack them into an array of ``shape``."""
     parts = executor.backend.compute(list(graphs))
     return np.concatenate([np.asarray(p, dtype=np.float64) for p in parts], axis=0).reshape(shape)
+
+
+def _column_squares(V: np.ndarray) -> np.ndarray:
+    return np.einsum("ij,ij->j", V, V)
+
+
+def solve_column_norms(T: TiledMatrix, V: np.ndarray, *, trans: bool = False) -> np.ndarray:
+    """``||(T^{-1} V)_{:, c}||^2`` (``T^{-T}`` with ``trans``) of each column of ``V`` (``(M, k)``): the solved
+    blocks are squared where they are computed, and only ``k`` numbers per tile row come here."""
+    solved = solve_graphs(T, as_blocks(T.layout, V), trans=trans)
+    squares = [delayed(_column_squares, pure=True)(x, dask_key_name=_key("solve")) for x in solved]
+    return np.sum(T.executor.backend.compute(squares), axis=0)
 
 
 def solve_upper_tiled(T: TiledMatrix, V: np.ndarray, *, trans: bool = False) -> np.ndarray:

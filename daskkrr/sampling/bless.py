@@ -34,6 +34,7 @@ from daskkrr.sampling.base import (
 from daskkrr.sampling.bless_core import (
     BlessFactor,
     LevelSample,
+    TiledBlessFactor,
     bless_gammas,
     bless_level_block,
     bless_level_rows,
@@ -90,6 +91,15 @@ class BlessSampler(CenterSampler):
     budget_overshoot : float
         With a budget and gamma = None, stop descending once a level keeps more than
         ``budget_overshoot * n_centers`` rows (default 2), then thin to the budget.
+    factor_route : {"auto", "dense", "tiled"}
+        Where a level factors the previous dictionary's ``m x m`` matrix: on the client
+        ("dense": its Gram, weighted copy and factor, ``3 x 8 m^2`` bytes) or as tiles on the
+        workers or spilled to Zarr ("tiled", :mod:`daskkrr.parallel.tiled_linalg`); "auto" asks
+        FALKON's factor cost model (:func:`~daskkrr.parallel.factor_cost.plan_factor`), which
+        takes the tiled route only when the dense one does not fit half the client's memory.
+    memory_budget : int or None
+        Bytes that cap the client's (and the workers') memory in that choice (None: what is
+        available).
 
     Notes
     -----
@@ -110,6 +120,8 @@ class BlessSampler(CenterSampler):
         random_state: int | None = None,
         max_candidate_bytes: int = 64 * 2**20,
         budget_overshoot: float = 2.0,
+        factor_route: str = "auto",
+        memory_budget: int | None = None,
     ):
         self.gamma = gamma
         self.q = q
@@ -119,6 +131,8 @@ class BlessSampler(CenterSampler):
         self.random_state = random_state
         self.max_candidate_bytes = max_candidate_bytes
         self.budget_overshoot = budget_overshoot
+        self.factor_route = factor_route
+        self.memory_budget = memory_budget
 
     def select(
         self,
@@ -168,19 +182,28 @@ class BlessSampler(CenterSampler):
         levels: list[dict[str, Any]] = []
         stopped = None
         for h, (g, b) in enumerate(zip(gammas, betas)):
-            factor = BlessFactor.from_dictionary(d, g)
-            if h < n_mem:
-                sample = bless_level_rows(cand_points, cand_rows, factor, kernel, g, b, self.q2, seed, h)
-            else:
-                sample = LevelSample.concat(passes.map(
-                    bless_level_block, executor.broadcast(factor), kernel, g, b, self.q2, seed, h,
-                    name="blesslevel", with_offsets=True))
-                n_passes += 1
-            d = dictionary_from_sample(sample, kernel)
+            factor, route = self._factor(d, g, kernel, executor)
+            try:
+                if h < n_mem:
+                    sample = bless_level_rows(cand_points, cand_rows, factor, kernel, g, b, self.q2, seed, h)
+                elif isinstance(factor, TiledBlessFactor):  # the tile graphs run from here: candidates come here
+                    rows_pts = passes.map(candidates_block, seed, b, name="blesscandidates", with_offsets=True)
+                    sample = bless_level_rows(np.concatenate([p[1] for p in rows_pts]),
+                                              np.concatenate([p[0] for p in rows_pts]), factor, kernel, g, b,
+                                              self.q2, seed, h)
+                    n_passes += 1
+                else:
+                    sample = LevelSample.concat(passes.map(
+                        bless_level_block, executor.broadcast(factor), kernel, g, b, self.q2, seed, h,
+                        name="blesslevel", with_offsets=True))
+                    n_passes += 1
+            finally:
+                factor.close()
+            d = dictionary_from_sample(sample)
             levels.append({
                 "level": h, "gamma": g, "beta": b, "candidates": sample.n_candidates,
                 "selected": d.size, "d_eff_estimate": sample.rls_sum / b,
-                "in_memory": h < n_mem,
+                "in_memory": h < n_mem, "factor_route": route,
             })
             if (budget is not None and self.gamma is None and h < len(gammas) - 1
                     and d.size > self.budget_overshoot * budget):
@@ -202,3 +225,17 @@ class BlessSampler(CenterSampler):
         out = d.to_center_dictionary(1, n, info)
         out.info["seconds"] = time.perf_counter() - t0
         return out
+
+    def _factor(self, d: Any, gamma: float, kernel: Kernel, executor: Any) -> tuple[Any, str]:
+        """The previous dictionary's factor for a level, dense or tiled as the factor cost model says."""
+        if not d.size:
+            return BlessFactor.from_dictionary(d, gamma, kernel), "none"
+        from daskkrr.parallel.strategies import plan_factor_route
+
+        plan = plan_factor_route(d.size, "float64", route=self.factor_route, memory_budget=self.memory_budget,
+                                 executor=executor)
+        if plan.route == "dense":
+            return BlessFactor.from_dictionary(d, gamma, kernel), "dense"
+        factor = TiledBlessFactor.from_dictionary(d, gamma, kernel, executor=executor, tile=plan.tile,
+                                                  spill=plan.storage == "zarr")
+        return factor, f"tiled ({plan.storage})"

@@ -37,6 +37,7 @@ import numpy as np
 from daskkrr.kernels import Kernel
 from daskkrr.kernels.sparse import dense_rows, is_sparse
 from daskkrr.sampling.dictionary import (
+    _GAMMA_ADVICE,
     DictionaryState,
     forward_solve,
     lower_cholesky,
@@ -54,10 +55,70 @@ class BlessFactor:
     L: np.ndarray
 
     @classmethod
-    def from_dictionary(cls, d: DictionaryState, gamma: float) -> BlessFactor:
+    def from_dictionary(cls, d: DictionaryState, gamma: float, kernel: Kernel) -> BlessFactor:
+        """``L L^T = S K_JJ S + gamma I`` (``S`` the selection weights' square roots), here in memory."""
         sw = np.sqrt(d.selection_weights(1))
-        L, _ = lower_cholesky(weighted_gram(d.gram, sw, gamma)) if d.size else (np.zeros((0, 0)), 0.0)
+        if not d.size:
+            return cls(points=d.points, sqrt_w=sw, L=np.zeros((0, 0)))
+        gram = d.gram if d.gram.shape[0] == d.size else np.asarray(kernel(d.points, d.points), dtype=np.float64)
+        L, _ = lower_cholesky(weighted_gram(gram, sw, gamma))
         return cls(points=d.points, sqrt_w=sw, L=L)
+
+    def residuals(self, kernel: Kernel, Xc: np.ndarray, kc: np.ndarray) -> np.ndarray:
+        """``k(x, x) - ||L^{-1} S k_J(x)||^2`` of the candidates ``Xc`` (``kc`` their kernel diagonal)."""
+        K_Jc = np.asarray(kernel(self.points, Xc), dtype=np.float64)
+        V = forward_solve(self.L, self.sqrt_w[:, None] * K_Jc)
+        return kc - np.einsum("ij,ij->j", V, V)
+
+    def close(self) -> None:
+        """Nothing to free (the factor is an array); as :class:`TiledBlessFactor`'s."""
+
+
+#: Bytes of one column chunk of ``V = T^{-T} S K_Jc`` on the tiled route (the candidates are solved a
+#: chunk at a time, so ``V`` is never ``m x candidates`` whole).
+TILED_SOLVE_BYTES = 64 * 2**20
+
+
+@dataclasses.dataclass
+class TiledBlessFactor:
+    """:class:`BlessFactor` with the factor as tiles (:mod:`daskkrr.parallel.tiled_linalg`), for dictionaries
+    whose ``m x m`` Gram, its weighted copy and factor do not fit the client: ``T^T T = S K_JJ S + gamma I``
+    (upper ``T = L^T``), the kernel tiles computed from the points inside the factorisation's graph."""
+
+    points: np.ndarray
+    sqrt_w: np.ndarray
+    T: Any
+    store: Any = None
+
+    @classmethod
+    def from_dictionary(cls, d: DictionaryState, gamma: float, kernel: Kernel, *, executor: Any, tile: int,
+                        spill: bool = False) -> TiledBlessFactor:
+        from daskkrr.parallel.tiled_linalg import TileStore, kernel_cholesky
+
+        if not d.size:
+            raise ValueError("the tiled BLESS factor needs a non-empty dictionary")
+        w = d.selection_weights(1)
+        store = TileStore() if spill else None
+        T, _, sw = kernel_cholesky(executor, d.points, kernel, tile=tile, weights=w, store=store, regularizer=gamma,
+                                   what="regularised dictionary Gram matrix D K D + gamma I", advice=_GAMMA_ADVICE)
+        return cls(points=d.points, sqrt_w=sw, T=T, store=store)
+
+    def residuals(self, kernel: Kernel, Xc: np.ndarray, kc: np.ndarray) -> np.ndarray:
+        """As :meth:`BlessFactor.residuals`, the solves a column chunk at a time through the tile graphs."""
+        from daskkrr.parallel.tiled_linalg import solve_column_norms
+
+        chunk = max(1, TILED_SOLVE_BYTES // (8 * self.T.layout.M))
+        out = np.array(kc, dtype=np.float64)
+        for a in range(0, Xc.shape[0], chunk):
+            K_Jc = np.asarray(kernel(self.points, Xc[a:a + chunk]), dtype=np.float64)
+            out[a:a + chunk] -= solve_column_norms(self.T, self.sqrt_w[:, None] * K_Jc, trans=True)
+        return out
+
+    def close(self) -> None:
+        """Free the tiles (and the spill store)."""
+        self.T.release()
+        if self.store is not None:
+            self.store.close()
 
 
 def bless_gammas(gamma: float, gamma_0: float, q: float) -> list[float]:
@@ -111,7 +172,7 @@ class LevelSample:
 def bless_level_rows(
     Xr: np.ndarray,
     rows: np.ndarray,
-    factor: BlessFactor,
+    factor: BlessFactor | TiledBlessFactor,
     kernel: Kernel,
     gamma_h: float,
     beta_h: float,
@@ -129,9 +190,7 @@ def bless_level_rows(
     rows, Xc = rows[cand], candidate_rows(Xr, cand)
     kc = np.asarray(kernel.diag(Xc), dtype=np.float64) if rows.size else np.zeros(0)
     if factor.points.shape[0] and rows.size:
-        K_Jc = np.asarray(kernel(factor.points, Xc), dtype=np.float64)
-        V = forward_solve(factor.L, factor.sqrt_w[:, None] * K_Jc)
-        kc = kc - np.einsum("ij,ij->j", V, V)
+        kc = factor.residuals(kernel, Xc, kc)
     ell = np.maximum(kc, 0.0) / gamma_h
     accept_p = np.minimum(1.0, q2 * ell / beta_h)
     keep = row_uniforms(seed, STREAM_BLESS_LEVEL, level + 1, rows) < accept_p
@@ -173,8 +232,9 @@ def candidate_rows(Xb: Any, cand: np.ndarray) -> np.ndarray:
     return dense_rows(Xb[cand]) if is_sparse(Xb) else np.asarray(Xb)[cand]
 
 
-def dictionary_from_sample(sample: LevelSample, kernel: Kernel) -> DictionaryState:
-    """A level's selection as a dictionary (one copy each, ``p = pi``) with its Gram."""
+def dictionary_from_sample(sample: LevelSample) -> DictionaryState:
+    """A level's selection as a dictionary (one copy each, ``p = pi``), without its Gram (the next level's
+    factor computes the kernel matrix it needs, in memory or as tiles, and the last level's is never needed)."""
     order = np.argsort(sample.rows, kind="stable")
     pts = sample.points[order]
     return DictionaryState(
@@ -183,5 +243,5 @@ def dictionary_from_sample(sample: LevelSample, kernel: Kernel) -> DictionarySta
         probs=sample.probs[order],
         copies=np.ones(order.size, dtype=np.int64),
         rls=sample.rls[order],
-        gram=np.asarray(kernel(pts, pts), dtype=np.float64) if order.size else np.zeros((0, 0)),
+        gram=np.zeros((0, 0)),  # computed by the next level's factor where it is factored in memory
     )

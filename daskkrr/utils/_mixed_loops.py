@@ -35,3 +35,27 @@ def solve_t(T, Xt):  # pragma: no cover - compiled
                 s -= T[i, j] * Xt[c, i]
             Xt[c, j] = s / d
     return Xt
+
+
+@njit(nogil=True, fastmath=_FASTMATH, cache=True)
+def minus_product(T, Xt, Acc):  # pragma: no cover - compiled
+    """``Acc <- Acc - T X`` for a float32 ``T`` (F order, read once, a column at a time) and ``X``, ``Acc``
+    given transposed as ``Xt`` (k, c) and ``Acc`` (k, r), in float64."""
+    for j in range(T.shape[1]):
+        for c in range(Xt.shape[0]):
+            xj = Xt[c, j]
+            for i in range(T.shape[0]):
+                Acc[c, i] -= T[i, j] * xj
+    return Acc
+
+
+@njit(nogil=True, fastmath=_FASTMATH, cache=True)
+def minus_product_t(T, Xt, Acc):  # pragma: no cover - compiled
+    """``Acc <- Acc - T^T X`` (``Xt`` (k, r), ``Acc`` (k, c)): a dot product with a column of ``T`` per entry."""
+    for j in range(T.shape[1]):
+        for c in range(Xt.shape[0]):
+            s = 0.0
+            for i in range(T.shape[0]):
+                s += T[i, j] * Xt[c, i]
+            Acc[c, j] -= s
+    return Acc

@@ -20,7 +20,7 @@ import scipy.linalg as sla
 
 from daskkrr.utils.optional import numba_installed
 
-__all__ = ["solve_upper_mixed"]
+__all__ = ["minus_product_mixed", "solve_upper_mixed"]
 
 
 def solve_upper_mixed(T: np.ndarray, B: np.ndarray, trans: bool = False) -> np.ndarray:
@@ -33,6 +33,21 @@ def solve_upper_mixed(T: np.ndarray, B: np.ndarray, trans: bool = False) -> np.n
     T = np.asfortranarray(T, dtype=np.float32)
     Xt = np.array(B.reshape(B.shape[0], -1).T, order="C")  # a copy: each column contiguous
     return (loops.solve_t if trans else loops.solve)(T, Xt).T.reshape(B.shape)
+
+
+def minus_product_mixed(acc: np.ndarray, T: np.ndarray, B: np.ndarray, trans: bool = False) -> np.ndarray:
+    """``acc - T B`` (``acc - T^T B`` with ``trans``) in float64 for a float32 ``T``: the off-diagonal tile
+    products of a tiled triangular solve, reading the tile as it is instead of a float64 copy of it (which
+    doubled the bytes each solve moved)."""
+    B = np.asarray(B, dtype=np.float64)
+    if not numba_installed():
+        T64 = np.asarray(T, dtype=np.float64)
+        return np.asarray(acc, dtype=np.float64) - (T64.T @ B if trans else T64 @ B)
+    loops = _loops()
+    T = np.asfortranarray(T, dtype=np.float32)
+    Xt = np.ascontiguousarray(B.reshape(B.shape[0], -1).T)
+    out = np.array(np.asarray(acc, dtype=np.float64).reshape(-1, Xt.shape[0]).T, order="C")  # a copy: written
+    return (loops.minus_product_t if trans else loops.minus_product)(T, Xt, out).T.reshape(np.shape(acc))
 
 
 def _loops() -> Any:

@@ -18,7 +18,17 @@ Methods, each fit in a fresh process:
 - ``dense``: ``preconditioner_route="dense"``;
 - ``tiled-memory``: ``preconditioner_route="tiled"``, tiles in memory;
 - ``tiled-zarr``: ``memory_budget`` of 64 MiB: the cost model takes the tiled route and spills
-  the tiles to Zarr.
+  the tiles to Zarr;
+- ``workers``: a ``LocalCluster`` of ``--workers`` single-threaded worker processes, each with a
+  ``memory_limit`` below one ``M x M`` float32 matrix (``--worker-memory``, default 90% of
+  ``4 M^2`` bytes), ``preconditioner_route="tiled"``: the tiles live on the workers (or are
+  spilled where the cost model says they do not fit) and no process holds an ``M x M`` matrix.
+  Its coefficients and test predictions are compared with the ``dense`` fit of the same run
+  (``coef_rel_diff``, ``pred_rel_diff``: relative 2-norm differences).
+
+``solve_s`` is the CG phase, the figure the tiled route's speed is judged by: run the script
+through ``python -m workflows.benchmarks run many_centers --repeat 3`` for medians of 3, the
+methods interleaved on the (shared) machine.
 
 Columns: fit time and the time of each stage (centers, preconditioner, operator, solve), CG
 iterations, test RMSE, peak memory (sum of the per-process peaks) and the largest single
@@ -47,7 +57,7 @@ from fit_tools import emit, machine, print_table, run_child, write_results  # no
 N_TEST = 20_000
 D = 20
 PENALTY = 1e-6
-METHODS = ("dense", "tiled-memory", "tiled-zarr")
+METHODS = ("dense", "tiled-memory", "tiled-zarr", "workers")
 #: memory_budget of the tiled-zarr method: far below any tiles, so they are spilled.
 SPILL_BUDGET = 64 * 2**20
 
@@ -69,13 +79,33 @@ def method_params(method: str) -> dict:
     """The estimator parameters of a method."""
     if method == "dense":
         return {"preconditioner_route": "dense"}
-    if method == "tiled-memory":
+    if method in ("tiled-memory", "workers"):
         return {"preconditioner_route": "tiled"}
     return {"memory_budget": SPILL_BUDGET}
 
 
+def worker_memory(M: int, given: int | None) -> int:
+    """Each worker's memory limit: ``given``, else 90% of one ``M x M`` float32 matrix."""
+    return int(given) if given else int(0.9 * 4 * M * M)
+
+
 # --------------------------------------------------------------------------- child
 def child(args: argparse.Namespace) -> dict:
+    if args.child != "workers":
+        return fit_child(args)
+    from distributed import Client, LocalCluster
+
+    from daskkrr.parallel.client import local_cluster_kwargs
+
+    limit = worker_memory(args.centers, args.worker_memory)
+    with LocalCluster(**local_cluster_kwargs(args.workers, memory_limit=limit)) as cluster, Client(cluster) as client:
+        with client.as_current():
+            result = fit_child(args)
+    return {**result, "workers": args.workers, "worker_memory_mb": limit / 2**20,
+            "matrix_mb": 4 * args.centers**2 / 2**20}
+
+
+def fit_child(args: argparse.Namespace) -> dict:
     import dask.array as da
     import zarr
 
@@ -99,6 +129,8 @@ def child(args: argparse.Namespace) -> dict:
         fit_s = time.perf_counter() - t
     pred = np.asarray(model.predict(X[n:]).compute())
     yt = np.asarray(g["y"][n:])
+    if args.save:  # for the comparison of the workers' fit with the dense one
+        np.savez(args.save, coef=np.asarray(model.coef_), pred=pred)
     route = model.preconditioner_route_
     return dict(fit_s=fit_s, **{f"{k}_s": v for k, v in stage_s.items()},
                 rmse=float(np.sqrt(np.mean((pred - yt) ** 2))), n_iter=int(model.n_iter_),
@@ -114,47 +146,70 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--max-iter", type=int, default=20)
     ap.add_argument("--dense-max", type=int, default=30_000,
                     help="largest M fitted on the dense route (3 x 8 M^2 bytes in one process)")
+    ap.add_argument("--workers", type=int, default=4, help="worker processes of the workers method")
+    ap.add_argument("--worker-memory", type=int, default=None,
+                    help="memory_limit of each worker in bytes (default: 90%% of one M x M float32 matrix)")
+    ap.add_argument("--n-train-rows", type=int, default=None, help="training rows (default: by size)")
     ap.add_argument("--data-dir", default="/tmp/daskkrr-bench")
     ap.add_argument("--timeout", type=float, default=24 * 3600)
     ap.add_argument("--out", default=None)
     ap.add_argument("--child", choices=METHODS, help=argparse.SUPPRESS)
     ap.add_argument("--store", help=argparse.SUPPRESS)
     ap.add_argument("--n-train", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--save", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
         args.centers = int(args.centers)
         emit(child(args))
         return []
     Path(args.data_dir).mkdir(parents=True, exist_ok=True)
-    n = 50_000 if args.quick else 1_000_000
+    n = args.n_train_rows or (50_000 if args.quick else 1_000_000)
     sizes = [int(m) for m in args.centers.split(",")] if args.centers else (
         [2000, 6000] if args.quick else [10_000, 20_000, 50_000])
     store = store_path(Path(args.data_dir), n)
     rows: list[dict] = []
     for M in sizes:
+        saved: dict[str, Path] = {}
         for method in [m for m in args.methods.split(",") if m]:
             if method == "dense" and M > args.dense_max:
                 continue
-            argv_child = [__file__, "--child", method, "--store", str(store), "--n-train", str(n), "--centers",
-                          str(M), "--max-iter", str(args.max_iter)]
-            res = run_child(argv_child, timeout=args.timeout)
-            row = {"n": n, "M": M, "method": method}
-            if "error" in res:
-                print(f"M={M} {method}: failed: {res['error'][-600:]}", flush=True)
-                rows.append({**row, "error": res["error"][-600:]})
-                continue
-            per_process = res.pop("peak_per_process_mb", {})
-            row.update(res, max_process_mb=max(per_process.values(), default=float("nan")))
+            path = Path(args.data_dir) / f"many_centers_fit_{method}_M{M}.npz"
+            row = {"n": n, "M": M, "method": method, **fit_once(args, method, store, n, M, path)}
+            if "error" not in row:
+                saved[method] = path
+                if method != "dense" and "dense" in saved:
+                    row.update(compare_fits(saved["dense"], path))
             rows.append(row)
             print(json.dumps(row, default=float), flush=True)
     info = machine()
     title = (f"many centers, {info['cores']} cores ({info['cpu']}), {info['memory_gib']} GiB; d = {D}, float32, "
              f"penalty {PENALTY:g}, tol 1e-4, max_iter {args.max_iter}; one run each")
     print_table(rows, ["n", "M", "method", "fit_s", "centers_s", "preconditioner_s", "operator_s", "solve_s",
-                       "n_iter", "rmse", "peak_mb", "max_process_mb", "route", "storage", "strategy"], title)
+                       "n_iter", "rmse", "peak_mb", "max_process_mb", "route", "storage", "strategy",
+                       "coef_rel_diff", "pred_rel_diff"], title)
     write_results(rows, args.out, "many_centers_quick" if args.quick else "many_centers",
                   {"machine": info, "args": vars(args)})
     return rows
+
+
+def fit_once(args: argparse.Namespace, method: str, store: Path, n: int, M: int, save: Path) -> dict:
+    """One fit of ``method`` in a fresh process (its coefficients and predictions saved to ``save``)."""
+    argv = [__file__, "--child", method, "--store", str(store), "--n-train", str(n), "--centers", str(M),
+            "--max-iter", str(args.max_iter), "--workers", str(args.workers), "--save", str(save)]
+    if args.worker_memory:
+        argv += ["--worker-memory", str(args.worker_memory)]
+    res = run_child(argv, timeout=args.timeout)
+    if "error" in res:
+        print(f"M={M} {method}: failed: {res['error'][-600:]}", flush=True)
+        return {"error": res["error"][-600:]}
+    per_process = res.pop("peak_per_process_mb", {})
+    return {**res, "max_process_mb": max(per_process.values(), default=float("nan"))}
+
+
+def compare_fits(reference: Path, other: Path) -> dict:
+    """Relative 2-norm differences of the coefficients and test predictions of two saved fits."""
+    a, b = np.load(reference), np.load(other)
+    return {f"{k}_rel_diff": float(np.linalg.norm(b[k] - a[k]) / np.linalg.norm(a[k])) for k in ("coef", "pred")}
 
 
 if __name__ == "__main__":
