@@ -105,6 +105,8 @@ def test_kernel_kmeans_sparse_equals_dense(rows, fmt, init):
     params = dict(n_clusters=4, n_centers=60, random_state=0, init=given if init == "given" else init)
     dense = NystromKernelKMeans(**params).fit(X.toarray())
     Xs = as_formats(X)[fmt]
+    if init == "given":  # the centroids given as a sparse matrix too
+        params["init"] = sp.csr_matrix(given)
     sparse = NystromKernelKMeans(**params).fit(Xs)
     labels = sparse.labels_.compute() if isinstance(sparse.labels_, da.Array) else sparse.labels_
     # labels are discrete: the same unless a row is equidistant to two centroids within round-off
@@ -224,9 +226,16 @@ def test_online_partial_fit_on_sparse_batches_equals_dense(rows, window, kernel)
         assert sp.issparse(sparse.state_.window_X)  # the window keeps its rows sparse
 
 
-def test_online_fit_on_dask_sparse_blocks_equals_dense(rows):
+@pytest.mark.parametrize("source", ["dask", "store"])
+def test_online_fit_on_dask_sparse_blocks_equals_dense(rows, source, tmp_path):
+    from daskkrr.data.sparse_store import write_sparse_zarr
+
     X, y = rows
-    sparse = OnlineKernelRidge(**ONLINE).fit(lazy(X), da.from_array(y, chunks=90))
+    if source == "store":  # CSR row blocks in Zarr (the layout of daskkrr convert --sparse), with y
+        write_sparse_zarr(tmp_path / "rows.zarr", X, y, chunk_rows=90)
+        sparse = OnlineKernelRidge(**ONLINE).fit(tmp_path / "rows.zarr")
+    else:
+        sparse = OnlineKernelRidge(**ONLINE).fit(lazy(X), da.from_array(y, chunks=90))
     dense = OnlineKernelRidge(**ONLINE).fit(X.toarray(), y)
     np.testing.assert_array_equal(sparse.center_indices_, dense.center_indices_)
     np.testing.assert_allclose(sparse.feature_scale_, dense.feature_scale_, rtol=1e-13)  # sums of N squares

@@ -52,7 +52,7 @@ UNSUPERVISED_DOCS = {
     ``K_MM``).""",
     "n_clusters": """n_clusters : int, default=8
     Number of clusters k.""",
-    "init": """init : {"k-means||", "random"} or array of shape (n_clusters, n_features), default="k-means||"
+    "init": """init : {"k-means||", "random"} or (sparse) array of shape (n_clusters, n_features), default="k-means||"
     Initial centroids: "k-means||" (Bahmani et al. 2012: ``init_rounds``
     passes, each sampling about ``oversampling_factor * n_clusters`` rows,
     then weighted k-means++ on the candidates, on the client), "random"
@@ -320,7 +320,7 @@ class NystromKernelKMeans(ClusterMixin, NystromUnsupervisedBase):
     _parameter_constraints: ClassVar[dict[str, Any]] = {
         "n_clusters": [positive(Integral)],
         **_COMMON_CONSTRAINTS,
-        "init": [StrOptions({"k-means||", "random"}), "array-like"],
+        "init": [StrOptions({"k-means||", "random"}), "array-like", "sparse matrix"],
         "n_init": [StrOptions({"auto"}), positive(Integral)],
         "max_iter": [positive(Integral)],
         "tol": [Interval(Real, 0, None, closed="left")],

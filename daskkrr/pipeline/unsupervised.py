@@ -36,6 +36,7 @@ from daskkrr.data.extremes import check_fit_magnitudes
 from daskkrr.data.feature_names import fitted_feature_names
 from daskkrr.data.inputs import load_features
 from daskkrr.data.sparse import is_sparse_array, refuse_centering
+from daskkrr.kernels.sparse import dense_rows
 from daskkrr.parallel import BlockPasses
 from daskkrr.parallel.cost import Budget, embedding_fits, should_persist
 from daskkrr.parallel.strategies import balance_blocks
@@ -246,7 +247,7 @@ def kmeans_seed(ctx: FitContext, state: EmbeddingState) -> None:
     init = p.init
     runs = kmeans_runs(init, getattr(p, "n_init", 1))
     if not isinstance(init, str):
-        points = np.asarray(init, dtype=np.float64)
+        points = np.asarray(dense_rows(init), dtype=np.float64)  # k rows: a sparse init is densified
         if points.shape != (k, ctx.n_features):
             raise ValueError(f"init has shape {points.shape}; expected (n_clusters, n_features) = "
                              f"({k}, {ctx.n_features})")
