@@ -164,7 +164,7 @@ class NystromUnsupervisedBase(KernelModelBase):
         return self
 
     def _scaled(self, X: Any) -> tuple[Any, bool]:
-        """``X`` checked and scaled as in fit: numpy (True) or a lazy dask array (False)."""
+        """``X`` checked and scaled as in fit: numpy or CSR (True) or a lazy dask array (False)."""
         check_feature_names(self, X)
         if is_in_memory(X):
             Xs = self._check_predict_input(X)
