@@ -33,11 +33,14 @@ from __future__ import annotations
 import abc
 import dataclasses
 import math
+from typing import Any
 
 import numpy as np
+import scipy.sparse as sp
 
 from daskkrr.kernels.base import Kernel, as_block
 from daskkrr.kernels.dot import LinearKernel, PolynomialKernel
+from daskkrr.kernels.sparse import cast_rows, is_sparse
 from daskkrr.kernels.stationary import GaussianKernel, LaplacianKernel, MaternKernel
 
 __all__ = [
@@ -58,8 +61,10 @@ class FeatureMap(abc.ABC):
     #: Number of features.
     n_features: int
 
-    def __call__(self, X: np.ndarray) -> np.ndarray:
-        """Features of the rows of ``X`` (``(n, d)`` -> ``(n, s)``, float64)."""
+    def __call__(self, X: Any) -> np.ndarray:
+        """Features of the rows of ``X`` (``(n, d)`` -> ``(n, s)``, float64); sparse ``X`` stays sparse (CSR)."""
+        if is_sparse(X):
+            return self._map(cast_rows(X, np.float64))
         return self._map(as_block(X, "X").astype(np.float64, copy=False))
 
     @abc.abstractmethod
@@ -118,6 +123,8 @@ class CountSketchTensor(FeatureMap):
         return int(self.s)
 
     def _map(self, X: np.ndarray) -> np.ndarray:
+        if is_sparse(X):
+            return self._map_sparse(X)
         n = X.shape[0]
         Xa = np.empty((n, X.shape[1] + 1))
         Xa[:, :-1] = X * math.sqrt(self.gamma)
@@ -128,6 +135,17 @@ class CountSketchTensor(FeatureMap):
             # CountSketch as a sparse product: column j of Xa goes, with sign g_j, to bucket h_j.
             np.add.at(sketch.T, h, (Xa * g).T)
             prod *= np.fft.rfft(sketch, axis=1)  # circular convolution of the q sketches
+        return np.fft.irfft(prod, n=self.s, axis=1)
+
+    def _map_sparse(self, X: Any) -> np.ndarray:
+        """The same sketches of sparse rows, each a sparse product ``Xa C_k`` with the CountSketch matrix
+        ``C_k[j, h_j] = g_j``: only the ``n x s`` sketches are dense, never the ``n x (d + 1)`` rows."""
+        n, width = X.shape[0], X.shape[1] + 1
+        Xa = sp.hstack([X * math.sqrt(self.gamma), np.full((n, 1), math.sqrt(self.coef0))], format="csr")
+        prod = np.ones((n, self.s // 2 + 1), dtype=np.complex128)
+        for h, g in zip(self.buckets, self.signs):
+            C = sp.csr_matrix((np.asarray(g, dtype=np.float64), (np.arange(width), h)), shape=(width, self.s))
+            prod *= np.fft.rfft(np.asarray((Xa @ C).toarray()), axis=1)
         return np.fft.irfft(prod, n=self.s, axis=1)
 
 

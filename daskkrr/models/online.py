@@ -45,6 +45,8 @@ from daskkrr.data.extremes import check_feature_magnitudes, check_target_magnitu
 from daskkrr.data.feature_names import check_feature_names, fitted_feature_names
 from daskkrr.data.inputs import is_in_memory, is_store, load_training_data
 from daskkrr.data.scaling import Standardizer
+from daskkrr.data.sparse import column_absmax
+from daskkrr.kernels.sparse import cast_rows, is_sparse
 from daskkrr.models.kernel_model import KernelModelBase, positive, store_params
 from daskkrr.models.regressors import PARAM_DOCS, _RegressorMixin
 from daskkrr.parallel import Executor
@@ -55,6 +57,7 @@ from daskkrr.solvers.online import (
     normalise_saved_scalars,
     online_step,
     ridge_coefficients,
+    stack_rows,
     window_step,
 )
 
@@ -205,6 +208,10 @@ class OnlineKernelRidge(_RegressorMixin, KernelModelBase):
     ):
         store_params(self, locals())
 
+    #: Sparse batches (CSR/CSC, dask arrays of sparse blocks, sparse stores): their kernel blocks come from sparse
+    #: products; the landmarks kept are dense rows, and a window model keeps its window rows sparse.
+    _sparse_input: ClassVar[bool] = True
+
     def __sklearn_tags__(self) -> Tags:
         tags = super().__sklearn_tags__()
         tags.target_tags.multi_output = True
@@ -221,8 +228,9 @@ class OnlineKernelRidge(_RegressorMixin, KernelModelBase):
 
         Parameters
         ----------
-        X : array of shape (b, n_features), dask array, or a Zarr store path
-            The new rows. A store (path, zarr group, xarray Dataset) is the whole
+        X : array or scipy sparse matrix of shape (b, n_features), dask array, or a Zarr store path
+            The new rows (sparse rows, in memory or as dask blocks of CSR matrices,
+            stay sparse). A store (path, zarr group, xarray Dataset) is the whole
             stream so far: only its rows after ``n_rows_seen_`` are read, so a
             store that grows by appending is consumed incrementally; a store with
             fewer rows than were already seen is refused.
@@ -280,7 +288,8 @@ class OnlineKernelRidge(_RegressorMixin, KernelModelBase):
         if restart:
             self.feature_scale_ = scale
             # float32 features give float32 coefficients and predictions, as in scikit-learn
-            self._input_dtype = source.X.dtype if not isinstance(source.X, np.ndarray) else getattr(X, "dtype", None)
+            in_memory = isinstance(source.X, np.ndarray) or is_sparse(source.X)
+            self._input_dtype = getattr(X, "dtype", None) if in_memory else source.X.dtype
             self.n_features_in_ = source.n_features
             # validate_data set the names of in-memory input; a lazy one (dask DataFrame, store) carries its own
             self.__dict__.update(fitted_feature_names(self, X, source.n_features))
@@ -429,33 +438,33 @@ class _Source:
         if Xd.ndim != 2 or (not restart and Xd.shape[1] != model.n_features_in_):
             raise ValueError(f"X has shape {tuple(Xd.shape)} but this model was fitted on {model.n_features_in_} "
                              "features; pass the same columns, in the same order")
-        if Xd.shape[0] and not np.all(executor.passes(Xd, yd).map_reduce(_count_bad, name="onlinecheck",
-                                                                          with_y=True) == 0):
-            bad = executor.passes(Xd, yd).map(_first_bad, name="onlinecheck", with_y=True, with_offsets=False)
-            raise ValueError(f"X or y has NaN or inf in the new rows (first in block {_first(bad)}); the "
-                             "batch was refused before any update: clean or impute the rows")
         Y = yd[:, None] if yd.ndim == 1 else yd
-        if Xd.shape[0]:
-            x_absmax, y_absmax = executor.compute(abs(Xd).max(axis=0), abs(Y).max(axis=0))
+        if Xd.shape[0]:  # one pass: NaN/inf rows and the magnitudes, per block (sparse blocks by their entries)
+            checks = executor.passes(Xd, Y).map(_block_checks, name="onlinecheck", with_y=True, with_offsets=False)
+            bad = [bool(c[0]) for c in checks]
+            if any(bad):
+                raise ValueError(f"X or y has NaN or inf in the new rows (first in block {_first(bad)}); the "
+                                 "batch was refused before any update: clean or impute the rows")
+            x_absmax, y_absmax = (np.max([c[k] for c in checks], axis=0) for k in (1, 2))
             _check_stream_magnitudes(x_absmax, y_absmax, Xd.dtype)
         return cls(Xd, Y, int(Xd.shape[0]), int(Xd.shape[1]), int(Y.shape[1]), yd.ndim == 1, executor)
 
     @classmethod
     def _in_memory(cls, model: OnlineKernelRidge, X: Any, y: Any, restart: bool, executor: Executor) -> _Source:
-        x_checks = dict(accept_sparse=False, dtype="numeric", ensure_all_finite=False)
+        x_checks = dict(accept_sparse=model._sparse_formats(), dtype="numeric", ensure_all_finite=False)
         y_checks = dict(ensure_2d=False, dtype="numeric", ensure_all_finite=False)
         Xn, yn = validate_data(model, X, y, reset=restart, validate_separately=(x_checks, y_checks))
-        Xn = np.asarray(Xn, dtype=np.float64)
+        Xn = cast_rows(Xn, np.float64)  # sparse rows stay sparse (CSR)
         yn = np.asarray(yn, dtype=np.float64)
         if yn.ndim not in (1, 2) or yn.shape[0] != Xn.shape[0]:
             raise ValueError(f"y has shape {yn.shape}; expected ({Xn.shape[0]},) or ({Xn.shape[0]}, t)")
-        bad = np.flatnonzero(~(np.isfinite(Xn).all(axis=1) & np.isfinite(yn.reshape(len(yn), -1)).all(axis=1)))
+        Y = yn.reshape(len(yn), -1)
+        bad = np.flatnonzero(_bad_rows(Xn, Y))
         if bad.size:
             raise ValueError(f"X or y has NaN or inf in {bad.size} row(s) of the batch, the first at row "
                              f"{int(bad[0])}; the batch was refused before any update: clean or impute the rows")
-        Y = yn.reshape(len(yn), -1)
-        if len(Xn):
-            _check_stream_magnitudes(np.abs(Xn).max(axis=0), np.abs(Y).max(axis=0), Xn.dtype)
+        if Xn.shape[0]:
+            _check_stream_magnitudes(_column_absmax(Xn), np.abs(Y).max(axis=0), Xn.dtype)
         return cls(Xn, Y, Xn.shape[0], Xn.shape[1], Y.shape[1], yn.ndim == 1, executor)
 
     def batch(self, start: int, stop: int, kernel: Any, state: OnlineState) -> tuple[np.ndarray, np.ndarray,
@@ -463,7 +472,7 @@ class _Source:
         """Rows ``start:stop`` and (unbounded stream) their projections on the current dictionary."""
         args = (kernel, state.landmarks, state.landmark_probs, state.sampler_factor, state.basis, state.basis_factor)
         unbounded = state.window is None
-        if isinstance(self.X, np.ndarray):
+        if isinstance(self.X, np.ndarray) or is_sparse(self.X):
             Xb, Yb = self.X[start:stop], self.Y[start:stop]
             return Xb, Yb, batch_projections(Xb, *args) if unbounded else None
         # The dictionary and its factors (m x m, growing with the stream) go to the workers once
@@ -471,7 +480,7 @@ class _Source:
         parts = self.executor.passes(self.X[start:stop], self.Y[start:stop]).map(
             _block_with_projections, unbounded, *[self.executor.broadcast(a) for a in args], name="onlinescores",
             with_y=True)
-        Xb = np.concatenate([p[0] for p in parts]).astype(np.float64)
+        Xb = stack_rows([p[0] for p in parts])
         Yb = np.concatenate([p[1] for p in parts]).astype(np.float64)
         return Xb, Yb.reshape(len(Yb), -1), Projections.concat([p[2] for p in parts]) if unbounded else None
 
@@ -484,18 +493,34 @@ def _check_stream_magnitudes(x_absmax: np.ndarray, y_absmax: np.ndarray, dtype: 
     check_target_magnitudes(np.asarray(y_absmax, dtype=np.float64))
 
 
-def _block_with_projections(Xb: np.ndarray, Yb: np.ndarray, unbounded: bool, *args: Any) -> tuple[Any, Any, Any]:
-    Xb = np.asarray(Xb, dtype=np.float64)
+def _block_with_projections(Xb: Any, Yb: np.ndarray, unbounded: bool, *args: Any) -> tuple[Any, Any, Any]:
+    Xb = cast_rows(Xb, np.float64)
     return Xb, np.asarray(Yb), batch_projections(Xb, *args) if unbounded else None
 
 
-def _count_bad(Xb: np.ndarray, Yb: np.ndarray) -> np.ndarray:
+def _bad_rows(Xb: Any, Yb: np.ndarray) -> np.ndarray:
+    """Rows with a NaN or inf feature (a stored entry of a sparse row) or target."""
     Y2 = np.asarray(Yb).reshape(len(Yb), -1)
-    return np.array([float((~(np.isfinite(Xb).all(axis=1) & np.isfinite(Y2).all(axis=1))).sum())])
+    if is_sparse(Xb):
+        csr = cast_rows(Xb, Xb.dtype)
+        x_bad = np.zeros(csr.shape[0], dtype=bool)
+        x_bad[np.repeat(np.arange(csr.shape[0]), np.diff(csr.indptr))[~np.isfinite(csr.data)]] = True
+    else:
+        x_bad = ~np.isfinite(Xb).all(axis=1)
+    return x_bad | ~np.isfinite(Y2).all(axis=1)
 
 
-def _first_bad(Xb: np.ndarray, Yb: np.ndarray) -> bool:
-    return bool(_count_bad(Xb, Yb)[0] > 0)
+def _column_absmax(Xb: Any) -> np.ndarray:
+    """``max |x_ij|`` per column (of the stored entries of sparse rows), float64."""
+    return column_absmax(Xb) if is_sparse(Xb) else np.abs(Xb).max(axis=0).astype(np.float64)
+
+
+def _block_checks(Xb: Any, Yb: np.ndarray) -> tuple[bool, np.ndarray, np.ndarray]:
+    """A block's NaN/inf flag and its feature and target magnitudes per column (empty blocks: zeros)."""
+    Y2 = np.asarray(Yb).reshape(len(Yb), -1)
+    if not Xb.shape[0]:
+        return False, np.zeros(Xb.shape[1]), np.zeros(Y2.shape[1])
+    return bool(_bad_rows(Xb, Y2).any()), _column_absmax(Xb), np.abs(Y2).max(axis=0).astype(np.float64)
 
 
 def _first(flags: list[bool]) -> int:

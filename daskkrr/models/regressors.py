@@ -21,7 +21,7 @@ from daskkrr.models.kernel_model import KernelModelBase, ParameterError, positiv
 from daskkrr.models.weights import check_sample_weight, refuse_weighted_std
 from daskkrr.parallel import Executor
 from daskkrr.pipeline import run_fit
-from daskkrr.pipeline.exact_pcg import check_preconditioner, choose_solver, exact_krr_stages, refuse_sparse_pcg
+from daskkrr.pipeline.exact_pcg import check_preconditioner, choose_solver, exact_krr_stages
 from daskkrr.pipeline.stages import Stage, direct_solve, exact_solve, exact_stages, nystrom_stages, training_shape
 from daskkrr.solvers.variance import noise_variance
 
@@ -599,7 +599,8 @@ class ExactKernelRidge(_RegressorMixin, KernelModelBase):
     """
 
     _solver = "exact"
-    #: Sparse X with the direct solver (the n x n kernel from sparse dot products); the PCG refuses it.
+    #: Sparse X with both solvers: the n x n kernel (direct) or its tiles (PCG) from sparse dot products, and the
+    #: PCG's random or Nystrom features of the sparse rows.
     _sparse_input: ClassVar[bool] = True
     _parameter_constraints: ClassVar[dict[str, Any]] = {
         **KernelModelBase._parameter_constraints,
@@ -708,7 +709,6 @@ class ExactKernelRidge(_RegressorMixin, KernelModelBase):
         refuse_weighted_std(self, sample_weight)
         n, d = training_shape(X, y, self.chunks)
         solver = choose_solver(self, n, d)
-        refuse_sparse_pcg(X, solver)
         ctx = run_fit(self, X, y, exact_krr_stages(solver), checkpoint=checkpoint,
                       checkpoint_every=checkpoint_every, resume=resume, iterative=solver == "pcg",
                       sample_weight=sample_weight)

@@ -29,6 +29,7 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 
 from daskkrr.data.feature_names import check_feature_names
 from daskkrr.data.inputs import is_in_memory, load_features
+from daskkrr.kernels.sparse import cast_rows
 from daskkrr.models.kernel_model import (
     KernelModelBase,
     ParameterError,
@@ -51,7 +52,7 @@ UNSUPERVISED_DOCS = {
     ``K_MM``).""",
     "n_clusters": """n_clusters : int, default=8
     Number of clusters k.""",
-    "init": """init : {"k-means||", "random"} or array of shape (n_clusters, n_features), default="k-means||"
+    "init": """init : {"k-means||", "random"} or (sparse) array of shape (n_clusters, n_features), default="k-means||"
     Initial centroids: "k-means||" (Bahmani et al. 2012: ``init_rounds``
     passes, each sampling about ``oversampling_factor * n_clusters`` rows,
     then weighted k-means++ on the candidates, on the client), "random"
@@ -117,6 +118,9 @@ class NystromUnsupervisedBase(KernelModelBase):
     #: Fitted arrays a model file keeps (beyond the centers and the scaler).
     _saved_arrays: ClassVar[tuple[str, ...]] = ()
     _saved_scalars: ClassVar[tuple[str, ...]] = ()
+    #: Sparse X (CSR/CSC, dask arrays of sparse blocks, sparse stores): the embedding's kernel blocks come from
+    #: sparse dot products; the centers (and k-means' given ``init``) are dense rows.
+    _sparse_input: ClassVar[bool] = True
 
     def __sklearn_tags__(self) -> Tags:
         tags = super().__sklearn_tags__()
@@ -135,12 +139,14 @@ class NystromUnsupervisedBase(KernelModelBase):
         raise NotImplementedError
 
     def fit(self, X: Any, y: Any = None) -> Any:
-        """Fit on ``X`` (numpy, dask, xarray or a Zarr store); ``y`` is ignored.
+        """Fit on ``X`` (numpy, scipy sparse, dask, xarray or a Zarr store); ``y`` is ignored.
 
         Parameters
         ----------
-        X : array-like, dask array or store of shape (n_samples, n_features)
-            Training features.
+        X : array-like, scipy sparse matrix, dask array or store of shape (n_samples, n_features)
+            Training features. Sparse rows (CSR/CSC, dask arrays of sparse blocks, a store from
+            ``daskkrr convert --sparse``) stay sparse: their columns are scaled, not centred, and a
+            dot-product kernel with ``standardize=True`` is refused.
         y : ignored
             Accepted for scikit-learn's API (pipelines) and not used.
 
@@ -149,9 +155,8 @@ class NystromUnsupervisedBase(KernelModelBase):
         self
         """
         self._validate_params()
-        self._refuse_sparse(X)
         if is_in_memory(X):
-            X = validate_data(self, X, accept_sparse=False, dtype="numeric", ensure_all_finite=False)
+            X = validate_data(self, X, accept_sparse=self._sparse_formats(), dtype="numeric", ensure_all_finite=False)
             self._check_data_size(X.shape[0])
         ctx = run_fit(self, X, None, self._stages(), iterative=isinstance(self, NystromKernelKMeans))
         for name, value in ctx.fitted.items():
@@ -159,13 +164,12 @@ class NystromUnsupervisedBase(KernelModelBase):
         return self
 
     def _scaled(self, X: Any) -> tuple[Any, bool]:
-        """``X`` checked and scaled as in fit: numpy (True) or a lazy dask array (False)."""
+        """``X`` checked and scaled as in fit: numpy or CSR (True) or a lazy dask array (False)."""
         check_feature_names(self, X)
-        self._refuse_sparse(X)
         if is_in_memory(X):
             Xs = self._check_predict_input(X)
             _check_extreme_rows(Xs, 0, np.float64)
-            return np.asarray(Xs, dtype=np.float64), True
+            return cast_rows(Xs, np.float64), True
         Xd = load_features(X, self.chunks)
         self._check_n_features(Xd.shape)
         Xs = self.scaler_.transform(Xd) if self.scaler_ is not None else Xd
@@ -321,7 +325,7 @@ class NystromKernelKMeans(ClusterMixin, NystromUnsupervisedBase):
     _parameter_constraints: ClassVar[dict[str, Any]] = {
         "n_clusters": [positive(Integral)],
         **_COMMON_CONSTRAINTS,
-        "init": [StrOptions({"k-means||", "random"}), "array-like"],
+        "init": [StrOptions({"k-means||", "random"}), "array-like", "sparse matrix"],
         "n_init": [StrOptions({"auto"}), positive(Integral)],
         "max_iter": [positive(Integral)],
         "tol": [Interval(Real, 0, None, closed="left")],

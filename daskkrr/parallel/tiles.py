@@ -39,6 +39,7 @@ from dask.delayed import Delayed, delayed
 from daskkrr.events import PassDone, PassStarted, block_task_prefix
 from daskkrr.kernels.base import Kernel
 from daskkrr.kernels.engine import engine_for
+from daskkrr.kernels.sparse import as_sparse_rows, is_sparse
 from daskkrr.parallel.cost import DEFAULT_RATES, Rates
 from daskkrr.parallel.executor import Executor, tree_reduce
 from daskkrr.parallel.resources import Resources
@@ -272,6 +273,11 @@ def _block(a: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(a, dtype=np.float64)
 
 
+def _data_block(a: Any) -> Any:
+    """A row block to keep: C-contiguous numpy, or CSR for a sparse block (its tiles come from sparse products)."""
+    return as_sparse_rows(a) if is_sparse(a) else np.ascontiguousarray(a)
+
+
 def submit(executor: Executor, graphs: list[Any]) -> list[Any]:
     """Start per-block graphs and return handles to their results, kept where computed.
 
@@ -382,7 +388,7 @@ def data_blocks(executor: Executor, X: da.Array, keep: bool | None = None) -> li
         keep = nbytes <= FEATURE_MEMORY_FRACTION * executor.resources().memory_bytes
     if not keep:
         return blocks
-    graphs = [delayed(np.ascontiguousarray, pure=True)(b, dask_key_name=_key("data")) for b in blocks]
+    graphs = [delayed(_data_block, pure=True)(b, dask_key_name=_key("data")) for b in blocks]
     with _pass(executor, "data", len(graphs)):
         return executor.backend.keep(graphs)
 

@@ -40,8 +40,8 @@ import dask.array as da
 import numpy as np
 
 from daskkrr import events as ev
-from daskkrr.data.sparse import is_sparse_array
 from daskkrr.kernels.random_features import NystromFeatures, has_random_features, random_features
+from daskkrr.kernels.sparse import dense_rows
 from daskkrr.parallel import Executor
 from daskkrr.parallel.guards import SLOW_SECONDS
 from daskkrr.parallel.tiles import (
@@ -123,17 +123,6 @@ def choose_solver(params: Any, n: int, d: int, executor: Executor | None = None)
     except (ValueError, MemoryError):
         return "pcg"
     return "direct"
-
-
-def refuse_sparse_pcg(X: Any, solver: str) -> None:
-    """TypeError for sparse ``X`` with the PCG solver, whose tiles and random-features preconditioner
-    read dense rows; the direct solver takes it."""
-    if solver == "pcg" and is_sparse_array(X):
-        raise TypeError(
-            f"ExactKernelRidge with solver='pcg' does not take sparse X (got {type(X).__name__} of shape {X.shape}); "
-            "pass solver='direct' (the n x n kernel matrix in memory, up to max_samples rows), or use "
-            "FalkonRegressor, which takes sparse X at any n"
-        )
 
 
 # --------------------------------------------------------------------------- operator
@@ -263,7 +252,9 @@ def pcg_solve(ctx: FitContext) -> None:
     )
     C = result.x if ctx.row_scale is None else ops.scale_rows(result.x, ctx.row_scale)
     coef = ops.to_numpy(C)
-    (Xn,) = (np.asarray(a) for a in ctx.executor.compute(ctx.X))
+    # the centers_ are the training rows (every row is a center), dense as every model's centers_ (n x d):
+    # sparse X is densified here, for the model only; the tiles and the preconditioner took it sparse.
+    (Xn,) = (dense_rows(a) for a in ctx.executor.compute(ctx.X))
     ctx.n_iter, ctx.converged = int(result.n_iter), bool(result.converged)
     if not ctx.converged:
         warn_not_converged(result, tol=float(p.tol), max_iter=int(p.max_iter), dtype=_tile_dtype(p))

@@ -35,6 +35,8 @@ from daskkrr.data import Standardizer
 from daskkrr.data.extremes import check_fit_magnitudes
 from daskkrr.data.feature_names import fitted_feature_names
 from daskkrr.data.inputs import load_features
+from daskkrr.data.sparse import is_sparse_array, refuse_centering
+from daskkrr.kernels.sparse import dense_rows
 from daskkrr.parallel import BlockPasses
 from daskkrr.parallel.cost import Budget, embedding_fits, should_persist
 from daskkrr.parallel.strategies import balance_blocks
@@ -104,7 +106,10 @@ def feature_statistics(ctx: FitContext) -> None:
         n_centers = n
     ctx.n_centers = n_centers
     ctx.events.emit(ev.DataOpened(n, Xd.numblocks[0], d))
-    scaler = Standardizer(with_mean=p.standardize, with_std=p.standardize)
+    sparse = is_sparse_array(Xd)
+    if sparse:  # the supervised rule: scaled, not centred (a mean would fill in the zeros); refused where it matters
+        refuse_centering(type(p).__name__, p._make_kernel(d), p.standardize)
+    scaler = Standardizer(with_mean=p.standardize and not sparse, with_std=p.standardize)
     ctx.events.emit(ev.PassStarted("statistics", Xd.numblocks[0]))
     scaler.fit(Xd)  # one pass: statistics and finiteness of X (NaN rows named)
     # Extreme magnitudes are refused before any kernel is evaluated (the embedding is in float64).
@@ -242,7 +247,7 @@ def kmeans_seed(ctx: FitContext, state: EmbeddingState) -> None:
     init = p.init
     runs = kmeans_runs(init, getattr(p, "n_init", 1))
     if not isinstance(init, str):
-        points = np.asarray(init, dtype=np.float64)
+        points = np.asarray(dense_rows(init), dtype=np.float64)  # k rows: a sparse init is densified
         if points.shape != (k, ctx.n_features):
             raise ValueError(f"init has shape {points.shape}; expected (n_clusters, n_features) = "
                              f"({k}, {ctx.n_features})")

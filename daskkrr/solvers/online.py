@@ -47,8 +47,10 @@ from typing import Any
 
 import numpy as np
 import scipy.linalg as sla
+import scipy.sparse as sp
 
 from daskkrr.kernels import Kernel
+from daskkrr.kernels.sparse import as_sparse_rows, cast_rows, dense_rows, is_sparse, take_rows
 from daskkrr.solvers.online_rls import (
     extend_factor,
     online_rule,
@@ -68,6 +70,22 @@ PENALTY_CONVENTION = "normalised"
 #: Array fields of :class:`OnlineState`, in the order they are saved.
 STATE_ARRAYS = ("landmarks", "landmark_rows", "landmark_probs", "sampler_factor", "basis", "basis_factor",
                 "gram", "rhs", "window_X", "window_y")
+
+
+#: Names under which a sparse window buffer is saved: the values, column indices and row pointers of its
+#: CSR matrix, and its shape (instead of ``window_X``).
+SPARSE_WINDOW = ("window_X_data", "window_X_indices", "window_X_indptr", "window_X_shape")
+
+
+def _saved_array(arrays: dict[str, np.ndarray], name: str) -> Any:
+    """A saved state array; the window from its CSR arrays when it was saved sparse."""
+    if name == "window_X" and name not in arrays and all(part in arrays for part in SPARSE_WINDOW):
+        data, indices, indptr, shape = (np.asarray(arrays[part]) for part in SPARSE_WINDOW)
+        try:
+            return sp.csr_matrix((data, indices, indptr), shape=tuple(int(v) for v in shape))
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"the online state's sparse window is damaged ({exc})") from exc
+    return np.asarray(arrays[name])
 
 
 @dataclasses.dataclass
@@ -96,7 +114,8 @@ class OnlineState:
     gram, rhs : ndarrays of shapes (r, r) and (r, t)
         ``sum psi psi^T`` and ``sum psi y^T`` over the rows seen (or the window).
     window_X, window_y : ndarrays
-        The last ``min(n_seen, window)`` rows (empty without a window).
+        The last ``min(n_seen, window)`` rows (empty without a window); ``window_X`` is a CSR matrix
+        once a sparse batch has entered the window.
     """
 
     lam: float
@@ -111,7 +130,7 @@ class OnlineState:
     basis_factor: np.ndarray
     gram: np.ndarray
     rhs: np.ndarray
-    window_X: np.ndarray
+    window_X: Any
     window_y: np.ndarray
     n_seen: int = 0
 
@@ -146,8 +165,14 @@ class OnlineState:
         return self.penalty * self.n_model
 
     def arrays(self) -> dict[str, np.ndarray]:
-        """The array fields by name (for saving)."""
-        return {name: getattr(self, name) for name in STATE_ARRAYS}
+        """The array fields by name (for saving); a sparse window as its CSR arrays (:data:`SPARSE_WINDOW`)."""
+        out = {name: getattr(self, name) for name in STATE_ARRAYS}
+        if is_sparse(self.window_X):
+            csr = as_sparse_rows(self.window_X)
+            del out["window_X"]
+            parts = (csr.data, csr.indices, csr.indptr, np.asarray(csr.shape, dtype=np.int64))
+            out.update(zip(SPARSE_WINDOW, parts))
+        return out
 
     def scalars(self) -> dict[str, Any]:
         """The scalar fields (JSON-ready)."""
@@ -164,7 +189,7 @@ class OnlineState:
         state = cls(
             lam=float(scalars["lam"]), c=float(scalars["c"]), penalty=float(scalars["penalty"]),
             window=None if scalars["window"] is None else int(scalars["window"]),
-            n_seen=int(scalars["n_seen"]), **{name: np.asarray(arrays[name]) for name in STATE_ARRAYS},
+            n_seen=int(scalars["n_seen"]), **{name: _saved_array(arrays, name) for name in STATE_ARRAYS},
         )
         state.check()
         return state
@@ -230,7 +255,7 @@ class Projections:
 def batch_projections(Xb: np.ndarray, kernel: Kernel, landmarks: np.ndarray, probs: np.ndarray,
                       sampler_factor: np.ndarray, basis: np.ndarray, basis_factor: np.ndarray) -> Projections:
     """One block of a batch against the dictionary (a pure function: a block task)."""
-    Xb = np.asarray(Xb, dtype=np.float64)
+    Xb = cast_rows(Xb, np.float64)  # sparse rows stay sparse: their kernel blocks come from sparse products
     kdiag = kernel.diag(Xb)
     if landmarks.shape[0] == 0:
         V0 = np.zeros((0, Xb.shape[0]))
@@ -283,7 +308,7 @@ def online_step(state: OnlineState, Xb: np.ndarray, Yb: np.ndarray, proj: Projec
     rhs += Psi @ Yb
     new = dataclasses.replace(
         state,
-        landmarks=np.vstack([state.landmarks, Xb[samp.accepted]]),
+        landmarks=np.vstack([state.landmarks, dense_rows(take_rows(Xb, samp.accepted))]),
         landmark_rows=np.concatenate([state.landmark_rows, state.n_seen + samp.accepted]),
         landmark_probs=np.concatenate([state.landmark_probs, probs[samp.accepted]]),
         sampler_factor=extend_factor(state.sampler_factor, samp.new_rows),
@@ -308,14 +333,14 @@ def window_step(state: OnlineState, Xb: np.ndarray, Yb: np.ndarray, kernel: Kern
     fresh = np.arange(max(0, b - W), b)  # batch rows inside the window
     alive = np.flatnonzero(state.landmark_rows >= first)  # step 1: older landmarks are deleted
     alive = alive[np.argsort(-state.landmark_rows[alive], kind="stable")]
-    Xc = np.vstack([Xb[fresh[::-1]], state.landmarks[alive]])  # step 2: newest rows join, newest first
+    Xc = stack_rows([take_rows(Xb, fresh[::-1]), state.landmarks[alive]])  # step 2: newest rows join, newest first
     rows = np.concatenate([state.n_seen + fresh[::-1], state.landmark_rows[alive]])
     prior = np.concatenate([np.ones(fresh.size), state.landmark_probs[alive]])
     ws = window_resample(Xc, prior, kernel, state.lam, state.c, np.asarray(rng.random(Xc.shape[0])))  # steps 3-4
     order = np.argsort(rows[ws.positions], kind="stable")
     keep = ws.positions[order]
-    landmarks = np.ascontiguousarray(Xc[keep])
-    window_X = np.vstack([state.window_X, Xb])[-W:]
+    landmarks = dense_rows(take_rows(Xc, keep))
+    window_X = stack_rows([state.window_X, Xb])[-W:]
     window_y = np.vstack([state.window_y, Yb])[-W:]
     kdiag = kernel.diag(landmarks)
     span = sweep(np.zeros((0, keep.size)), kdiag, landmarks, kernel, 0.0, span_rule(kdiag))
@@ -329,6 +354,15 @@ def window_step(state: OnlineState, Xb: np.ndarray, Yb: np.ndarray, kernel: Kern
         window_X=window_X, window_y=window_y, n_seen=n_new,
     )
     return new, StepInfo(probs=ws.candidate_probs, kept=kept)
+
+
+def stack_rows(parts: list[Any]) -> Any:
+    """Row blocks one above the other, float64: CSR when any is sparse (a sparse stream's batches and window
+    stay sparse; dense landmarks joining them are few rows), numpy otherwise."""
+    if any(is_sparse(p) for p in parts):
+        return sp.vstack([as_sparse_rows(p) if is_sparse(p) else sp.csr_matrix(np.asarray(p)) for p in parts],
+                         format="csr", dtype=np.float64)
+    return np.concatenate([np.asarray(p) for p in parts]).astype(np.float64, copy=False)
 
 
 def window_statistics(kernel: Kernel, Zb: np.ndarray, basis_factor: np.ndarray, X: np.ndarray,
@@ -358,6 +392,7 @@ def ridge_coefficients(state: OnlineState) -> np.ndarray:
 
 __all__ = [
     "PENALTY_CONVENTION",
+    "SPARSE_WINDOW",
     "OnlineState",
     "Projections",
     "StepInfo",
@@ -365,6 +400,7 @@ __all__ = [
     "online_step",
     "normalise_saved_scalars",
     "ridge_coefficients",
+    "stack_rows",
     "state_projections",
     "window_statistics",
     "window_step",
