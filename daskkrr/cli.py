@@ -148,13 +148,15 @@ def _add_scheduler(p: argparse.ArgumentParser) -> None:
                    help="the private key of --tls-cert (PEM; default: in --tls-cert)")
 
 
-def _add_table_columns(p: argparse.ArgumentParser, target: bool) -> None:
-    """``--target`` (fit) and ``--features``: the columns of a Parquet ``--data``."""
-    if target:
-        p.add_argument("--target", default=None, metavar="COLUMN",
-                       help="Parquet --data: the target column (required there; a Zarr store's is its array y)")
-    features = ("all columns but --target and --sample-weight" if target else
-                "the model's feature names, else all columns")
+#: ``--target``'s help where a Parquet ``--data`` needs one (fit, score).
+_TARGET_HELP = "Parquet --data: the target column (required there; a Zarr store's is its array y)"
+
+
+def _add_table_columns(p: argparse.ArgumentParser, target: str | None, features: str) -> None:
+    """``--target`` (with its help ``target``; None: no such flag) and ``--features`` (``features``: its
+    default, in words): the columns of a Parquet ``--data``."""
+    if target is not None:
+        p.add_argument("--target", default=None, metavar="COLUMN", help=target)
     p.add_argument("--features", default=None, metavar="A,B,...", type=lambda text: text.split(","),
                    help=f"Parquet --data: the feature columns, comma-separated (default: {features})")
 
@@ -352,7 +354,7 @@ def _parser() -> argparse.ArgumentParser:
 
     p = command("fit", "fit a model on a Zarr store or a Parquet table and save it")
     p.add_argument("--data", required=True, help="Zarr store with arrays X and y, or a Parquet table (with --target)")
-    _add_table_columns(p, target=True)
+    _add_table_columns(p, _TARGET_HELP, "all columns but --target and --sample-weight")
     p.add_argument("--out", required=True, help="model directory to write")
     p.add_argument("--config", default=None, help="TOML file with a [model] table (default: none)")
     p.add_argument("--sample-weight", dest="sample_weight", metavar="VAR", default=None,
@@ -374,7 +376,7 @@ def _parser() -> argparse.ArgumentParser:
     p = command("predict", "predict with a saved model into a Zarr store")
     p.add_argument("--model", required=True, help="model directory written by 'daskkrr fit'")
     p.add_argument("--data", required=True, help="Zarr store with array X, or a Parquet table")
-    _add_table_columns(p, target=False)
+    _add_table_columns(p, None, "the model's feature names, else all columns")
     p.add_argument("--out", required=True, help="Zarr store to write (array 'y_pred', 'decision' or 'proba')")
     p.add_argument("--output", choices=PREDICT_OUTPUTS, default="label",
                    help="classifiers: 'label' (the predicted classes, array 'y_pred'), 'decision' (the "
@@ -384,22 +386,32 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true", help="replace an existing output")
     _add_scheduler(p)
 
-    p = command("score", "score a saved model on a Zarr store with X and y; print the metrics as JSON")
+    p = command("score", "score a saved model on a Zarr store with X and y, or a Parquet table; print the metrics "
+                         "as JSON")
     p.add_argument("--model", required=True, help="model directory written by 'daskkrr fit'")
-    p.add_argument("--data", required=True, help="Zarr store with arrays X and y")
+    p.add_argument("--data", required=True, help="Zarr store with arrays X and y, or a Parquet table (with --target)")
+    _add_table_columns(p, _TARGET_HELP, "the model's feature names, else all columns but --target")
     _add_scheduler(p)
 
     from daskkrr.models.registry import UNSUPERVISED
 
     for name, help_text, out_help in (
-        ("embed", "Nystrom kernel PCA of a Zarr store's X, written to a Zarr store",
-         "Zarr store to write: array 'X' (the components) and the input's 'y', if it has one"),
-        ("cluster", "Nystrom kernel k-means of a Zarr store's X; the labels written to a Zarr store",
+        ("embed", "Nystrom kernel PCA of a Zarr store's X (or a Parquet table's columns), written to a Zarr store",
+         "Zarr store to write: array 'X' (the components) and the input's 'y', if it has one (a Parquet table's "
+         "--target)"),
+        ("cluster", "Nystrom kernel k-means of a Zarr store's X (or a Parquet table's columns); the labels written "
+                    "to a Zarr store",
          "Zarr store to write: array 'labels'"),
     ):
         kind = "kpca" if name == "embed" else "kmeans"
         p = command(name, help_text)
-        p.add_argument("--data", required=True, help="Zarr store with array X")
+        p.add_argument("--data", required=True, help="Zarr store with array X, or a Parquet table")
+        if name == "embed":
+            _add_table_columns(p, "Parquet --data: a column left out of the features and written to --out as its "
+                                  "array 'y' (default: none)",
+                               "the --model's feature names, else all columns but --target")
+        else:
+            _add_table_columns(p, None, "the --model's feature names, else all columns")
         p.add_argument("--out", required=True, help=out_help)
         p.add_argument("--model", default=None, metavar="DIR",
                        help="use this saved model instead of fitting one (default: fit on --data)")
@@ -436,8 +448,10 @@ def _parser() -> argparse.ArgumentParser:
     _add_scheduler(p)
 
     p = command("tune", "tune sigma/penalty/n_centers by batched BKB; save the best model and the history")
-    p.add_argument("--data", required=True, help="Zarr store with arrays X and y, or a CSV/TSV table (with --target)")
-    p.add_argument("--target", default=None, help="target column of a CSV/TSV --data (default: none)")
+    p.add_argument("--data", required=True,
+                   help="Zarr store with arrays X and y, or a CSV/TSV or Parquet table (with --target)")
+    _add_table_columns(p, "target column of a CSV/TSV or Parquet --data (default: none)",
+                       "all columns but --target")
     p.add_argument("--out", required=True, help="model directory to write (the best candidate refitted on all data)")
     p.add_argument("--history", default=None, metavar="FILE",
                    help="search history, CSV or .json (default: OUT.history.csv next to --out)")
@@ -544,16 +558,15 @@ def _cmd_fit(args: argparse.Namespace) -> None:
 
         if "sample_weight" not in inspect.signature(model.fit).parameters:
             raise UsageError(f"--sample-weight: {type(model).__name__} takes no sample weights")
-    data, weight = _fit_inputs(args, model)
+    data = _fit_inputs(args, model)
     # The fit's current client.
     with cluster_client(args.scheduler, n_workers=args.workers, security=args.security) as client:
         t0 = time.perf_counter()
-        if weight is not None:  # a store's array by name, or a Parquet column: its rows counted, on the cluster
-            from daskkrr.data.loading import frame_rows
-
-            fit_kwargs["sample_weight"] = weight if isinstance(weight, str) else frame_rows(weight)
+        inputs, weight = _read_table(data, args.sample_weight)
+        if weight is not None:  # a store's array by name, or a Parquet column
+            fit_kwargs["sample_weight"] = weight
         with _fit_progress(args, client):
-            model.fit(*data, **fit_kwargs)
+            model.fit(*inputs, **fit_kwargs)
         model.save(args.out, overwrite=args.overwrite)
     print(f"fitted {type(model).__name__} with {model.centers_.shape[0]} centers in "
           f"{time.perf_counter() - t0:.1f}s ({model.n_iter_} CG iterations, {convergence_note(model)}); "
@@ -562,6 +575,7 @@ def _cmd_fit(args: argparse.Namespace) -> None:
 
 def _cmd_tune(args: argparse.Namespace) -> None:
     from daskkrr.config import read_config
+    from daskkrr.data.parquet import is_parquet
     from daskkrr.parallel import cluster_client
     from daskkrr.tune import BKBSearchCV
     from daskkrr.tune.outputs import read_training_data, write_history
@@ -578,7 +592,12 @@ def _cmd_tune(args: argparse.Namespace) -> None:
     model = _build_from_flags(config, _model_overrides(args), verbose=bool(args.verbose))
     space = {name: tuple(r) for name, r in (("sigma", args.sigma_range), ("penalty", args.penalty_range),
                                            ("n_centers", args.centers_range)) if r is not None}
-    X, y = read_training_data(args.data, args.target)
+    columns = _table_columns(args, model, target_required=True) if is_parquet(args.data) else None
+    if columns is None:
+        if args.features is not None:
+            raise UsageError("--features names the columns of a Parquet --data; a CSV/TSV table's are all its "
+                             "columns but --target, a Zarr store's its array X: drop it")
+        X, y = read_training_data(args.data, args.target)
     search = BKBSearchCV(model, space or None, n_candidates=args.candidates, budget_fits=args.budget_fits,
                          budget_seconds=args.budget_seconds, batch_size=args.round_size, cv=args.cv,
                          scoring=args.scoring, ard=args.ard, grow_space=not args.fixed_space,
@@ -588,6 +607,8 @@ def _cmd_tune(args: argparse.Namespace) -> None:
         raise UsageError("--ard tunes sigma per feature: give --sigma-range")
     with cluster_client(args.scheduler, n_workers=args.workers, security=args.security):  # the fits' cluster
         t0 = time.perf_counter()
+        if columns is not None:
+            X, y = _read_table(columns)[0]  # read into memory by the search, as a store is
         search.fit(X, y)
         search.best_estimator_.save(args.out, overwrite=args.overwrite)
     write_history(search.history_, history)
@@ -703,48 +724,74 @@ def _check_before_start(model: Any, data: str | None, features_only: bool = Fals
         model._check_n_features(X.shape)
 
 
-def _fit_inputs(args: argparse.Namespace, model: Any) -> tuple[tuple[Any, ...], Any]:
-    """``fit``'s data and sample weights, checked before a cluster starts: a Zarr store's path and the name
-    of its weight array, or a Parquet table's columns (a lazy dask DataFrame and Series, read by the fit)."""
-    from daskkrr.data.parquet import is_parquet, parquet_training_data
+def _fit_inputs(args: argparse.Namespace, model: Any) -> Any:
+    """``fit``'s data, checked before a cluster starts: a Zarr store's path (its weight array checked), or a
+    Parquet table's columns (:class:`~daskkrr.data.parquet.ParquetColumns`, read by :func:`_read_table`)."""
+    columns = _table_columns(args, model, target_required=True, weight=args.sample_weight)
+    if columns is not None:
+        _check_before_start(model, None)
+        return columns
+    _check_before_start(model, args.data)
+    if args.sample_weight is not None:
+        _check_weight_variable(args.data, args.sample_weight)
+    return args.data
 
+
+def _table_columns(args: argparse.Namespace, model: Any, target_required: bool, weight: str | None = None) -> Any:
+    """A Parquet ``--data``'s columns (``--target``, ``--features``, the weight column), checked on the table's
+    footers before a cluster starts; None for a Zarr store, where the column flags are refused.
+
+    The features default to those of a fitted ``model`` (by name), else to every column but the target
+    and the weights.
+    """
+    from daskkrr.data.parquet import is_parquet, parquet_columns
+
+    target, features = getattr(args, "target", None), getattr(args, "features", None)
     if not is_parquet(args.data):
-        if args.target is not None or args.features is not None:
+        if target is not None or features is not None:
             raise UsageError("--target and --features name the columns of a Parquet --data; a Zarr store's are "
-                             "its arrays X and y: drop them")
-        _check_before_start(model, args.data)
-        if args.sample_weight is not None:
-            _check_weight_variable(args.data, args.sample_weight)
-        return (args.data,), args.sample_weight
-    if args.target is None:
+                             "its arrays X and y: drop them" if hasattr(args, "target") else
+                             "--features names the columns of a Parquet --data; a Zarr store's are its array X: "
+                             "drop it")
+        return None
+    if target is None and target_required:
         raise UsageError(f"--data {args.data} is a Parquet table: name its target column with --target")
-    _check_before_start(model, None)
-    X, y, weight = parquet_training_data(args.data, args.target, args.features, args.sample_weight)
-    return (X, y), weight
+    columns = parquet_columns(args.data, target, _model_features(model, features), weight)
+    if hasattr(model, "n_features_in_"):  # a fitted model: as many columns as it was fitted on
+        model._check_n_features((None, len(columns.features)))
+    return columns
+
+
+def _model_features(model: Any, features: list[str] | None) -> list[str] | None:
+    """The feature columns of a Parquet table for ``model``: its feature names if it was fitted with them
+    (``--features`` must then be those, in order), else ``--features`` (None: the table's own)."""
+    names = getattr(model, "feature_names_in_", None)
+    if names is None:
+        return features
+    names = [str(name) for name in names]
+    if features is not None and features != names:
+        raise UsageError(f"--features {','.join(features)}: the model was fitted on the columns {names}, in "
+                         f"this order; drop --features (they are taken by name)")
+    return names
+
+
+def _read_table(data: Any, weight: str | None = None) -> tuple[tuple[Any, ...], Any]:
+    """The inputs of a fit, a score or a transform (on the current client), and its weights: a Zarr store's
+    path and weight array's name as they are; a Parquet table's columns read as dask arrays (one pass over
+    the table counts each row group's rows and refuses a missing value by column and rows)."""
+    if isinstance(data, str):
+        return (data,), weight
+    X, y, w = data.arrays()
+    return ((X,) if y is None else (X, y)), w
 
 
 def _predict_input(args: argparse.Namespace, model: Any) -> Any:
     """``predict``'s data, checked before a cluster starts: a Zarr store's path, or a Parquet table's feature
-    columns (a lazy dask DataFrame): the model's feature names (or ``--features``, or all columns), in order."""
-    from daskkrr.data.parquet import is_parquet, parquet_features
-
-    if not is_parquet(args.data):
-        if args.features is not None:
-            raise UsageError("--features names the columns of a Parquet --data; a Zarr store's are its array X: "
-                             "drop it")
+    columns: the model's feature names (or ``--features``, or all columns), in order."""
+    columns = _table_columns(args, model, target_required=False)
+    if columns is None:
         _check_before_start(model, args.data, features_only=True)
-        return args.data
-    features = args.features
-    names = getattr(model, "feature_names_in_", None)
-    if names is not None:
-        names = [str(name) for name in names]
-        if features is not None and features != names:
-            raise UsageError(f"--features {','.join(features)}: the model was fitted on the columns {names}, in "
-                             f"this order; drop --features (they are taken by name)")
-        features = names
-    frame = parquet_features(args.data, features)
-    model._check_n_features((None, len(frame.columns)))
-    return frame
+    return args.data if columns is None else columns
 
 
 def _check_weight_variable(data: str, name: str) -> None:
@@ -790,10 +837,7 @@ def _cmd_predict(args: argparse.Namespace) -> None:
     name = _predict_output(model, args.output)
     data = _predict_input(args, model)
     with cluster_client(args.scheduler, n_workers=args.workers, security=args.security):
-        if not isinstance(data, str):  # a Parquet table: the Zarr output's chunks need its row counts (one pass)
-            from daskkrr.data.loading import frame_rows
-
-            data = frame_rows(data)
+        data = _read_table(data)[0][0]  # a Parquet table's row counts: the Zarr output's chunks
         if name == "proba":
             pred = model.predict_proba(data)
         else:
@@ -825,9 +869,13 @@ def _cmd_score(args: argparse.Namespace) -> None:
     from daskkrr.parallel import cluster_client
 
     model = load_model(args.model)
-    _check_before_start(model, args.data, features_only=True)
-    X, y = open_dataset(args.data, y="y")  # metadata only; refuses a store without y
+    columns = _table_columns(args, model, target_required=True)
+    if columns is None:
+        _check_before_start(model, args.data, features_only=True)
+        X, y = open_dataset(args.data, y="y")  # metadata only; refuses a store without y
     with cluster_client(args.scheduler, n_workers=args.workers, security=args.security):
+        if columns is not None:
+            X, y = _read_table(columns)[0]
         metrics = score_metrics(model, X, y)
     print(json.dumps(metrics, sort_keys=True))
 
@@ -866,23 +914,31 @@ def _cmd_unsupervised(args: argparse.Namespace) -> None:
     else:
         model = cls(**flags, **({"verbose": True} if args.verbose else {}))
         model._validate_params()  # bad flags refused before a cluster starts
-    X, y = open_dataset(args.data, y="y")  # metadata only; y None if the store has none
-    if args.model:
-        model._check_n_features(X.shape)
-    else:
-        model._check_data_size(int(X.shape[0]))  # n_clusters > n: refused before a cluster starts
+    columns = _table_columns(args, model, target_required=False)  # a Parquet table's, checked on its footers
+    if columns is None:
+        X, y = open_dataset(args.data, y="y")  # metadata only; y None if the store has none
+        if args.model:
+            model._check_n_features(X.shape)
+        else:
+            model._check_data_size(int(X.shape[0]))  # n_clusters > n: refused before a cluster starts
     with cluster_client(args.scheduler, n_workers=args.workers, security=args.security) as client:
         t0 = time.perf_counter()
+        data: Any = args.data
+        if columns is not None:
+            data, *target = _read_table(columns)[0]  # the rows counted: n_clusters > n refused before the fit
+            y = target[0] if target else None
+            if not args.model:
+                model._check_data_size(int(data.shape[0]))
         if not args.model:
             with _fit_progress(args, client):
-                model.fit(args.data)
+                model.fit(data)
         if args.command == "embed":
-            out = model.transform(args.data)
+            out = model.transform(data)
             write_zarr(out, y, args.out, overwrite=args.overwrite)
             what = f"{out.shape[0]} rows x {out.shape[1]} components (array 'X')" + (
                 " and the target (array 'y')" if y is not None else "")
         else:
-            out = model.predict(args.data) if args.model else model.labels_
+            out = model.predict(data) if args.model else model.labels_
             write_array_zarr(out, args.out, name="labels", overwrite=args.overwrite)
             what = f"{out.shape[0]} labels of {model.n_clusters} clusters (array 'labels')"
         if args.save_model:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import warnings
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -33,8 +34,10 @@ __all__ = [
     "is_parquet",
     "one_hot",
     "one_hot_names",
+    "missing_value_message",
     "open_parquet",
-    "parquet_features",
+    "ParquetColumns",
+    "parquet_columns",
     "parquet_training_data",
     "row_blocks",
 ]
@@ -187,7 +190,7 @@ def row_blocks(frame: Any, rows: int) -> Iterator[pd.DataFrame]:
 def _partitions(frame: Any) -> Iterator[pd.DataFrame]:
     # Not optimised: dask's optimiser fuses the Parquet partitions of a few columns up to about 75 MB
     # (dataframe.parquet.minimum-partition-size), and one partition is to stay one row group.
-    for part in frame.to_delayed(optimize_graph=False):
+    for part in _delayed_partitions(frame):
         with warnings.catch_warnings():
             # dask's reader calls reset_index(inplace=True), which pandas 3.1 deprecates: nothing the user can do
             warnings.filterwarnings("ignore", message="The inplace keyword in DataFrame.reset_index")
@@ -268,6 +271,160 @@ def one_hot_names(columns: Iterable[str], categories: dict[str, list[str]]) -> l
             for new in ([f"{name}={v}" for v in categories[name]] if name in categories else [name])]
 
 
+@dataclass(frozen=True)
+class ParquetColumns:
+    """The columns of a Parquet table that a command reads, checked on the table's metadata.
+
+    Made by :func:`parquet_columns` (before any row is read); :meth:`arrays` then reads
+    the rows once, on the current Dask client, to count them and refuse missing values.
+
+    Attributes
+    ----------
+    source : str
+        The table (see :func:`open_parquet`).
+    features : list of str
+        The feature columns, in the model's order.
+    target, weight : str or None
+        The target column and the column of row weights, if read.
+    """
+
+    source: str
+    features: list[str]
+    target: str | None = None
+    weight: str | None = None
+
+    def arrays(self) -> tuple[Any, Any, Any]:
+        """The features, target and weights as dask arrays with known row blocks (one per row group).
+
+        One pass over the table (its chosen columns only) counts each row group's rows and
+        looks for missing values; the arrays' blocks then read the row groups again when
+        computed, so that memory holds a few row groups, never the table.
+
+        Returns
+        -------
+        X : xarray.DataArray
+            float64 features of shape (n, len(features)) over a dask array; its
+            ``feature`` coordinate holds the column names (a model's ``feature_names_in_``).
+        y : dask.array.Array or None
+            The target (its column's dtype), or None without ``target``.
+        w : dask.array.Array or None
+            The weights as float64, or None without ``weight``.
+
+        Raises
+        ------
+        ValueError
+            A missing value (null or NaN): the message names the column, the rows of its
+            row group and the row (counted from 0), and says to fill or drop it.
+        """
+        import dask
+        import dask.array as da
+        import xarray as xr
+
+        columns = list(dict.fromkeys([*self.features, *(c for c in (self.target, self.weight) if c is not None)]))
+        frame = open_parquet(self.source, columns)
+        parts = list(_delayed_partitions(frame))
+        counts = dask.compute(*[dask.delayed(_count_rows)(part) for part in parts])
+        _refuse_missing_in(counts, self.source)
+        kept = [(part, int(rows)) for part, (rows, _) in zip(parts, counts) if rows]
+        if not kept:
+            raise ValueError(f"{self.source} has no rows; nothing to read")
+
+        def stacked(names: list[str], dtype: Any, vector: bool) -> Any:
+            blocks = [da.from_delayed(dask.delayed(_column_values)(part, names, dtype, vector),
+                                      shape=(rows,) if vector else (rows, len(names)), dtype=dtype)
+                      for part, rows in kept]
+            return da.concatenate(blocks, axis=0)
+
+        X = xr.DataArray(stacked(self.features, np.dtype(np.float64), False), dims=("row", "feature"),
+                         coords={"feature": np.asarray(self.features, dtype=object)})
+        y = None
+        if self.target is not None:
+            dtype = frame.dtypes[self.target]  # an integer target (class labels) stays integer
+            y = stacked([self.target], np.dtype(getattr(dtype, "numpy_dtype", dtype)), True)
+        w = None if self.weight is None else stacked([self.weight], np.dtype(np.float64), True)
+        return X, y, w
+
+
+def _delayed_partitions(frame: Any) -> Any:
+    # Not optimised: one partition is to stay one row group (see _partitions).
+    return frame.to_delayed(optimize_graph=False)
+
+
+def _count_rows(part: pd.DataFrame) -> tuple[int, tuple[str, int] | None]:
+    """A row group's row count and its first missing value (column, row in the group), if any."""
+    for name in part.columns:
+        missing = part[name].isna().to_numpy()
+        if missing.any():
+            return len(part), (str(name), int(np.flatnonzero(missing)[0]))
+    return len(part), None
+
+
+def _refuse_missing_in(counts: Sequence[tuple[int, tuple[str, int] | None]], source: str) -> None:
+    """Raise for the first row group with a missing value, naming its column, rows and row."""
+    first = 0
+    for rows, missing in counts:
+        if missing is not None:
+            raise ValueError(missing_value_message(missing[0], source, first, first + rows - 1, first + missing[1]))
+        first += rows
+
+
+def missing_value_message(column: str, source: str, first: int, last: int, row: int) -> str:
+    """The error for a missing value: the column, the rows of its block and its row (counted from 0), the fix."""
+    return (f"column {column!r} of {source} has a missing value (null or NaN) in rows {first}-{last} (first at "
+            f"row {row}, rows counted from 0); fill or drop the missing values, or leave the column out")
+
+
+def _column_values(part: pd.DataFrame, names: list[str], dtype: Any, vector: bool) -> np.ndarray:
+    values = part[names].to_numpy(dtype=dtype)
+    return values[:, 0] if vector else values
+
+
+def parquet_columns(
+    source: str | os.PathLike,
+    target: str | None = None,
+    features: Sequence[str] | None = None,
+    weight: str | None = None,
+) -> ParquetColumns:
+    """The columns of a Parquet table a fit, a score or a prediction reads, checked on its footers only.
+
+    Parameters
+    ----------
+    source : str or os.PathLike
+        The table (see :func:`open_parquet`).
+    target : str or None, default=None
+        The target column, or None (features only).
+    features : sequence of str or None, default=None
+        The feature columns in order; None takes every column but ``target`` and ``weight``.
+    weight : str or None, default=None
+        A column of row weights, or None.
+
+    Returns
+    -------
+    ParquetColumns
+        Read by its :meth:`ParquetColumns.arrays`.
+
+    Raises
+    ------
+    KeyError
+        A named column the table lacks (the message lists its columns).
+    TypeError
+        A feature, target or weight column that is not numeric (named; categorical
+        features are one-hot encoded by ``daskkrr convert --categorical onehot``).
+    ValueError
+        No feature column is left.
+    """
+    frame = open_parquet(source)
+    where = os.fspath(source)
+    columns = [str(c) for c in frame.columns]
+    roles = {role: [name] for role, name in (("target", target), ("weight", weight)) if name is not None}
+    chosen = list(features) if features is not None else [c for c in columns if c not in (target, weight)]
+    roles["feature"] = chosen
+    _check_columns(roles, columns, frame.dtypes, where)
+    if not chosen:
+        raise ValueError(f"{where} has no feature columns besides the target {target!r}")
+    return ParquetColumns(where, chosen, target, weight)
+
+
 def parquet_training_data(
     source: str | os.PathLike,
     target: str,
@@ -298,52 +455,13 @@ def parquet_training_data(
 
     Raises
     ------
-    KeyError
-        A named column the table lacks (the message lists its columns).
-    TypeError
-        A feature, target or weight column that is not numeric (named; categorical
-        ones are one-hot encoded by ``daskkrr convert --categorical onehot``).
+    KeyError, TypeError, ValueError
+        As :func:`parquet_columns`.
     """
+    chosen = parquet_columns(source, target, features, weight)
     frame = open_parquet(source)
-    where = os.fspath(source)
-    columns = [str(c) for c in frame.columns]
-    roles = {"target": [target]} | ({"weight": [weight]} if weight is not None else {})
-    chosen = list(features) if features is not None else [
-        c for c in columns if c != target and c != weight]
-    roles["feature"] = chosen
-    _check_columns(roles, columns, frame.dtypes, where)
-    if not chosen:
-        raise ValueError(f"{where} has no feature columns besides the target {target!r}")
-    X = frame[chosen].astype("float64")
-    return X, frame[target], None if weight is None else frame[weight]
-
-
-def parquet_features(source: str | os.PathLike, features: Sequence[str] | None = None) -> Any:
-    """A Parquet table's feature columns as a lazy float64 dask DataFrame, for ``predict``.
-
-    Parameters
-    ----------
-    source : str or os.PathLike
-        The table (see :func:`open_parquet`).
-    features : sequence of str or None, default=None
-        The columns, in the order the model takes them; None takes all.
-
-    Returns
-    -------
-    dask.dataframe.DataFrame
-        One partition per row group; its row counts are unknown until counted
-        (:func:`daskkrr.data.loading.frame_rows`, one pass over the table).
-
-    Raises
-    ------
-    KeyError, TypeError
-        As :func:`parquet_training_data`.
-    """
-    frame = open_parquet(source)
-    columns = [str(c) for c in frame.columns]
-    chosen = list(features) if features is not None else columns
-    _check_columns({"feature": chosen}, columns, frame.dtypes, os.fspath(source))
-    return frame[chosen].astype("float64")
+    return (frame[chosen.features].astype("float64"), frame[target],
+            None if weight is None else frame[weight])
 
 
 def _check_columns(roles: dict[str, list[str]], columns: list[str], dtypes: pd.Series, where: str) -> None:

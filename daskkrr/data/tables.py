@@ -27,6 +27,7 @@ from daskkrr.data.parquet import (
     category_values,
     column_kinds,
     is_parquet,
+    missing_value_message,
     one_hot,
     one_hot_names,
     open_parquet,
@@ -337,10 +338,8 @@ def _refuse_missing(block: pd.DataFrame, source: str, first_row: int) -> None:
     for name in block.columns:
         pos = _first(block[name].isna().to_numpy())
         if pos is not None:
-            raise ValueError(
-                f"column {name!r} of {source} has a missing value (null or NaN) in rows "
-                f"{first_row}-{first_row + len(block) - 1} (first at row {first_row + pos}, rows counted from 0); "
-                f"fill or drop the missing values before converting")
+            raise ValueError(missing_value_message(name, source, first_row, first_row + len(block) - 1,
+                                                   first_row + pos))
 
 
 def _base_name(source: str) -> str:

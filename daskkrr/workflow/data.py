@@ -1,8 +1,9 @@
 """The data of a workflow run: open a Zarr store, or convert/generate one into a cache first.
 
 - ``store``: opened as is (a nightly workflow simply sees the rows the store holds now);
-- ``table``: converted once into ``cache`` (default ``<runs_dir>/cache/<stem>.zarr``)
-  and converted again only when the table's size or modification time changes;
+- ``table``: a CSV/TSV file or a Parquet file or folder of parts, converted once into
+  ``cache`` (default ``<runs_dir>/cache/<stem>.zarr``) and converted again only when the
+  size or modification time of the table (of any of its files) changes;
 - ``generate``: synthetic data written once into a cache keyed by its settings.
 
 Then the preprocessing: keep the first ``max_rows`` rows and re-chunk to ``chunk_rows``
@@ -24,20 +25,25 @@ if TYPE_CHECKING:  # annotations only: the data layer builds the arrays
 logger = logging.getLogger("daskkrr.workflow")
 
 
-def _source_stamp(path: Path, target: str) -> dict[str, Any]:
-    st = path.stat()
-    return {"path": str(path), "size": st.st_size, "mtime_ns": st.st_mtime_ns, "target": target}
+def _source_stamp(path: Path, target: str, categorical: str) -> dict[str, Any]:
+    """What the cached copy was made from: the size and modification time of the table's files (a folder's
+    part files, in order), and how it was converted."""
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    stats = [(str(p.relative_to(path)) if path.is_dir() else "", p.stat()) for p in files]
+    return {"path": str(path), "files": [[name, st.st_size, st.st_mtime_ns] for name, st in stats],
+            "target": target, "categorical": categorical}
 
 
-def cached_table(table: str, target: str, cache: str, sep: str | None = None) -> Path:
-    """Path of a Zarr copy of ``table`` in ``cache``, (re)converted if the table changed."""
+def cached_table(table: str, target: str, cache: str, sep: str | None = None, categorical: str = "refuse") -> Path:
+    """Path of a Zarr copy of ``table`` (CSV/TSV, or a Parquet file or folder) in ``cache``, (re)converted if
+    the table changed; ``categorical`` is :func:`daskkrr.data.convert_table`'s (Parquet's categorical columns)."""
     from daskkrr.data import convert_table
 
     source, store = Path(table), Path(cache)
-    if not source.is_file():
+    if not source.exists():
         raise FileNotFoundError(f"[data] table {source} does not exist; fix the path in the workflow file")
     stamp_file = store.with_name(store.name + ".source.json")
-    stamp = _source_stamp(source, target)
+    stamp = _source_stamp(source, target, categorical)
     if store.exists() and stamp_file.is_file():
         try:
             if json.loads(stamp_file.read_text()) == stamp:
@@ -47,7 +53,7 @@ def cached_table(table: str, target: str, cache: str, sep: str | None = None) ->
             pass
     logger.info("converting %s into %s", source, store)
     store.parent.mkdir(parents=True, exist_ok=True)
-    convert_table(source, store, target=target, sep=sep, overwrite=True)
+    convert_table(source, store, target=target, sep=sep, overwrite=True, categorical=categorical)
     stamp_file.write_text(json.dumps(stamp))
     return store
 
@@ -86,7 +92,8 @@ def resolve_store(data: dict[str, Any], runs_dir: str) -> Path:
         return store
     if data["table"] is not None:
         cache = data["cache"] or str(cache_dir / (Path(data["table"]).name.split(".")[0] + ".zarr"))
-        return cached_table(data["table"], data["target"], cache, data.get("sep"))
+        return cached_table(data["table"], data["target"], cache, data.get("sep"),
+                            data.get("categorical") or "refuse")
     return generated_store(data["generate"], cache_dir)
 
 

@@ -8,8 +8,9 @@
 
     [data]                            # exactly one of store / table / generate
     store = "data/growing.zarr"       # Zarr store with arrays X and y
-    # table = "houses.tsv.gz"         # CSV/TSV(.gz), converted once to a cached Zarr store
-    # target = "median_house_value"   #   (required with table)
+    # table = "houses.tsv.gz"         # CSV/TSV(.gz), or a Parquet file or folder, converted once to a
+    # target = "median_house_value"   #   cached Zarr store (target required with table)
+    # categorical = "onehot"          #   Parquet: one-hot encode categorical columns (default "refuse")
     # generate = { n = 20000, d = 8, seed = 0 }   # synthetic data, cached
     # sample_weight = "w"             # store only: its array of row weights (fit's sample_weight)
 
@@ -65,6 +66,7 @@ from typing import Any
 from sklearn.base import ClassifierMixin
 
 from daskkrr.config import ConfigError, check_model_config
+from daskkrr.data.parquet import CATEGORICAL_MODES
 from daskkrr.models.registry import ESTIMATORS
 from daskkrr.utils.toml_file import read_toml, unknown_keys
 
@@ -87,6 +89,7 @@ _SCHEMA: dict[str, dict[str, tuple[tuple[type, ...], Any]]] = {
         "table": ((str,), None),
         "target": ((str,), None),
         "sep": ((str,), None),
+        "categorical": ((str,), None),
         "cache": ((str,), None),
         "generate": ((dict,), None),
         "sample_weight": ((str,), None),
@@ -310,8 +313,12 @@ def _check_data(data: dict[str, Any], base_dir: Path, where: str) -> None:
         )
     if data["table"] is not None and not data["target"]:
         raise WorkflowError(f"{where}: [data] table needs target = \"<name of the target column>\"")
-    if data["table"] is None and data["target"] is not None:
-        raise WorkflowError(f"{where}: [data] target only applies to table sources; remove it")
+    for key in ("target", "categorical"):
+        if data["table"] is None and data[key] is not None:
+            raise WorkflowError(f"{where}: [data] {key} only applies to table sources; remove it")
+    if data["categorical"] not in (None, *CATEGORICAL_MODES):
+        raise WorkflowError(f"{where}: [data] categorical must be one of {list(CATEGORICAL_MODES)}; "
+                            f"got {data['categorical']!r}")
     if data["sample_weight"] is not None and data["store"] is None:
         raise WorkflowError(f"{where}: [data] sample_weight names an array of the store; it needs store = \"...\"")
     if data["generate"] is not None:
