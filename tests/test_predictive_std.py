@@ -297,13 +297,22 @@ def test_posterior_saved_before_the_calibration_keeps_its_likelihood_amplitude()
     X, y, _ = _data(4)
     post = NystromRegressor(n_centers=30, compute_std=True, random_state=0).fit(X, y).posterior_
     arrays = post.to_arrays()
-    old = {k: v for k, v in arrays.items() if k != "likelihood_prior_variance"}
+    assert "miss_ratio" in arrays
+    old = {k: v for k, v in arrays.items() if k not in ("likelihood_prior_variance", "miss_ratio")
+           and not k.startswith("low_rank_")}
     old["prior_variance"] = arrays["likelihood_prior_variance"]  # what the earlier files held
     old["numbers"] = arrays["numbers"][:2]  # offset and noise ratio, no d_eff
     loaded = PosteriorVariance.from_arrays(old)
     np.testing.assert_array_equal(loaded.prior_variance, post.likelihood_prior_variance)
     np.testing.assert_array_equal(loaded.likelihood_prior_variance, post.likelihood_prior_variance)
     assert np.isnan(loaded.effective_dof)
+    # Files written before the miss had its own amplitude keep one amplitude: std = sqrt(s^2 (miss + fit)).
+    assert loaded.miss_ratio is None and loaded.low_rank is None
+    Z = post.factor.shape[0]
+    K, kxx = np.random.default_rng(0).uniform(0, 1, size=(5, Z)), np.ones(5)
+    miss, fit = loaded.variance_parts(K, kxx)
+    np.testing.assert_allclose(loaded.std(K, kxx, exact=True)[:, 0],
+                               np.sqrt(loaded.prior_variance[0] * np.maximum(miss + fit, 0.0)), rtol=1e-12)
 
 
 def test_classifier_decision_function_has_a_std():
