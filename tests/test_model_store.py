@@ -177,6 +177,16 @@ def test_a_fifo_chunk_is_refused(saved):
     _refused(saved, chunk, "path", "special file")
 
 
+@pytest.mark.parametrize("part", ["", "zarr.json", "centers/zarr.json", "coef/c", "coef"])
+def test_a_missing_part_of_the_store_is_refused(saved, part):
+    path = saved / STORE / part if part else saved / STORE
+    if path.is_dir():
+        shutil.rmtree(path)
+    else:
+        path.unlink()
+    _refused(saved, path, "file", "is missing|cannot be read")
+
+
 def test_an_extra_file_in_the_store_is_refused(saved):
     (saved / STORE / "centers" / "c" / "7").write_bytes(b"\0" * 960)
     _refused(saved, saved / STORE / "centers" / "c" / "7", "path", "not part of the Zarr store")
