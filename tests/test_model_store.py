@@ -177,6 +177,16 @@ def test_a_fifo_chunk_is_refused(saved):
     _refused(saved, chunk, "path", "special file")
 
 
+@pytest.mark.parametrize("part", ["", "zarr.json", "centers/zarr.json", "coef/c", "coef"])
+def test_a_missing_part_of_the_store_is_refused(saved, part):
+    path = saved / STORE / part if part else saved / STORE
+    if path.is_dir():
+        shutil.rmtree(path)
+    else:
+        path.unlink()
+    _refused(saved, path, "file", "is missing|cannot be read")
+
+
 def test_an_extra_file_in_the_store_is_refused(saved):
     (saved / STORE / "centers" / "c" / "7").write_bytes(b"\0" * 960)
     _refused(saved, saved / STORE / "centers" / "c" / "7", "path", "not part of the Zarr store")
@@ -271,3 +281,17 @@ def test_models_that_keep_one_archive_refuse_zarr(data, tmp_path):
         with pytest.raises(ValueError, match="keeps all its arrays in arrays.npz"):
             model.save(tmp_path / "m", store="zarr")
         assert not (model.save(tmp_path / type(model).__name__) / STORE).exists()
+
+
+def test_return_std_of_a_zarr_model(data, tmp_path):
+    """The posterior (M x M factors, dense-route fits only) stays in arrays.npz; return_std reads the centers
+    whole, so mean and std are the fitted model's exactly (the same arithmetic on the same arrays)."""
+    X, y = data
+    model = FalkonRegressor(n_centers=M, penalty=1e-4, sigma=1.5, max_iter=20, random_state=0,
+                            compute_std=True).fit(X, y)
+    loaded = daskkrr.load(model.save(tmp_path / "std", store="zarr"))
+    assert isinstance(loaded.centers_, da.Array) and loaded.posterior_ is not None
+    mean, std = loaded.predict(X[:50], return_std=True)
+    want_mean, want_std = model.predict(X[:50], return_std=True)
+    np.testing.assert_array_equal(std, want_std)
+    np.testing.assert_array_equal(mean, want_mean)

@@ -113,7 +113,7 @@ def open_model_arrays(folder: Path, names: tuple[str, ...], error: type[FileFiel
     """
     root = folder / STORE_NAME
     _check_dir(root, error)
-    _check_entries(root, {_META, *names}, error)
+    _check_entries(root, {_META, *names}, error, required=(_META, *names))
     if read_json_object(root / _META, error) != _GROUP_META:
         raise error(root / _META, "json", f"is not the Zarr group save() writes ({_GROUP_META})")
     out: dict[str, da.Array] = {}
@@ -121,6 +121,7 @@ def open_model_arrays(folder: Path, names: tuple[str, ...], error: type[FileFiel
     for name in names:
         where = root / name
         _check_dir(where, error)
+        _check_entries(where, {_META, "c"}, error, required=(_META, "c"))
         shape, chunk, dtype = _checked_meta(where / _META, name, error)
         _check_chunk_files(where, name, shape, chunk, np.dtype(dtype).itemsize, error)
         if rows is not None and chunk != rows:
@@ -159,9 +160,11 @@ def _check_dir(path: Path, error: type[FileFieldError]) -> None:
         raise error(path, "path", f"is {kind}; the model's Zarr store holds real folders only (copy the real files)")
 
 
-def _check_entries(folder: Path, allowed: set[str], error: type[FileFieldError]) -> dict[str, os.stat_result]:
+def _check_entries(folder: Path, allowed: set[str], error: type[FileFieldError],
+                   required: tuple[str, ...] = ()) -> dict[str, os.stat_result]:
     """The entries of ``folder`` (``lstat``), refused when one is not in ``allowed``, is a symlink or a special
-    file; the folder is listed, not walked, so a forged tree costs what is really on disk."""
+    file, or one of ``required`` is missing; the folder is listed, not walked, so a forged tree costs what is
+    really on disk."""
     found: dict[str, os.stat_result] = {}
     with os.scandir(folder) as entries:
         for entry in entries:
@@ -175,6 +178,9 @@ def _check_entries(folder: Path, allowed: set[str], error: type[FileFieldError])
                 raise error(folder / entry.name, "path", f"is {kind}; the model's Zarr store holds regular files "
                                                          "only (a link could point out of the model folder)")
             found[entry.name] = info
+    for name in required:
+        if name not in found:
+            raise error(folder / name, "file", "is missing: the model's Zarr store is incomplete (save it again)")
     return found
 
 
@@ -207,7 +213,6 @@ def _checked_meta(path: Path, name: str, error: type[FileFieldError]) -> tuple[t
 def _check_chunk_files(where: Path, name: str, shape: tuple[int, ...], rows: int, itemsize: int,
                        error: type[FileFieldError]) -> None:
     """Every chunk file ``c/I`` (``c/I/0`` for 2-D arrays) present, regular, of exactly one chunk's bytes."""
-    _check_entries(where, {_META, "c"}, error)
     n_chunks = -(-shape[0] // rows)
     keys = {str(i) for i in range(n_chunks)}
     chunks = where / "c"
