@@ -448,10 +448,8 @@ def _parser() -> argparse.ArgumentParser:
     _add_scheduler(p)
 
     p = command("tune", "tune sigma/penalty/n_centers by batched BKB; save the best model and the history")
-    p.add_argument("--data", required=True,
-                   help="Zarr store with arrays X and y, or a CSV/TSV or Parquet table (with --target)")
-    _add_table_columns(p, "target column of a CSV/TSV or Parquet --data (default: none)",
-                       "all columns but --target")
+    p.add_argument("--data", required=True, help="Zarr store (arrays X, y), CSV/TSV or Parquet table")
+    _add_table_columns(p, "target column of a table --data (default: none)", "all columns but --target")
     p.add_argument("--out", required=True, help="model directory to write (the best candidate refitted on all data)")
     p.add_argument("--history", default=None, metavar="FILE",
                    help="search history, CSV or .json (default: OUT.history.csv next to --out)")
