@@ -28,7 +28,14 @@ def problem():
     return X, kernel, ridge_leverage_scores(X, kernel, GAMMA)
 
 
-@pytest.mark.parametrize("n_leaves", [1, 2, 4, 8])
+#: The default run checks the deepest tree (8 leaves on 4 blocks: three levels of merges, each merging
+#: two dictionaries as every smaller tree does). 1 leaf is SQUEAK itself (test_one_leaf_is_squeak, and
+#: the guarantees in test_sampling_squeak); 2 and 4 leaves are shallower trees of the same merges, whose
+#: row ranges test_tree_shapes checks: slow.
+LEAF_CASES = [pytest.param(n, marks=pytest.mark.slow) for n in (1, 2, 4)] + [8]
+
+
+@pytest.mark.parametrize("n_leaves", LEAF_CASES)
 def test_disqueak_guarantees(problem, n_leaves):
     X, kernel, tau = problem
     Xd = da.from_array(X, chunks=(80, 3))
