@@ -19,6 +19,8 @@ import pytest  # noqa: E402
 from threadpoolctl import threadpool_limits  # noqa: E402
 
 if TYPE_CHECKING:
+    from concurrent.futures import Executor
+
     from distributed import Client
 
 _BLAS_ONE_THREAD = threadpool_limits(limits=1, user_api="blas")
@@ -82,3 +84,20 @@ def own_cluster2() -> Iterator[Client]:
     """Like :func:`cluster2`, but the module's own: for tests that kill or reconfigure its workers."""
     with _two_worker_client() as client:
         yield client
+
+
+@pytest.fixture(scope="session")
+def seed_pool() -> Iterator[Executor]:
+    """Two fresh processes for the statistical tests' loops over independent seeds.
+
+    The run's own process computes on one core (one BLAS thread, above); a loop over 30 or 40
+    seeds split between two processes keeps both cores of the 2-core CI machine busy. Spawned,
+    not forked: the run's process holds Dask threads and cluster connections that a fork would
+    copy mid-use. They import numpy and daskkrr once and serve the whole run; what they run must
+    be a module-level function (pickled by name) of independent arguments.
+    """
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(max_workers=2, mp_context=multiprocessing.get_context("spawn")) as pool:
+        yield pool

@@ -58,8 +58,10 @@ def test_nan_through_the_cli(tmp_path, table, cluster2, capsys):
         (["fit", "--data", "{store}", "--out", "{tmp}/m", "--config", "{tmp}/bad.toml"], "unknown key 'sigmaa'"),
         (["fit", "--data", "{store}", "--out", "{tmp}/m", "--checkpoint", "{tmp}/old"],
          "already holds a checkpoint of an earlier fit; pass --resume to continue it"),
+        # Found by the fit, on the fit's client: the run's shared cluster, not a local cluster of its own
+        # to start (the other cases are refused before the command connects to any cluster).
         (["fit", "--data", "{store}", "--out", "{tmp}/m", "--estimator", "exact", "--solver", "direct",
-          "--max-samples", "10"],
+          "--max-samples", "10", "--scheduler", "{scheduler}"],
          "n=20 is above --max-samples=10. Use FalkonRegressor"),
         (["predict", "--model", "{tmp}/nomodel", "--data", "{store}", "--out", "{tmp}/p.zarr"],
          "is not a daskkrr model directory"),
@@ -67,7 +69,9 @@ def test_nan_through_the_cli(tmp_path, table, cluster2, capsys):
         (["convert", "{tmp}/t.csv", "{tmp}/c.zarr", "--target", "nope"], "target column 'nope' not found"),
     ],
 )
-def test_cli_errors_write_nothing(tmp_path, table, capsys, argv, match):
+def test_cli_errors_write_nothing(tmp_path, table, capsys, request, argv, match):
+    if "{scheduler}" in argv:
+        argv = [a.replace("{scheduler}", request.getfixturevalue("cluster2").scheduler.address) for a in argv]
     _check_error(tmp_path, capsys, argv, match, code=1)
 
 
@@ -114,7 +118,7 @@ def _check_error(tmp_path, capsys, argv, match, code):
     assert match in line
     if code == 2:
         assert line.endswith("--help'"), line  # names where to look
-    # checked before any cluster is started or any data are read: nothing new on disk
+    # nothing new on disk: no output, no temporary, no checkpoint
     assert sorted(p.name for p in tmp_path.iterdir()) == before
 
 

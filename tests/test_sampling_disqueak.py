@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 
 import dask
@@ -28,18 +29,26 @@ def problem():
     return X, kernel, ridge_leverage_scores(X, kernel, GAMMA)
 
 
-@pytest.mark.parametrize("n_leaves", [1, 2, 4, 8])
-def test_disqueak_guarantees(problem, n_leaves):
+#: The default run checks the deepest tree (8 leaves on 4 blocks: three levels of merges, each merging
+#: two dictionaries as every smaller tree does). 1 leaf is SQUEAK itself (test_one_leaf_is_squeak, and
+#: the guarantees in test_sampling_squeak); 2 and 4 leaves are shallower trees of the same merges, whose
+#: row ranges test_tree_shapes checks: slow.
+LEAF_CASES = [pytest.param(n, marks=pytest.mark.slow) for n in (1, 2, 4)] + [8]
+
+
+@pytest.mark.parametrize("n_leaves", LEAF_CASES)
+def test_disqueak_guarantees(problem, seed_pool, n_leaves):
     X, kernel, tau = problem
-    Xd = da.from_array(X, chunks=(80, 3))
+    rows = seed_pool.map(functools.partial(_disqueak_checks, X, kernel, tau, n_leaves), range(N_SEEDS))
+    assert_guarantees(summarise(list(rows)), f"DISQUEAK with {n_leaves} leaves")
+
+
+def _disqueak_checks(X, kernel, tau, n_leaves: int, seed: int):
+    """:func:`dictionary_checks` of DISQUEAK's dictionary for one seed (run in a pool process)."""
     sampler = DisqueakSampler(gamma=GAMMA, qbar=QBAR, eps=EPS, n_leaves=n_leaves)
     with dask.config.set(scheduler="sync"):
-        rows = [
-            dictionary_checks(X, kernel, sampler.select(Xd, kernel, random_state=s), GAMMA, tau,
-                              ALPHA_DISQUEAK)
-            for s in range(N_SEEDS)
-        ]
-    assert_guarantees(summarise(rows), f"DISQUEAK with {n_leaves} leaves")
+        D = sampler.select(da.from_array(X, chunks=(80, 3)), kernel, random_state=seed)
+    return dictionary_checks(X, kernel, D, GAMMA, tau, ALPHA_DISQUEAK)
 
 
 def test_one_leaf_is_squeak(problem):

@@ -27,9 +27,11 @@ def _fit(X, y, sampler, n_centers, preconditioner_rows=None):
                            preconditioner_rows=preconditioner_rows).fit(X, y)
 
 
+# "squeak" by name is SqueakSampler() (test_sampling_squeak's test_registry_and_errors checks the
+# registry), so its fits repeat the [squeak] case's: slow.
 @pytest.mark.parametrize(
     "sampler",
-    [SqueakSampler(), DisqueakSampler(n_leaves=4), BlessSampler(), "squeak"],
+    [SqueakSampler(), DisqueakSampler(n_leaves=4), BlessSampler(), pytest.param("squeak", marks=pytest.mark.slow)],
     ids=["squeak", "disqueak-4-leaves", "bless", "squeak-by-name"],
 )
 def test_rls_centers_converge_no_slower_than_uniform(regression, sampler):

@@ -84,37 +84,42 @@ def assert_guarantees(stats, label):
 GAMMA_CASES = [GAMMAS[0], pytest.param(GAMMAS[1], marks=pytest.mark.slow)]
 
 
-@pytest.fixture(scope="module")
-def reference_stats(problem):
-    """gamma -> the reference's summary over the seeds, computed for the gammas the run's tests ask for."""
+def _reference_checks(X, kernel, gamma: float, tau, seed: int):
+    """:func:`dictionary_checks` of the reference's dictionary for one seed (run in a pool process)."""
+    D = squeak_reference(X, kernel, gamma, QBAR, EPS, seed)
+    return dictionary_checks(X, kernel, D, gamma, tau, ALPHA_SQUEAK)
+
+
+def _production_checks(X, kernel, gamma: float, tau, seed: int):
+    """:func:`dictionary_checks` of the batched pass's dictionary for one seed (run in a pool process)."""
+    sampler = SqueakSampler(gamma=gamma, qbar=QBAR, eps=EPS)
+    with dask.config.set(scheduler="sync"):
+        D = sampler.select(da.from_array(X, chunks=(70, 3)), kernel, random_state=seed)
+    return dictionary_checks(X, kernel, D, gamma, tau, ALPHA_SQUEAK)
+
+
+def _stats_over_seeds(problem, seed_pool, checks):
+    """gamma -> the summary of ``checks`` over the seeds, computed for the gammas the run's tests ask for;
+    the seeds are split between the run's two pool processes."""
     X, kernel, taus = problem
 
     @functools.cache
     def stats(g: float) -> dict[str, float]:
-        return summarise([
-            dictionary_checks(X, kernel, squeak_reference(X, kernel, g, QBAR, EPS, s), g, taus[g], ALPHA_SQUEAK)
-            for s in range(N_SEEDS)
-        ])
+        return summarise(list(seed_pool.map(functools.partial(checks, X, kernel, g, taus[g]), range(N_SEEDS))))
 
     return stats
 
 
 @pytest.fixture(scope="module")
-def production_stats(problem):
-    """gamma -> the batched pass's summary over the seeds (as :func:`reference_stats`)."""
-    X, kernel, taus = problem
-    Xd = da.from_array(X, chunks=(70, 3))
+def reference_stats(problem, seed_pool):
+    """gamma -> the reference's summary over the seeds."""
+    return _stats_over_seeds(problem, seed_pool, _reference_checks)
 
-    @functools.cache
-    def stats(g: float) -> dict[str, float]:
-        sampler = SqueakSampler(gamma=g, qbar=QBAR, eps=EPS)
-        with dask.config.set(scheduler="sync"):
-            return summarise([
-                dictionary_checks(X, kernel, sampler.select(Xd, kernel, random_state=s), g, taus[g], ALPHA_SQUEAK)
-                for s in range(N_SEEDS)
-            ])
 
-    return stats
+@pytest.fixture(scope="module")
+def production_stats(problem, seed_pool):
+    """gamma -> the batched pass's summary over the seeds (70-row chunks, synchronous scheduler)."""
+    return _stats_over_seeds(problem, seed_pool, _production_checks)
 
 
 @pytest.mark.parametrize("gamma", GAMMA_CASES)
