@@ -201,3 +201,43 @@ def test_tiled_route_on_a_local_cluster(problem, cluster2, monkeypatch):
         tiled = FalkonRegressor(preconditioner_route="tiled", **FIT).fit(X, y)
     assert tiled.preconditioner_route_["storage"] == "memory"
     check_same_solution(dense, tiled, X)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_tiled_operator_is_the_preconditioned_system(problem, dtype):
+    """One application of the tiled operator against the same algebra in numpy on the same tiles:
+    ``A^{-T} (T^{-T} D H D t / n + lambda T^{-T} P t)`` with ``t = T^{-1} A^{-1} beta`` and ``P = D K_MM D``
+    (float32 factors: the kept float64 kernel tiles) or ``P = T^T T - jitter I`` (float64 factors, applied as
+    ``v - jitter T^{-T} t``).
+    Both sides do the same float64 arithmetic in another order: four triangular solves, each off by at most
+    ``M eps cond`` of its factor (Higham, Thm 8.5), relative to the result."""
+    X, _ = problem
+    kernel = GaussianKernel(sigma=1.0)
+    Z = X[:M]
+    w = np.random.default_rng(1).uniform(0.5, 2.0, M)
+    pre = TiledFalkonPreconditioner.from_centers(Executor(), Z, kernel, penalty=PENALTY, n=N, tile=70, weights=w,
+                                                 relative_jitter=jitter_floor("float32", PENALTY),
+                                                 factor_precision=dtype)
+    try:  # float32's jitter floor on both: the exact penalty term, and factors whose condition the bound can use
+        assert (pre.kmm is not None) == (dtype == "float32") and pre.exact_penalty
+        T = pre.T.to_numpy().astype(np.float64)
+        A = pre.A.to_numpy().astype(np.float64)
+        beta = np.random.default_rng(2).normal(size=(M, 2))
+        Knm = kernel(X, Z)
+        H = Knm.T @ Knm
+        got = pre.operator(lambda u: H @ u)(beta)
+    finally:
+        pre.close()
+    d = np.sqrt(w)[:, None]
+    v = np.linalg.solve(A, beta)
+    t = np.linalg.solve(T, v)
+    data = d * (H @ (d * t)) / N
+    if dtype == "float32":  # the dense route's T^{-T} D c / n + lambda T^{-T} (D K_MM D t), one solve for both
+        inner = np.linalg.solve(T.T, data + PENALTY * (d * kernel(Z, Z) * d.T) @ t)
+    else:  # its T^{-T} D c / n + lambda (v - jitter T^{-T} t): T^{-T} (T^T T - jitter I) T^{-1} v = v - ...
+        inner = np.linalg.solve(T.T, data - PENALTY * pre.jitter * t) + PENALTY * v
+    want = np.linalg.solve(A.T, inner)
+    eps = np.finfo(np.float64).eps
+    tol = 4 * M * eps * np.linalg.cond(T) * np.linalg.cond(A)
+    assert tol < 1e-3  # the bound says something here
+    np.testing.assert_allclose(got, want, rtol=0, atol=tol * np.abs(want).max())
