@@ -198,7 +198,7 @@ def test_a_workflow_generates_blobs_or_classes_not_both(tmp_path):
     from daskkrr.workflow.spec import WorkflowError, _check_data
 
     data = {"store": None, "table": None, "target": None, "sep": None, "cache": None, "sample_weight": None,
-            "generate": {"n": 50, "d": 2, "classes": 3, "clusters": 3}}
+            "categorical": None, "generate": {"n": 50, "d": 2, "classes": 3, "clusters": 3}}
     with pytest.raises(WorkflowError, match="classes .* or clusters .*not both"):
         _check_data(data, tmp_path, "w.toml")
     store = generated_store({"n": 600, "d": 2, "clusters": 3, "seed": 0, "chunk_rows": 200}, tmp_path)
