@@ -311,6 +311,7 @@ def test_posterior_saved_before_the_calibration_keeps_its_likelihood_amplitude()
     Z = post.factor.shape[0]
     K, kxx = np.random.default_rng(0).uniform(0, 1, size=(5, Z)), np.ones(5)
     miss, fit = loaded.variance_parts(K, kxx)
+    # The same parts, multiplied in another order: a few roundings apart (~4 eps), far below 1e-12.
     np.testing.assert_allclose(loaded.std(K, kxx, exact=True)[:, 0],
                                np.sqrt(loaded.prior_variance[0] * np.maximum(miss + fit, 0.0)), rtol=1e-12)
 

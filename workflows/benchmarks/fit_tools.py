@@ -82,6 +82,22 @@ class PeakMemory:
         return {f"{name}[{pid}]": round(peak, 1) for pid, (name, peak) in sorted(self.peaks.items())}
 
 
+def sine_store(data_dir: Path, name: str, n: int, n_test: int, d: int) -> Path:
+    """Zarr store ``data_dir/{name}_n{n}_d{d}.zarr`` of ``n + n_test`` float32 rows (train first), written once:
+    standard normal features, target ``sin`` of the first three features' sum plus noise 0.1."""
+    import numpy as np
+
+    from daskkrr.data import write_zarr
+
+    path = data_dir / f"{name}_n{n}_d{d}.zarr"
+    if not path.exists():
+        rng = np.random.default_rng(0)
+        X = rng.standard_normal((n + n_test, d)).astype(np.float32)
+        y = np.sin(X[:, :3].sum(axis=1)) + 0.1 * rng.standard_normal(n + n_test)
+        write_zarr(X, y, path, chunk_rows=min(n + n_test, 250_000))
+    return path
+
+
 def _role(p: psutil.Process) -> str:
     cmd = " ".join(p.cmdline()[:6])
     if "spawn_main" in cmd or "multiprocessing" in cmd:

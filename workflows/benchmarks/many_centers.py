@@ -52,7 +52,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from fit_tools import emit, machine, print_table, run_child, write_results  # noqa: E402
+from fit_tools import emit, machine, print_table, run_child, sine_store, write_results  # noqa: E402
 
 N_TEST = 20_000
 D = 20
@@ -60,19 +60,6 @@ PENALTY = 1e-6
 METHODS = ("dense", "tiled-memory", "tiled-zarr", "workers")
 #: memory_budget of the tiled-zarr method: far below any tiles, so they are spilled.
 SPILL_BUDGET = 64 * 2**20
-
-
-def store_path(data_dir: Path, n: int) -> Path:
-    """Zarr store of ``n + N_TEST`` rows (train first), written once."""
-    from daskkrr.data import write_zarr
-
-    path = data_dir / f"many_centers_n{n}_d{D}.zarr"
-    if not path.exists():
-        rng = np.random.default_rng(0)
-        X = rng.standard_normal((n + N_TEST, D)).astype(np.float32)
-        y = np.sin(X[:, :3].sum(axis=1)) + 0.1 * rng.standard_normal(n + N_TEST)
-        write_zarr(X, y, path, chunk_rows=min(n + N_TEST, 250_000))
-    return path
 
 
 def method_params(method: str) -> dict:
@@ -166,7 +153,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     n = args.n_train_rows or (50_000 if args.quick else 1_000_000)
     sizes = [int(m) for m in args.centers.split(",")] if args.centers else (
         [2000, 6000] if args.quick else [10_000, 20_000, 50_000])
-    store = store_path(Path(args.data_dir), n)
+    store = sine_store(Path(args.data_dir), "many_centers", n, N_TEST, D)
     rows: list[dict] = []
     for M in sizes:
         saved: dict[str, Path] = {}

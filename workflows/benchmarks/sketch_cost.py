@@ -49,25 +49,12 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from fit_tools import emit, machine, print_table, run_child, write_results  # noqa: E402
+from fit_tools import emit, machine, print_table, run_child, sine_store, write_results  # noqa: E402
 
 N_TEST = 20_000
 D = 20
 PENALTY = 1e-6
 METHODS = ("old-default", "sketch-float32", "auto", "falkon-own")
-
-
-def store_path(data_dir: Path, n: int) -> Path:
-    """Zarr store of ``n + N_TEST`` rows (train first), written once."""
-    from daskkrr.data import write_zarr
-
-    path = data_dir / f"sketch_cost_n{n}_d{D}.zarr"
-    if not path.exists():
-        rng = np.random.default_rng(0)
-        X = rng.standard_normal((n + N_TEST, D)).astype(np.float32)
-        y = np.sin(X[:, :3].sum(axis=1)) + 0.1 * rng.standard_normal(n + N_TEST)
-        write_zarr(X, y, path, chunk_rows=min(n + N_TEST, 250_000))
-    return path
 
 
 def old_rows(n: int, M: int) -> int:
@@ -128,7 +115,7 @@ def child(args: argparse.Namespace) -> dict:
 
 # --------------------------------------------------------------------------- parent
 def run_case(name: str, n: int, M: int, max_iter: int, tol: float, args: argparse.Namespace) -> list[dict]:
-    store = store_path(Path(args.data_dir), n)
+    store = sine_store(Path(args.data_dir), "sketch_cost", n, N_TEST, D)
     runs: dict[str, list[dict]] = {m: [] for m in METHODS}
     for _ in range(args.repeats):  # interleaved rounds: a busy spell hits every method alike
         for method in METHODS:
