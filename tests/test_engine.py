@@ -231,6 +231,35 @@ def test_stored_block_products_agree_across_engines():
     _close(NumpyEngine().cached_t_matvec(K, V), fused[1], 1e-12)
 
 
+def _read_only(a: np.ndarray) -> np.ndarray:
+    a = a.copy()
+    a.setflags(write=False)
+    return a
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_read_only_inputs_run_the_compiled_loops_without_a_new_compile(dtype):
+    """Read-only arrays (memory-mapped data, a model loaded with mmap_mode="r") get the loops
+    compiled for writable ones: numba would otherwise compile the driver again mid-predict."""
+    from daskkrr.kernels import fused
+
+    X, Z, U, V = _data(dtype)
+    k = GaussianKernel(sigma=1.3)
+
+    def products(X, U, V):
+        K = fused.kernel_block(k, X, Z)
+        return [fused.gram_matvec(k, X, Z, U), fused.t_matvec(k, X, Z, V), fused.matvec(k, X, Z, U), K,
+                fused.cached_gram_matvec(K, U), fused.cached_t_matvec(K, V),
+                fused.cached_gram_matvec(_read_only(K), U), fused.cached_t_matvec(_read_only(K), V)]
+
+    writable = products(X, U, V)
+    compiled = {name: set(getattr(fused, name).signatures) for name in ("_block_rows", "_cached_rows")}
+    read_only = products(_read_only(X), _read_only(U), _read_only(V))
+    assert {name: set(getattr(fused, name).signatures) for name in compiled} == compiled
+    for a, b in zip(read_only, writable, strict=True):
+        np.testing.assert_array_equal(a, b)  # the same loops on copies of the same bits
+
+
 def test_auto_runs_blas_until_the_fused_engine_is_compiled(monkeypatch, tmp_path):
     from daskkrr.kernels import warmup
 

@@ -503,6 +503,7 @@ def _prepare(kernel: Kernel, Xb: Any, Z: Any) -> tuple[np.ndarray, PreparedCente
     Laplacian's own loop).
     """
     Xb, P = prepare(kernel, Xb, Z, "fused")
+    Xb = _loop_input(Xb)  # the centers' arrays are new ones, computed by prepare
     center, ZT, zn, kind, p0, p1, degree = P.args()
     d, M = ZT.shape
     jc = 0
@@ -517,6 +518,19 @@ def _prepare(kernel: Kernel, Xb: Any, Z: Any) -> tuple[np.ndarray, PreparedCente
     return Xb, P, (center, ZT, zn, kind, p0, p1, degree, jc, bz)
 
 
+def _loop_input(a: np.ndarray) -> np.ndarray:
+    """``a`` in C order and writable, as the compiled loops take every array.
+
+    numba types a read-only array (a memory-mapped input, or the coefficients of a model
+    loaded with ``joblib.load(path, mmap_mode="r")``) apart from a writable one and would
+    compile the driver's whole call tree once more for it (seconds of LLVM), in the middle of a
+    fit or predict and outside what :mod:`daskkrr.kernels.warmup` compiles. A copy
+    costs one pass over the array, against the ``rows x centers x features`` of the loops.
+    """
+    a = np.ascontiguousarray(a)
+    return a if a.flags.writeable else a.copy()
+
+
 def _none_k(Xb: np.ndarray) -> np.ndarray:
     return np.empty((0, 0), dtype=Xb.dtype)
 
@@ -526,7 +540,7 @@ def gram_matvec(kernel: Kernel, Xb: Any, Z: Any, U: Any, *, max_tile_bytes: int 
     """``k(Xb, Z)^T (k(Xb, Z) U)`` as float64 of shape ``(M, t)`` (``U``: ``(M,)`` or ``(M, t)``)."""
     Xb, P, args = _prepare(kernel, Xb, Z)
     M = P.n_centers
-    UT = np.ascontiguousarray(as_2d(U, M).T)
+    UT = _loop_input(as_2d(U, M).T)
     rt = tile_rows(M, Xb.dtype.itemsize, max_tile_bytes, n_features=Xb.shape[1])
 
     def work(sl: slice) -> np.ndarray:
@@ -542,7 +556,7 @@ def t_matvec(kernel: Kernel, Xb: Any, Z: Any, V: Any, *, max_tile_bytes: int | N
     """``k(Xb, Z)^T V`` as float64 of shape ``(M, t)`` (``V``: ``(n_b,)`` or ``(n_b, t)``)."""
     Xb, P, args = _prepare(kernel, Xb, Z)
     M = P.n_centers
-    V2 = np.ascontiguousarray(as_2d(V, Xb.shape[0]))
+    V2 = _loop_input(as_2d(V, Xb.shape[0]))
     rt = tile_rows(M, Xb.dtype.itemsize, max_tile_bytes, n_features=Xb.shape[1])
 
     def work(sl: slice) -> np.ndarray:
@@ -558,7 +572,7 @@ def matvec(kernel: Kernel, Xb: Any, Z: Any, A: Any, *, max_tile_bytes: int | Non
     """``k(Xb, Z) A`` as float64 of shape ``(n_b, t)`` (``A``: ``(M,)`` or ``(M, t)``)."""
     Xb, P, args = _prepare(kernel, Xb, Z)
     M = P.n_centers
-    AT = np.ascontiguousarray(as_2d(A, M).T)
+    AT = _loop_input(as_2d(A, M).T)
     out = np.empty((Xb.shape[0], AT.shape[0]))
     rt = tile_rows(M, Xb.dtype.itemsize, max_tile_bytes, n_features=Xb.shape[1])
 
@@ -622,9 +636,9 @@ def gram_and_rhs(kernel: Kernel, Xb: Any, Yb: Any, Z: Any, *, max_tile_bytes: in
 
 def cached_gram_matvec(K: np.ndarray, U: Any, *, n_threads: int = 1) -> np.ndarray:
     """``K^T (K U)`` for a stored block ``K`` (one read of ``K``), float64 ``(M, t)``."""
-    K = np.ascontiguousarray(K)
+    K = _loop_input(K)
     M = K.shape[1]
-    UT = np.ascontiguousarray(as_2d(U, M).T)
+    UT = _loop_input(as_2d(U, M).T)
 
     def work(sl: slice) -> np.ndarray:
         outT = np.zeros((UT.shape[0], M))
@@ -636,9 +650,9 @@ def cached_gram_matvec(K: np.ndarray, U: Any, *, n_threads: int = 1) -> np.ndarr
 
 def cached_t_matvec(K: np.ndarray, V: Any, *, n_threads: int = 1) -> np.ndarray:
     """``K^T V`` for a stored block ``K``, float64 ``(M, t)``."""
-    K = np.ascontiguousarray(K)
+    K = _loop_input(K)
     M = K.shape[1]
-    V2 = np.ascontiguousarray(as_2d(V, K.shape[0]))
+    V2 = _loop_input(as_2d(V, K.shape[0]))
 
     def work(sl: slice) -> np.ndarray:
         outT = np.zeros((V2.shape[1], M))
