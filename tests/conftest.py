@@ -86,6 +86,18 @@ def own_cluster2() -> Iterator[Client]:
         yield client
 
 
+def _one_thread_per_pool_process() -> None:
+    """Start of a :func:`seed_pool` process: one engine thread and one BLAS thread.
+
+    The two processes already fill the two cores. Each runs its seeds on its main thread, where the
+    fused engine would otherwise split every block over all cores (daskkrr.kernels.thread_rule):
+    four threads on two cores. The environment's BLAS limit reaches a spawned process only when the
+    run set it (``setdefault`` above), so it is set here too.
+    """
+    os.environ["DASKKRR_ENGINE_THREADS"] = "1"
+    threadpool_limits(limits=1, user_api="blas")
+
+
 @pytest.fixture(scope="session")
 def seed_pool() -> Iterator[Executor]:
     """Two fresh processes for the statistical tests' loops over independent seeds.
@@ -99,5 +111,6 @@ def seed_pool() -> Iterator[Executor]:
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
-    with ProcessPoolExecutor(max_workers=2, mp_context=multiprocessing.get_context("spawn")) as pool:
+    with ProcessPoolExecutor(max_workers=2, mp_context=multiprocessing.get_context("spawn"),
+                             initializer=_one_thread_per_pool_process) as pool:
         yield pool

@@ -3,6 +3,7 @@ for every kernel and dtype; and how engine_for resolves an engine."""
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 from types import SimpleNamespace
@@ -219,6 +220,21 @@ def test_thread_rule():
     with pytest.raises(ValueError, match="positive integer"):
         with engine_threads(0):
             pass
+
+
+def _pool_process_threads(_: int) -> tuple[int, list[int]]:
+    """(engine threads, BLAS threads of each BLAS library) in a seed_pool process."""
+    import scipy.linalg  # noqa: F401  (scipy's BLAS too)
+    from threadpoolctl import threadpool_info
+
+    return current_engine_threads(), [lib["num_threads"] for lib in threadpool_info() if lib["user_api"] == "blas"]
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="one core: the engine runs one thread anyway")
+def test_seed_pool_processes_compute_on_one_thread_each(seed_pool):
+    """The pool's two processes fill two cores; more threads each would oversubscribe them."""
+    for engine, blas in seed_pool.map(_pool_process_threads, range(4)):
+        assert engine == 1 and set(blas) == {1}
 
 
 def test_stored_block_products_agree_across_engines():
