@@ -108,7 +108,10 @@ def store(tmp_path_factory):
     return path
 
 
-@pytest.mark.parametrize("weighted", [False, True])
+# The unweighted case differs from the weighted one only in row_weights=None, whose workers' sums
+# test_the_workers_sum_the_clients_gram[weighted=False] checks against the client's: its four fits on the
+# cluster repeat the weighted case's path: slow.
+@pytest.mark.parametrize("weighted", [pytest.param(False, marks=pytest.mark.slow), True])
 def test_a_fit_with_the_sketch_on_the_workers_is_the_fit_with_it_on_the_client(cluster2, store, monkeypatch,
                                                                                 weighted):
     X, y = (np.asarray(a) for a in make_regression(6000, 8, chunk_rows=1000, dtype="float32", random_state=0))
