@@ -475,6 +475,7 @@ def assemble_nystrom_posterior(
     knm_t_y: np.ndarray,
     coef: np.ndarray,
     gram_trace: float | None,
+    storage: Any = None,
 ) -> PosteriorVariance:
     """The Nystrom posterior from its factors and the few numbers computed from them, dense or tiled.
 
@@ -498,6 +499,8 @@ def assemble_nystrom_posterior(
         As for :func:`nystrom_posterior`.
     gram_trace : float or None
         ``tr(T^{-T} D K_MN K_NM D T^{-1})``: the centers' miss then gets its own amplitude; None keeps one.
+    storage : object, optional
+        What keeps tiled factors' files alive (the posterior's ``storage``).
 
     Returns
     -------
@@ -511,6 +514,7 @@ def assemble_nystrom_posterior(
             factor=T, scale=np.asarray(d, dtype=np.float64), correction=R,
             shift=shift, offset=noise_ratio / n if intercept else 0.0,
             prior_variance=prior_variance(y_sq, knm_t_y, coef, noise_ratio, n), noise_ratio=float(noise_ratio),
+            storage=storage,
         ),
         rss, dof, y_sq, n,
     )
