@@ -29,6 +29,7 @@ import numpy as np
 from dask.delayed import Delayed, delayed
 
 from daskkrr.kernels.base import Kernel
+from daskkrr.kernels.engine import engine_for
 from daskkrr.parallel.executor import BlockPasses, Executor, tree_reduce
 from daskkrr.parallel.tiled_falkon import symmetric_product_graphs, tiled_diagonal
 from daskkrr.parallel.tiled_linalg import (
@@ -70,10 +71,12 @@ FAST_STD_REFUSED = ("the fast variance needs an M x M eigenproblem on one proces
 
 # --------------------------------------------------------------------------- tasks
 def _panel(shared: tuple[np.ndarray, np.ndarray, Kernel], rows: tuple[int, int], Xb: Any) -> np.ndarray:
-    """``D_i k(Z_i, X_b)`` (``b_i x n_b``, float64) of the center tile ``i`` and one row block."""
+    """``D_i k(Z_i, X_b)`` (``b_i x n_b``, float64) of the center tile ``i`` and one row block: the kernel in the
+    block's dtype by the engine, widened, as the dense route's Gram pass computes it."""
     Z, d, kernel = shared
     r = slice(*rows)
-    return np.asarray(kernel(Z[r], np.asarray(Xb, dtype=np.float64)), dtype=np.float64) * d[r, None]
+    K = engine_for(kernel).kernel_block(kernel, Xb, Z[r])
+    return np.asarray(K, dtype=np.float64).T * d[r, None]
 
 
 def _panel_rhs(panel: np.ndarray, d: np.ndarray, Yb: Any) -> np.ndarray:
@@ -117,7 +120,7 @@ def preconditioned_gram(passes: BlockPasses, kernel: Kernel, Z: np.ndarray, T: T
     kernel : Kernel
         The fit's kernel.
     Z : ndarray of shape (M, n_features)
-        The centers (scaled as the data).
+        The centers (scaled as the data, in its dtype).
     T : TiledMatrix
         The preconditioner's upper factor, ``T^T T = D K_MM D``.
     d : ndarray of shape (M,)
@@ -136,7 +139,7 @@ def preconditioned_gram(passes: BlockPasses, kernel: Kernel, Z: np.ndarray, T: T
     if passes.y_blocks is None:
         raise ValueError("the posterior's Gram pass needs the targets; make the passes with Y")
     layout, executor = T.layout, T.executor
-    handle = executor.broadcast((np.ascontiguousarray(Z, dtype=np.float64), np.asarray(d, dtype=np.float64), kernel))
+    handle = executor.broadcast((np.ascontiguousarray(Z), np.asarray(d, dtype=np.float64), kernel))
     d_blocks = layout.split(np.asarray(d, dtype=np.float64))
     sums: dict[tuple[int, int], Any] = {}
     rhs: list[Any] = [None] * layout.nb

@@ -52,6 +52,11 @@ class TileFile:
         return (self.M, self.M)
 
     @property
+    def dtype(self) -> np.dtype:
+        """The stored tiles' dtype."""
+        return np.dtype(_open(self.path).dtype)
+
+    @property
     def nb(self) -> int:
         """Tile rows (and columns)."""
         return -(-self.M // self.b)
