@@ -728,6 +728,11 @@ def _at_least(s2: np.ndarray, y_sq: np.ndarray, n: int) -> np.ndarray:
 
 
 # --------------------------------------------------------------------------- per block
+#: Query rows per step of ``return_std`` with a tiled posterior: a step reads ``T`` and ``R`` from their Zarr arrays
+#: once (``8 M^2`` bytes in float64) and solves ``2 M^2`` flops a row, so 1024 rows make the arithmetic about 250
+#: times the bytes read; the step holds two ``M x 1024`` float64 blocks (0.8 GB at M = 50 000).
+TILED_STD_ROWS = 1024
+
 def gram_block(Xb: np.ndarray, Yb: np.ndarray, kernel: Kernel, Z: np.ndarray,
                right: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
     """``[W^T W | K^T Y]`` of one row block, ``W = k(Xb, Z) D T^{-1}``: the posterior's extra pass."""
@@ -749,12 +754,15 @@ def predict_with_std(
     Each tile of rows builds ``k(X_t, Z)`` once (the engine's kernel block) for both
     the mean ``k coef + intercept`` and the variance; the exact variance (``exact``, or
     a posterior without a fast one) costs two ``M x M`` triangular solves per row, the
-    fast one an ``M x r`` product, against ``M d`` for the mean.
+    fast one an ``M x r`` product, against ``M d`` for the mean. A tiled posterior solves
+    :data:`TILED_STD_ROWS` rows at a time, reading its factors' tiles once per step.
     """
     C = np.asarray(coef, dtype=np.float64).reshape(Z.shape[0], -1)
     t = C.shape[1]
     out = np.empty((Xb.shape[0], 2 * t))
     step = max(1, int(max_tile_bytes // max(1, Z.shape[0] * 8)))
+    if posterior.tiled:  # each step reads both factors' tiles (8 M^2 bytes): enough rows to outweigh the reads
+        step = max(step, TILED_STD_ROWS)
     engine = engine_for(kernel)
     for start in range(0, Xb.shape[0], step):
         Xt = Xb[start : start + step]
