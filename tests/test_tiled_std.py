@@ -72,9 +72,10 @@ def test_the_tiled_posterior_is_the_dense_one(dtype, intercept):
     pre = TiledFalkonPreconditioner.from_centers(ex, Z.astype(np.float64), kernel, penalty=PENALTY, n=N, tile=TILE,
                                                  center_sketch=intercept)
     try:
-        gram, knm_t_y = preconditioned_gram(passes, kernel, Z, pre.T, pre.d)
+        # slices of 200 rows: each 400-row block is cut in two, as blocks far larger than M x 64 MiB are
+        gram, knm_t_y = preconditioned_gram(passes, kernel, Z, pre.T, pre.d, panel_bytes=8 * M * 200)
         T, d = pre.T.to_numpy(), pre.d
-        K = kernel_rows(kernel, X, Z, 400)
+        K = kernel_rows(kernel, X, Z, 200)
         W = solve_upper(T, (K * d).T, trans=True).T  # the dense route's preconditioned kernel rows
         G = W.T @ W
         # a sum of N products in another order: at most N eps |K|^T |Y| apart

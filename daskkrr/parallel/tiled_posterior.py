@@ -63,6 +63,11 @@ from daskkrr.utils.linalg import JitterPolicy
 
 __all__ = ["FAST_STD_REFUSED", "preconditioned_gram", "tiled_nystrom_posterior"]
 
+#: Bytes of a row slice's ``M x rows`` float64 panels in the Gram pass (its triangular solve holds as much again):
+#: a data block of ``n_b`` rows is cut into slices so that no task holds ``n_b x M`` (80 GB for 10^5 rows at
+#: M = 50 000); 64 MiB is 167 rows at M = 50 000, whose tile products still run at BLAS speed.
+PANEL_BYTES = 64 * 2**20
+
 #: Why the tiled route has the exact variance only (``std_method="auto"`` records it, ``"fast"`` is refused with it).
 FAST_STD_REFUSED = ("the fast variance needs an M x M eigenproblem on one process, which the tiled "
                     "preconditioner route exists to avoid; return_std uses the exact variance (two tiled "
@@ -70,18 +75,19 @@ FAST_STD_REFUSED = ("the fast variance needs an M x M eigenproblem on one proces
 
 
 # --------------------------------------------------------------------------- tasks
-def _panel(shared: tuple[np.ndarray, np.ndarray, Kernel], rows: tuple[int, int], Xb: Any) -> np.ndarray:
-    """``D_i k(Z_i, X_b)`` (``b_i x n_b``, float64) of the center tile ``i`` and one row block: the kernel in the
-    block's dtype by the engine, widened, as the dense route's Gram pass computes it."""
+def _panel(shared: tuple[np.ndarray, np.ndarray, Kernel], rows: tuple[int, int], Xb: Any, first: int,
+           last: int) -> np.ndarray:
+    """``D_i k(Z_i, X_s)`` (``b_i x n_s``, float64) of the center tile ``i`` and the slice ``first:last`` of a row
+    block: the kernel in the block's dtype by the engine, widened, as the dense route's Gram pass computes it."""
     Z, d, kernel = shared
     r = slice(*rows)
-    K = engine_for(kernel).kernel_block(kernel, Xb, Z[r])
+    K = engine_for(kernel).kernel_block(kernel, Xb[first:last], Z[r])
     return np.asarray(K, dtype=np.float64).T * d[r, None]
 
 
-def _panel_rhs(panel: np.ndarray, d: np.ndarray, Yb: Any) -> np.ndarray:
-    """``k(Z_i, X_b) Y_b`` from the scaled panel."""
-    Y = np.asarray(Yb, dtype=np.float64).reshape(panel.shape[1], -1)
+def _panel_rhs(panel: np.ndarray, d: np.ndarray, Yb: Any, first: int, last: int) -> np.ndarray:
+    """``k(Z_i, X_s) Y_s`` of a row slice from the scaled panel."""
+    Y = np.asarray(Yb, dtype=np.float64)[first:last].reshape(panel.shape[1], -1)
     return (panel / d[:, None]) @ Y
 
 
@@ -109,7 +115,7 @@ def _square_sum(*blocks: np.ndarray) -> np.ndarray:
 
 # --------------------------------------------------------------------------- the Gram pass
 def preconditioned_gram(passes: BlockPasses, kernel: Kernel, Z: np.ndarray, T: TiledMatrix, d: np.ndarray, *,
-                        segment: int = 8) -> tuple[TiledMatrix, np.ndarray]:
+                        segment: int = 8, panel_bytes: int = PANEL_BYTES) -> tuple[TiledMatrix, np.ndarray]:
     """``G = T^{-T} D K_MN K_NM D T^{-1}`` as float64 tiles (upper triangle, diagonal tiles whole) and
     ``K_MN Y`` (``Y`` the passes' targets, with their column of ones for an intercept) here.
 
@@ -126,8 +132,10 @@ def preconditioned_gram(passes: BlockPasses, kernel: Kernel, Z: np.ndarray, T: T
     d : ndarray of shape (M,)
         ``D``'s diagonal.
     segment : int, default=8
-        Row blocks per graph: the tile sums stay where they are computed between segments, so at most
-        this many blocks' panels are in flight at once.
+        Row slices per graph: the tile sums stay where they are computed between segments, so at most
+        this many slices' panels are in flight at once.
+    panel_bytes : int, default=PANEL_BYTES
+        The row blocks are cut into slices whose ``M x rows`` float64 panels take about this many bytes.
 
     Returns
     -------
@@ -143,17 +151,18 @@ def preconditioned_gram(passes: BlockPasses, kernel: Kernel, Z: np.ndarray, T: T
     d_blocks = layout.split(np.asarray(d, dtype=np.float64))
     sums: dict[tuple[int, int], Any] = {}
     rhs: list[Any] = [None] * layout.nb
-    for start in range(0, passes.n_blocks, max(1, int(segment))):
-        blocks = range(start, min(passes.n_blocks, start + max(1, int(segment))))
+    step = max(1, int(panel_bytes // (8 * layout.M)))
+    slices = [(b, a, min(a + step, rows)) for b, rows in enumerate(passes.X.chunks[0]) for a in range(0, rows, step)]
+    for start in range(0, len(slices), max(1, int(segment))):
         parts: dict[tuple[int, int], list[Any]] = {k: [] if sums.get(k) is None else [sums[k]] for k in layout.pairs}
         rparts: list[list[Any]] = [[] if r is None else [r] for r in rhs]
-        for b in blocks:
+        for b, first, last in slices[start:start + max(1, int(segment))]:
             Xb, Yb = passes.x_blocks[b], passes.y_blocks[b]
-            panels = [delayed(_panel, pure=True, traverse=False)(handle, layout.bounds(i), Xb,
+            panels = [delayed(_panel, pure=True, traverse=False)(handle, layout.bounds(i), Xb, first, last,
                                                                  dask_key_name=_key("posterior"))
                       for i in range(layout.nb)]
             for i, panel in enumerate(panels):
-                rparts[i].append(_task("posterior", _panel_rhs, None, panel, d_blocks[i], Yb))
+                rparts[i].append(_task("posterior", _panel_rhs, None, panel, d_blocks[i], Yb, first, last))
             C = solve_graphs(T, panels, trans=True)
             for i, j in layout.pairs:
                 parts[(i, j)].append(_task("posterior", _gram_tile, None, C[i], C[j]))
