@@ -239,3 +239,27 @@ def test_a_resumed_tiled_fit_has_the_uninterrupted_fits_std(tiles, tmp_path, mon
     resumed = FalkonRegressor(preconditioner_route="tiled", **fit).fit(X, y, checkpoint=tmp_path / "ck", resume=True)
     assert resumed.posterior_.tiled
     np.testing.assert_array_equal(resumed.predict(Xq, return_std=True)[1], reference.predict(Xq, return_std=True)[1])
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_a_tile_file_solves_as_the_whole_factor(tmp_path, dtype):
+    """``TileFile.solve`` (what return_std runs per block of query rows) against one dense solve with the same
+    entries: substitution in another order, at most ``M eps cond(F)`` apart relative (float64 arithmetic; float32
+    tiles, as a float32 fit's ``T`` from 2048 centers, are read as they are)."""
+    import zarr
+
+    from daskkrr.solvers.tiled_factor import TileFile
+
+    rng = np.random.default_rng(4)
+    F = np.triu(rng.normal(size=(M, M)) * 0.1) + np.diag(rng.uniform(1.0, 2.0, M))
+    F = F.astype(dtype)
+    path = str(tmp_path / "F.zarr")
+    array = zarr.create_array(store=path, shape=(M, M), chunks=(TILE, TILE), dtype=dtype, fill_value=0)
+    array[...] = np.triu(F)
+    tiles = TileFile(path, M, TILE)
+    B = rng.normal(size=(M, 7))
+    F64 = F.astype(np.float64)
+    tol = M * EPS * np.linalg.cond(F64)
+    for trans in (False, True):
+        want = solve_upper(F64, B, trans=trans)
+        np.testing.assert_allclose(tiles.solve(B, trans=trans), want, rtol=0, atol=tol * np.abs(want).max())
