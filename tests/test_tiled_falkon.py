@@ -185,8 +185,8 @@ def test_tiled_route_refuses_what_needs_the_client_matrices(problem):
     X, y = problem
     with pytest.raises(ValueError, match="strategy='gram' keeps M x M matrices on the client"):
         FalkonRegressor(preconditioner_route="tiled", strategy="gram", **FIT).fit(X, y)
-    with pytest.raises(ValueError, match="compute_std needs the M x M posterior"):
-        FalkonRegressor(preconditioner_route="tiled", compute_std=True, **FIT).fit(X, y)
+    with pytest.raises(ValueError, match="std_method='fast' cannot be used on the tiled preconditioner route"):
+        FalkonRegressor(preconditioner_route="tiled", compute_std=True, std_method="fast", **FIT).fit(X, y)
 
 
 

@@ -22,6 +22,13 @@ before Zarr opens anything:
 
 Every refusal is the caller's :class:`~daskkrr.utils.safe_files.FileFieldError`
 subclass naming the file and the field.
+
+A posterior fitted on the tiled preconditioner route (``compute_std`` with many centers) keeps its
+two triangular ``M x M`` factors ``T`` and ``R`` in ``MODEL/posterior.zarr`` (:data:`TILES_STORE_NAME`),
+chunked by ``b x b`` tiles, only the upper triangle's chunks written (:func:`write_tile_arrays`). They are
+read with the same checks (:func:`open_tile_arrays`: the metadata field by field with square tile chunks,
+exactly the upper triangle's chunk files, each of one tile's bytes), then tile by tile (one tile in memory):
+finite, with a positive diagonal (a triangular factor with a zero or negative pivot is not one ``save`` wrote).
 """
 
 from __future__ import annotations
@@ -37,13 +44,16 @@ import numpy as np
 import zarr
 
 from daskkrr.data.loading import checked_from_zarr
+from daskkrr.solvers.tiled_factor import TileFile
 from daskkrr.utils.safe_files import MAX_ARRAY_BYTES, FileFieldError, read_json_object
 
-__all__ = ["CHUNK_BYTES", "MAX_CHUNK_BYTES", "STORE_NAME", "chunk_rows", "first_non_finite", "open_model_arrays",
-           "write_model_arrays"]
+__all__ = ["CHUNK_BYTES", "MAX_CHUNK_BYTES", "STORE_NAME", "TILES_STORE_NAME", "chunk_rows", "first_non_finite",
+           "open_model_arrays", "open_tile_arrays", "write_model_arrays", "write_tile_arrays"]
 
 #: The Zarr group's folder inside the model folder.
 STORE_NAME = "arrays.zarr"
+#: The Zarr group of a tiled posterior's triangular factors inside the model folder.
+TILES_STORE_NAME = "posterior.zarr"
 #: Bytes of a chunk of the widest array (the centers) that :func:`chunk_rows` aims at: large enough that
 #: a predict task's kernel block outweighs its scheduling, small enough that a worker holds a few.
 CHUNK_BYTES = 16 * 2**20
@@ -59,11 +69,13 @@ def chunk_rows(n_rows: int, row_bytes: int) -> int:
     return max(1, min(int(n_rows), CHUNK_BYTES // max(1, int(row_bytes))))
 
 
-def _array_meta(shape: tuple[int, ...], rows: int, dtype: str) -> dict[str, Any]:
-    """The ``zarr.json`` of an array as written here (Zarr 3 writes exactly these fields)."""
+def _array_meta(shape: tuple[int, ...], rows: int, dtype: str, tiled: bool = False) -> dict[str, Any]:
+    """The ``zarr.json`` of an array as written here (Zarr 3 writes exactly these fields); row chunks, or square
+    ``rows x rows`` tiles (``tiled``)."""
     return {
         "shape": list(shape), "data_type": dtype,
-        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [rows, *shape[1:]]}},
+        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [rows, rows] if tiled
+                                                            else [rows, *shape[1:]]}},
         "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
         "fill_value": 0.0, "codecs": [{"name": "bytes", "configuration": {"endian": "little"}}],
         "attributes": {}, "zarr_format": 3, "node_type": "array", "storage_transformers": [],
@@ -133,6 +145,96 @@ def open_model_arrays(folder: Path, names: tuple[str, ...], error: type[FileFiel
     return out
 
 
+def write_tile_arrays(folder: Path, factors: dict[str, TileFile]) -> None:
+    """Write the upper-triangle tiles of ``factors`` as :data:`TILES_STORE_NAME` in ``folder``, one tile in memory.
+
+    Parameters
+    ----------
+    folder : Path
+        The (temporary) model folder.
+    factors : dict of str to TileFile
+        Upper-triangular factors; each is written with its own tiles and dtype.
+    """
+    group = zarr.open_group(str(folder / TILES_STORE_NAME), mode="w", zarr_format=3)
+    for name, F in factors.items():
+        # every upper chunk is written, zeros included, so that a missing one is a damaged file
+        target = group.create_array(name, shape=F.shape, chunks=(F.b, F.b), dtype=F.dtype, compressors=None,
+                                    fill_value=0.0, config={"write_empty_chunks": True})
+        for i in range(F.nb):
+            for j in range(i, F.nb):
+                target[slice(*F.bounds(i)), slice(*F.bounds(j))] = F.tile(i, j)
+
+
+def open_tile_arrays(folder: Path, names: tuple[str, ...], error: type[FileFieldError]) -> dict[str, TileFile]:
+    """The triangular factors ``names`` of :data:`TILES_STORE_NAME` in ``folder``, checked (see the module
+    docstring) and opened as :class:`~daskkrr.solvers.tiled_factor.TileFile`.
+
+    Parameters
+    ----------
+    folder : Path
+        The model folder.
+    names : tuple of str
+        The arrays the store must hold (and nothing else).
+    error : type
+        The :class:`~daskkrr.utils.safe_files.FileFieldError` subclass raised.
+
+    Returns
+    -------
+    dict of str to TileFile
+    """
+    root = folder / TILES_STORE_NAME
+    _check_dir(root, error)
+    _check_entries(root, {_META, *names}, error, required=(_META, *names))
+    if read_json_object(root / _META, error) != _GROUP_META:
+        raise error(root / _META, "json", f"is not the Zarr group save() writes ({_GROUP_META})")
+    out: dict[str, TileFile] = {}
+    for name in names:
+        where = root / name
+        _check_dir(where, error)
+        _check_entries(where, {_META, "c"}, error, required=(_META, "c"))
+        shape, tile, dtype = _checked_meta(where / _META, name, error, tiled=True)
+        factor = TileFile(str(where), shape[0], tile)
+        _check_tile_files(where, name, factor, np.dtype(dtype).itemsize, error)
+        _check_tile_values(where, name, factor, error)
+        out[name] = factor
+    return out
+
+
+def _check_tile_files(where: Path, name: str, factor: TileFile, itemsize: int, error: type[FileFieldError]) -> None:
+    """Exactly the chunk files ``c/I/J`` of the upper triangle (``I <= J``), each of one whole tile's bytes."""
+    chunks = where / "c"
+    _check_dir(chunks, error)
+    rows = _check_entries(chunks, {str(i) for i in range(factor.nb)}, error)
+    nbytes = factor.b * factor.b * itemsize  # edge tiles are stored whole, padded with the fill value
+    for i in range(factor.nb):
+        info = rows.get(str(i))
+        if info is None or not stat.S_ISDIR(info.st_mode):
+            raise error(chunks / str(i), name, f"tile row {i} is missing: the store is incomplete")
+        found = _check_entries(chunks / str(i), {str(j) for j in range(i, factor.nb)}, error)
+        for j in range(i, factor.nb):
+            tile = found.get(str(j))
+            if tile is None or not stat.S_ISREG(tile.st_mode) or tile.st_size != nbytes:
+                size = "missing" if tile is None else f"{tile.st_size} bytes, expected {nbytes}"
+                raise error(chunks / str(i) / str(j), name, f"tile ({i}, {j}) (rows {factor.bounds(i)[0]}-"
+                                                            f"{factor.bounds(i)[1] - 1}) is {size}: the file is "
+                                                            "truncated, incomplete or forged")
+
+
+def _check_tile_values(where: Path, name: str, factor: TileFile, error: type[FileFieldError]) -> None:
+    """Every upper tile finite and every diagonal entry positive, read one tile at a time."""
+    for i in range(factor.nb):
+        for j in range(i, factor.nb):
+            tile = factor.tile(i, j)
+            rows = f"rows {factor.bounds(i)[0]}-{factor.bounds(i)[1] - 1}, columns {factor.bounds(j)[0]}-" \
+                   f"{factor.bounds(j)[1] - 1}"
+            if not np.all(np.isfinite(tile)):
+                raise error(where, name, f"holds NaN or inf in tile ({i}, {j}) ({rows}); a model holding them "
+                                         "predicts NaN")
+            if i == j and not np.all(np.diag(tile) > 0):
+                raise error(where, name, f"has a diagonal entry <= 0 in tile ({i}, {i}) ({rows}); a triangular "
+                                         "factor save() writes has a positive diagonal")
+
+
 def first_non_finite(array: da.Array) -> tuple[int, tuple[int, ...]] | None:
     """``(count, index of the first)`` of the NaN/inf values of ``array``, read one row chunk at a time; None if all
     are finite."""
@@ -184,12 +286,16 @@ def _check_entries(folder: Path, allowed: set[str], error: type[FileFieldError],
     return found
 
 
-def _checked_meta(path: Path, name: str, error: type[FileFieldError]) -> tuple[tuple[int, ...], int, str]:
-    """Shape, chunk rows and dtype of an array's ``zarr.json``, refused unless it is what save() writes."""
+def _checked_meta(path: Path, name: str, error: type[FileFieldError],
+                  tiled: bool = False) -> tuple[tuple[int, ...], int, str]:
+    """Shape, chunk rows and dtype of an array's ``zarr.json``, refused unless it is what save() writes (a square
+    matrix in square tiles with ``tiled``)."""
     meta = read_json_object(path, error)
     shape, dtype = meta.get("shape"), meta.get("data_type")
     if not (isinstance(shape, list) and len(shape) in (1, 2) and all(type(s) is int and s >= 1 for s in shape)):
         raise error(path, f"{name}.shape", f"is {shape!r}; expected 1 or 2 positive integers")
+    if tiled and (len(shape) != 2 or shape[0] != shape[1]):
+        raise error(path, f"{name}.shape", f"is {shape!r}; a triangular factor is square")
     if dtype not in _DTYPES:
         raise error(path, f"{name}.data_type", f"is {dtype!r}; expected one of {_DTYPES} (the precision of the fit)")
     grid = meta.get("chunk_grid")
@@ -198,11 +304,11 @@ def _checked_meta(path: Path, name: str, error: type[FileFieldError]) -> tuple[t
     if type(rows) is not int or rows < 1:
         raise error(path, f"{name}.chunk_grid", f"is {grid!r}; expected row chunks of a positive number of rows")
     size = math.prod(shape) * np.dtype(dtype).itemsize  # Python ints: a forged shape cannot overflow
-    chunk_bytes = rows * math.prod(shape[1:]) * np.dtype(dtype).itemsize
+    chunk_bytes = rows * (rows if tiled else math.prod(shape[1:])) * np.dtype(dtype).itemsize
     if size > MAX_ARRAY_BYTES or chunk_bytes > MAX_CHUNK_BYTES:
         raise error(path, f"{name}.shape", f"claims {size} bytes in chunks of {chunk_bytes}; at most {MAX_ARRAY_BYTES} "
                                            f"and {MAX_CHUNK_BYTES} are read: the file is forged")
-    expected = _array_meta(tuple(shape), rows, dtype)
+    expected = _array_meta(tuple(shape), rows, dtype, tiled)
     for key in sorted(set(meta) | set(expected)):
         if meta.get(key) != expected.get(key):
             raise error(path, f"{name}.{key}", f"is {meta.get(key)!r}; save() writes {expected.get(key)!r} (no "

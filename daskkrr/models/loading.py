@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 from sklearn.base import ClassifierMixin
 
+from daskkrr.data.model_store import open_tile_arrays
 from daskkrr.models.model_files import ModelFile
 from daskkrr.models.persistence import (
     _ARRAYS,
@@ -16,6 +17,7 @@ from daskkrr.models.persistence import (
     _SCALARS,
     POSTERIOR_PREFIX,
     STATE_PREFIX,
+    TILED_POSTERIOR,
     ModelFileError,
     ModelFormatError,
 )
@@ -141,14 +143,22 @@ def _posterior(mf: ModelFile, model: Any) -> Any:
     """The saved ``posterior_`` (None when the model was fitted without compute_std, or saved before it)."""
     from daskkrr.solvers.variance import PosteriorVariance
 
-    if not mf.meta.get("posterior"):
+    flag = mf.meta.get("posterior")
+    if flag not in (None, True, False, TILED_POSTERIOR):
+        raise mf.meta_error("posterior", f"is {flag!r}; save() writes true, false or {TILED_POSTERIOR!r}")
+    if not flag:
         return None
+    tiles = None
+    if flag == TILED_POSTERIOR:  # the factors' tiles, checked as hostile before anything reads them
+        opened = open_tile_arrays(mf.folder, ("factor", "correction"), ModelFileError)
+        tiles = (opened["factor"], opened["correction"])
     parts = {k[len(POSTERIOR_PREFIX):]: v for k, v in mf.arrays.items() if k.startswith(POSTERIOR_PREFIX)}
-    missing = sorted({"factor", "scale", "shift", "prior_variance", "numbers"} - set(parts))
+    missing = sorted({"scale", "shift", "prior_variance", "numbers"} - set(parts) | ({"factor"} - set(parts)
+                                                                                     if tiles is None else set()))
     if missing:
         raise mf.array_error(POSTERIOR_PREFIX + missing[0], f"the archive lacks the posterior array(s) {missing}")
     try:
-        post = PosteriorVariance.from_arrays(parts)
+        post = PosteriorVariance.from_arrays(parts, tiles)
     except (KeyError, ValueError, TypeError) as exc:
         raise mf.array_error("posterior", f"the posterior arrays do not fit together ({exc})") from exc
     targets = 1 if model.coef_.ndim == 1 else model.coef_.shape[1]

@@ -9,6 +9,9 @@ A model is a directory::
                            (and posterior_* for return_std with compute_std=True)
       arrays.zarr/         large models only: centers and coefficients as a Zarr group
                            chunked by rows (then not in arrays.npz; see below)
+      posterior.zarr/      a posterior fitted on the tiled preconditioner route only: its
+                           triangular factors T and R as tiles ("posterior": "tiled" in the JSON;
+                           :mod:`daskkrr.data.model_store`)
 
 Loading reads the arrays with ``allow_pickle=False`` and builds the estimator from
 a fixed registry of classes, so a model file can never run code. The directory is
@@ -37,7 +40,7 @@ import numpy as np
 
 import daskkrr
 from daskkrr.data.inputs import is_in_memory
-from daskkrr.data.model_store import chunk_rows, write_model_arrays
+from daskkrr.data.model_store import chunk_rows, write_model_arrays, write_tile_arrays
 from daskkrr.utils.atomic import atomic_directory
 from daskkrr.utils.jsonable import SAMPLER_CENTERS_ARRAY, dumps_strict, jsonable_params
 from daskkrr.utils.safe_files import FileFieldError
@@ -61,6 +64,8 @@ _OPTIONAL_ARRAYS = {"intercept_": lambda model: np.asarray(model.y_mean_, dtype=
 STATE_PREFIX = "state_"
 #: Prefix of the arrays of ``posterior_`` (:class:`daskkrr.solvers.variance.PosteriorVariance`).
 POSTERIOR_PREFIX = "posterior_"
+#: The JSON's ``posterior`` for a posterior whose factors are tiles in ``posterior.zarr`` (else true or false).
+TILED_POSTERIOR = "tiled"
 _SCALARS = ("n_features_in_", "n_iter_", "converged_", "jitter_", "n_data_passes_", "fit_time_",
             # ExactKernelRidge: the solver chosen and, for PCG, its preconditioner (JSON scalars and lists)
             "solver_", "n_features_", "preconditioner_penalty_", "kernel_tiles_", "adaptive_trace_",
@@ -148,7 +153,8 @@ def save_model(model: Any, path: str | os.PathLike, *, overwrite: bool = False, 
     if hasattr(model, "class_weight_"):  # classifiers: the weight of each class in the fit
         arrays["class_weight"] = np.asarray(model.class_weight_, dtype=np.float64)
     posterior = getattr(model, "posterior_", None)
-    meta["posterior"] = posterior is not None  # what predict(X, return_std=True) needs
+    # what predict(X, return_std=True) needs; "tiled": its factors are tiles in posterior.zarr
+    meta["posterior"] = TILED_POSTERIOR if posterior is not None and posterior.tiled else posterior is not None
     if posterior is not None:
         arrays.update({POSTERIOR_PREFIX + k: v for k, v in posterior.to_arrays().items()})
     if hasattr(model, "classes_"):
@@ -163,6 +169,8 @@ def save_model(model: Any, path: str | os.PathLike, *, overwrite: bool = False, 
         arrays.update({STATE_PREFIX + name: np.asarray(value) for name, value in state_arrays.items()})
     with atomic_directory(path, overwrite=overwrite) as tmp:
         np.savez(tmp / ARRAYS_FILE, **arrays)
+        if posterior is not None and posterior.tiled:
+            write_tile_arrays(tmp, {"factor": posterior.factor, "correction": posterior.correction})
         if large:
             centers = large["centers"]
             write_model_arrays(tmp, large, chunk_rows(centers.shape[0], centers.shape[1] * centers.dtype.itemsize))

@@ -116,7 +116,9 @@ PARAM_DOCS = {
     "auto" takes "dense" whenever it fits in half the client's memory budget.
     The choice and why are ``preconditioner_route_``; the tiled route builds
     FALKON's own preconditioner (no row sketch) and cannot run
-    ``strategy="gram"`` or ``compute_std``. Both give the same solution.""",
+    ``strategy="gram"``; its ``compute_std`` posterior is tiled too, with the
+    exact variance only (``std_method="fast"`` is refused). Both give the same
+    solution.""",
     "memory_budget": """memory_budget : int or None, default=None
     Bytes the preconditioner may use: caps the client's memory for the dense
     route and the workers' memory for kept tiles (beyond it they are spilled to
@@ -190,7 +192,10 @@ PARAM_DOCS = {
     below the exact variance, its mean excess over rows like the training rows at
     most 5% of their mean variance (``posterior_.fast_variance_bound``); "auto": the
     fast one when its rank keeps ``return_std`` within about 3x ``predict``, else
-    the exact one (see the user guide, "What it costs").""",
+    the exact one (see the user guide, "What it costs"). On the tiled
+    preconditioner route (many centers) the fast variance would need an
+    ``M x M`` eigenproblem: "auto" is exact there (``preconditioner_route_``
+    says why) and "fast" is refused.""",
 }
 
 

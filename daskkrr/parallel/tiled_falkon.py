@@ -46,7 +46,7 @@ from daskkrr.parallel.tiled_linalg import (
 from daskkrr.parallel.tiles import _kept_product, _key, _sum_roles
 from daskkrr.utils.linalg import JitterPolicy
 
-__all__ = ["TiledFalkonPreconditioner", "tiled_diagonal"]
+__all__ = ["TiledFalkonPreconditioner", "symmetric_product_graphs", "tiled_diagonal"]
 
 
 def _diag_task(tile: Any) -> np.ndarray:
@@ -76,6 +76,21 @@ def _data_plus_penalty(c: np.ndarray, d: np.ndarray, factor: float, lam: float, 
 def _tile_product(K: Any, vi: np.ndarray, vj: np.ndarray, diagonal: bool) -> tuple:
     """``(K v_j, K^T v_i)`` of a kept kernel tile (read from the spill store where it is a marker)."""
     return _kept_product(_load(K), vi, vj, diagonal, None, None)
+
+
+def symmetric_product_graphs(S: TiledMatrix, blocks: list[Any], name: str = "kmm") -> list[Delayed]:
+    """Graphs of the row blocks of ``S V`` for a symmetric tiled ``S`` (upper tiles, diagonal tiles whole): a tile
+    ``(i, j)`` gives ``S_ij v_j`` to block ``i`` and ``S_ij^T v_i`` to block ``j``; each tile is read once."""
+    contrib: list[list[tuple[int, Delayed]]] = [[] for _ in range(S.layout.nb)]
+    for i, j in S.layout.pairs:
+        task = delayed(_tile_product, pure=True, traverse=False)(S.tile(i, j), blocks[i], blocks[j], i == j,
+                                                                 dask_key_name=_key(name))
+        contrib[i].append((0, task))
+        if i != j:
+            contrib[j].append((1, task))
+    return [delayed(_sum_roles, pure=True)(blocks[i], 0.0, tuple(r for r, _ in parts), *[p for _, p in parts],
+                                           dask_key_name=_key(name))
+            for i, parts in enumerate(contrib)]
 
 
 @dataclasses.dataclass
@@ -253,17 +268,7 @@ class TiledFalkonPreconditioner:
         ``i`` and ``K_ij^T t_i`` to block ``j``; each tile is read once)."""
         if self.kmm is None:
             raise RuntimeError("the kernel product of the penalty term needs the kept kernel tiles (float32 factors)")
-        K = self.kmm
-        contrib: list[list[tuple[int, Delayed]]] = [[] for _ in range(K.layout.nb)]
-        for i, j in K.layout.pairs:
-            task = delayed(_tile_product, pure=True, traverse=False)(K.tile(i, j), t[i], t[j], i == j,
-                                                                     dask_key_name=_key("kmm"))
-            contrib[i].append((0, task))
-            if i != j:
-                contrib[j].append((1, task))
-        return [delayed(_sum_roles, pure=True)(t[i], 0.0, tuple(r for r, _ in parts), *[p for _, p in parts],
-                                               dask_key_name=_key("kmm"))
-                for i, parts in enumerate(contrib)]
+        return symmetric_product_graphs(self.kmm, t)
 
     def close(self) -> None:
         """Free the tiles (and the spill store)."""

@@ -162,6 +162,16 @@ class TileStore:
         """Remove the folder and every tile in it."""
         self._cleanup()
 
+    def __getstate__(self) -> dict[str, Any]:
+        """A copy sent to a worker (a posterior's store travels with predict's tasks) names the folder only."""
+        return {"path": self.path}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # the copy does not own the folder: removing it is left to the process that made it
+        self.path = state["path"]
+        self._cleanup = weakref.finalize(self, shutil.rmtree, self.path, True)
+        self._cleanup.detach()
+
 
 def _load(x: Any) -> Any:
     return x.read() if isinstance(x, ZarrTile) else x

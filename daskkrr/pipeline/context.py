@@ -116,7 +116,11 @@ class FitContext:
         return int(self.X.shape[1])
 
     def close(self) -> None:
-        """Free what the operator holds (cached kernel blocks on the workers)."""
+        """Free what the operator holds (cached kernel blocks on the workers) and a tiled preconditioner's tiles
+        (kept past the solve for the posterior of a fit with ``compute_std``)."""
         if self.operator is not None:
             self.operator.close()
             self.operator = None
+        close = getattr(self.preconditioner, "close", None)
+        if close is not None:
+            close()

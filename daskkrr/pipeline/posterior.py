@@ -15,6 +15,11 @@ the training rows (a constant for a stationary kernel, else one pass over ``X``;
 amplitude of the centers' miss needs it) and ``M x M`` factorisations on the client, one
 of them the triangular inverse behind the residual noise estimate (``noise_variance_``).
 
+A fit on the tiled preconditioner route (many centers) does all of it with tiles instead
+(:mod:`daskkrr.parallel.tiled_posterior`): one extra pass accumulates the Gram matrix as
+tiles, and no process holds an ``M x M`` matrix. Its posterior has the exact variance only;
+``std_method="auto"`` records why in ``preconditioner_route_`` (``"fast"`` is refused before the fit).
+
 Unless ``std_method="exact"``, it then builds the fast variance
 (:func:`~daskkrr.solvers.variance.low_rank_variance`: a few ``M x M`` products and an
 eigendecomposition on the client).
@@ -29,6 +34,8 @@ import warnings
 import numpy as np
 
 from daskkrr.kernels.base import Kernel
+from daskkrr.parallel.tiled_falkon import TiledFalkonPreconditioner
+from daskkrr.parallel.tiled_posterior import FAST_STD_REFUSED, preconditioned_gram, tiled_nystrom_posterior
 from daskkrr.pipeline.context import FitContext
 from daskkrr.pipeline.stages import Stage, kernel_operator, split_column_sums
 from daskkrr.solvers.variance import (
@@ -69,21 +76,48 @@ def posterior(ctx: FitContext) -> None:
     if getattr(ctx, "sample_weight", None) is not None:
         raise ValueError("compute_std=True does not support sample_weight yet; fit without one of them")
     t0 = time.perf_counter()
-    gram_pre, knm_t_y = _preconditioned_gram_and_rhs(ctx)
     fits_intercept = bool(getattr(p, "fit_intercept", False))
-    b, mu = split_column_sums(knm_t_y, ctx.n, fits_intercept)
     coef = np.asarray(ctx.fitted["coef_"], dtype=np.float64)
     mean_kxx = _mean_prior_variance(ctx)
-    ctx.fitted["posterior_"] = nystrom_posterior(
-        ctx.preconditioner.T, ctx.preconditioner.d, gram_pre, noise_ratio=float(p.penalty) * ctx.n, n=ctx.n,
-        mu=mu, y_sq=_targets_square_norms(ctx), knm_t_y=b, coef=coef.reshape(coef.shape[0], -1), mean_kxx=mean_kxx,
-    )
     method = getattr(p, "std_method", "exact")
-    if method != "exact":
-        ctx.fitted["posterior_"].low_rank = _fast_variance(ctx, ctx.fitted["posterior_"], method, mean_kxx)
+    if isinstance(ctx.preconditioner, TiledFalkonPreconditioner):
+        ctx.fitted["posterior_"] = _tiled_posterior(ctx, coef, mean_kxx)
+        # the fast variance would need an M x M eigenproblem ("fast" was refused before the fit)
+        ctx.fitted["preconditioner_route_"] = {**ctx.fitted.get("preconditioner_route_", {}), "std_method": "exact",
+                                               "std_reason": FAST_STD_REFUSED}
+        if method != "exact":
+            logger.info("%s", FAST_STD_REFUSED)
+    else:
+        gram_pre, knm_t_y = _preconditioned_gram_and_rhs(ctx)
+        b, mu = split_column_sums(knm_t_y, ctx.n, fits_intercept)
+        ctx.fitted["posterior_"] = nystrom_posterior(
+            ctx.preconditioner.T, ctx.preconditioner.d, gram_pre, noise_ratio=float(p.penalty) * ctx.n, n=ctx.n,
+            mu=mu, y_sq=_targets_square_norms(ctx), knm_t_y=b, coef=coef.reshape(coef.shape[0], -1),
+            mean_kxx=mean_kxx,
+        )
+        if method != "exact":
+            ctx.fitted["posterior_"].low_rank = _fast_variance(ctx, ctx.fitted["posterior_"], method, mean_kxx)
     if ctx.passes is not None:
         ctx.fitted["n_data_passes_"] = ctx.passes.n_passes + 1  # the extra pass, if one was made
     logger.info("posterior for return_std in %.2fs", time.perf_counter() - t0)
+
+
+def _tiled_posterior(ctx: FitContext, coef: np.ndarray, mean_kxx: float) -> PosteriorVariance:
+    """The posterior with the preconditioner's tiled ``T``: the Gram pass and the factors as tiles (see
+    :mod:`daskkrr.parallel.tiled_posterior`); the preconditioner's tiles are freed after it."""
+    pre, Z = ctx.preconditioner, ctx.centers
+    if Z is None:
+        raise RuntimeError("the centers are not chosen yet; run choose_centers first")
+    gram, knm_t_y = preconditioned_gram(ctx.passes, ctx.kernel, Z, pre.T, pre.d)
+    try:
+        b, mu = split_column_sums(knm_t_y, ctx.n, bool(getattr(ctx.params, "fit_intercept", False)))
+        return tiled_nystrom_posterior(
+            pre.T, pre.d, gram, noise_ratio=float(ctx.params.penalty) * ctx.n, n=ctx.n, mu=mu,
+            y_sq=_targets_square_norms(ctx), knm_t_y=b, coef=coef.reshape(coef.shape[0], -1), mean_kxx=mean_kxx,
+        )
+    finally:
+        gram.release()
+        pre.close()
 
 
 def _diag_sum(Xb: np.ndarray, kernel: Kernel) -> np.ndarray:

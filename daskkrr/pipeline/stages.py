@@ -44,6 +44,7 @@ from daskkrr.parallel.strategies import (
     prepare_passes,
 )
 from daskkrr.parallel.tiled_falkon import TiledFalkonPreconditioner
+from daskkrr.parallel.tiled_posterior import FAST_STD_REFUSED
 from daskkrr.parallel.weighted import make_weighted_operator, with_weights
 from daskkrr.pipeline.context import FitContext
 from daskkrr.pipeline.fingerprint import fit_fingerprint
@@ -203,13 +204,13 @@ def falkon_preconditioner(ctx: FitContext, *, sketch: bool = True, iterative: bo
                                         if iterative else "dense", memory_budget=getattr(p, "memory_budget", None),
                                         executor=ctx.executor)
     tiled = ctx.factor_plan.route == "tiled"
-    if tiled and getattr(p, "compute_std", False):
-        # Not tiled: the posterior is two M x M triangular factors (T and R) that return_std applies whole to
-        # every predicted row and that the model file keeps, and its fast variance is an M x M eigenproblem.
-        raise ValueError(f"compute_std needs the M x M posterior on the client, but {ctx.factor_plan.reason}; "
-                         f"the posterior's two {Z.shape[0]} x {Z.shape[0]} factors would be held by every "
-                         "process that predicts and saved with the model. Fit without compute_std, or with "
-                         "fewer centers (or preconditioner_route='dense' where the client has the memory)")
+    if tiled and getattr(p, "compute_std", False) and getattr(p, "std_method", "exact") == "fast":
+        # refused before the data passes: the tiled posterior (daskkrr.parallel.tiled_posterior) is exact only
+        raise ValueError(f"std_method='fast' cannot be used on the tiled preconditioner route "
+                         f"({ctx.factor_plan.reason}): {FAST_STD_REFUSED}. Pass std_method='exact' or 'auto' (both "
+                         "then give the exact variance), or fewer centers (or preconditioner_route='dense' where the "
+                         "client has the memory for "
+                         f"{Z.shape[0]} x {Z.shape[0]} matrices)")
     if sketch:
         saved = getattr(ctx.store, "saved_sketch_rows", lambda: None)()  # a resumed fit keeps its sketch
         saved_on = getattr(ctx.store, "saved_sketch_on", lambda: None)()  # ... and where it was summed
@@ -352,7 +353,9 @@ def cg_solve(ctx: FitContext) -> None:
         )
     finally:
         close = getattr(ctx.preconditioner, "close", None)
-        if close is not None:  # the tiled factors: free the workers' memory and the spill store
+        # the tiled factors: free the workers' memory and the spill store, unless the posterior needs T
+        # (ctx.close frees them then, however the fit ends)
+        if close is not None and not getattr(p, "compute_std", False):
             close()
     ctx.n_iter, ctx.converged = int(result.n_iter), bool(result.converged)
     ctx.fitted.update(n_iter_=ctx.n_iter, residuals_=result.residuals, converged_=ctx.converged)

@@ -101,6 +101,7 @@ import scipy.linalg as sla
 from daskkrr.kernels.base import Kernel
 from daskkrr.kernels.engine import engine_for
 from daskkrr.kernels.reference import DEFAULT_TILE_BYTES
+from daskkrr.solvers.tiled_factor import TileFile
 from daskkrr.utils.linalg import JitterWarning, cholesky_jitter, solve_upper
 
 #: Prior variances are kept at least this fraction of the targets' mean square (a perfect fit
@@ -213,12 +214,13 @@ class PosteriorVariance:
 
     Attributes
     ----------
-    factor : ndarray of shape (M, M)
-        Upper-triangular ``T``.
+    factor : ndarray of shape (M, M) or TileFile
+        Upper-triangular ``T``; a :class:`~daskkrr.solvers.tiled_factor.TileFile` (tiles in a Zarr array, solved
+        tile by tile) for a model fitted on the tiled preconditioner route.
     scale : ndarray of shape (M,)
         Positive diagonal ``D`` applied to the kernel row before the solve.
-    correction : ndarray of shape (M, M) or None
-        Upper-triangular ``R`` of the Nystrom correction; None for exact KRR.
+    correction : ndarray of shape (M, M), TileFile or None
+        Upper-triangular ``R`` of the Nystrom correction (tiled as ``factor`` is); None for exact KRR.
     shift : ndarray of shape (M,)
         ``m = T^{-T} D mu`` for a fitted intercept, else zeros.
     offset : float
@@ -241,11 +243,13 @@ class PosteriorVariance:
         ``rho = a / s^2 <= 1`` per target: the amplitude ``a`` of the centers' miss
         ``k(x, x) - k_M^T K_MM^{-1} k_M`` (see :func:`miss_amplitude`) over ``prior_variance``.
         None (exact KRR, models saved before it): ``rho = 1``, one amplitude.
+    storage : object or None
+        What keeps the tiled factors' files (a temporary folder of the fit) alive; None otherwise.
     """
 
-    factor: np.ndarray
+    factor: np.ndarray | TileFile
     scale: np.ndarray
-    correction: np.ndarray | None
+    correction: np.ndarray | TileFile | None
     shift: np.ndarray
     offset: float
     prior_variance: np.ndarray
@@ -254,10 +258,16 @@ class PosteriorVariance:
     effective_dof: float = float("nan")
     low_rank: LowRankVariance | None = None
     miss_ratio: np.ndarray | None = None
+    storage: Any = dataclasses.field(default=None, repr=False, compare=False)
 
     @property
     def n_centers(self) -> int:
         return int(self.factor.shape[0])
+
+    @property
+    def tiled(self) -> bool:
+        """Whether the factors are tiles in Zarr arrays (a model fitted on the tiled preconditioner route)."""
+        return isinstance(self.factor, TileFile)
 
     @property
     def noise_variance(self) -> np.ndarray:
@@ -281,12 +291,12 @@ class PosteriorVariance:
         variance of the part the centers span, with the intercept's); exact KRR has the whole ``v`` in ``fit``.
         """
         K = np.asarray(Kxm, dtype=np.float64)
-        C = solve_upper(self.factor, (self.scale[:, None] * K.T), trans=True)  # (M, n_b)
+        C = _solve_transposed(self.factor, self.scale[:, None] * K.T)  # (M, n_b)
         if self.correction is None:  # exact KRR: T^T T = K + sigma^2 I, no miss
             return np.zeros(K.shape[0]), np.asarray(kxx, dtype=np.float64) - np.einsum("ij,ij->j", C, C)
         miss = np.asarray(kxx, dtype=np.float64) - np.einsum("ij,ij->j", C, C)
         C -= self.shift[:, None]
-        E = solve_upper(self.correction, C, trans=True)
+        E = _solve_transposed(self.correction, C)
         return miss, np.einsum("ij,ij->j", E, E) + self.offset
 
     def unit_variance(self, Kxm: np.ndarray, kxx: np.ndarray, exact: bool = False) -> np.ndarray:
@@ -314,9 +324,10 @@ class PosteriorVariance:
 
     # ------------------------------------------------------------------ persistence
     def to_arrays(self) -> dict[str, np.ndarray]:
-        """Numeric arrays for a model file (no pickle): factor, scale, correction, shift, numbers."""
-        arrays = {
-            "factor": np.asarray(self.factor), "scale": self.scale, "shift": self.shift,
+        """Numeric arrays for a model file (no pickle): factor, scale, correction, shift, numbers; without the
+        factors when they are tiled (:attr:`tiled`: the model file keeps their tiles in a Zarr store)."""
+        arrays: dict[str, np.ndarray] = {
+            "scale": self.scale, "shift": self.shift,
             "prior_variance": self.prior_variance,
             "numbers": np.array([self.offset, self.noise_ratio, self.effective_dof]),
         }
@@ -324,25 +335,38 @@ class PosteriorVariance:
             arrays["miss_ratio"] = self.miss_ratio
         if self.likelihood_prior_variance is not None:
             arrays["likelihood_prior_variance"] = self.likelihood_prior_variance
-        if self.correction is not None:
-            arrays["correction"] = np.asarray(self.correction)
+        if not self.tiled:
+            arrays["factor"] = np.asarray(self.factor)
+            if self.correction is not None:
+                arrays["correction"] = np.asarray(self.correction)
         if self.low_rank is not None:
             arrays.update({LOW_RANK_PREFIX + k: v for k, v in self.low_rank.to_arrays().items()})
         return arrays
 
     @classmethod
-    def from_arrays(cls, arrays: dict[str, np.ndarray]) -> PosteriorVariance:
-        """Inverse of :meth:`to_arrays`; ValueError when the shapes do not fit together."""
-        factor = np.asarray(arrays["factor"], dtype=np.float64)
-        M = factor.shape[0] if factor.ndim == 2 else -1
-        correction = arrays.get("correction")
+    def from_arrays(cls, arrays: dict[str, np.ndarray],
+                    tiles: tuple[TileFile, TileFile] | None = None) -> PosteriorVariance:
+        """Inverse of :meth:`to_arrays`, with ``tiles`` (``T`` and ``R``) for a tiled posterior (whose arrays then
+        hold neither factor nor a fast variance); ValueError when the shapes do not fit together."""
+        square = sorted(k for k in ("factor", "correction") if k in arrays)
+        if tiles is not None and (square or any(k.startswith(LOW_RANK_PREFIX) for k in arrays)):
+            raise ValueError(f"a tiled posterior keeps its factors in tiles and has no fast variance, but the "
+                             f"arrays hold {square or 'the fast variance'}")
+        factor: np.ndarray | TileFile
+        correction: Any
+        if tiles is None:
+            factor = np.asarray(arrays["factor"], dtype=np.float64)
+            correction = arrays.get("correction")
+            correction = None if correction is None else np.asarray(correction, dtype=np.float64)
+        else:
+            factor, correction = tiles
+        M = factor.shape[0] if len(factor.shape) == 2 else -1
         numbers = np.asarray(arrays["numbers"], dtype=np.float64).reshape(-1)
         prior = np.asarray(arrays["prior_variance"], dtype=np.float64).reshape(-1)
         # Files written before the calibration hold the maximum-likelihood amplitude as prior_variance.
         likelihood = np.asarray(arrays.get("likelihood_prior_variance", prior), dtype=np.float64).reshape(-1)
         post = cls(
-            factor=factor, scale=np.asarray(arrays["scale"], dtype=np.float64),
-            correction=None if correction is None else np.asarray(correction, dtype=np.float64),
+            factor=factor, scale=np.asarray(arrays["scale"], dtype=np.float64), correction=correction,
             shift=np.asarray(arrays["shift"], dtype=np.float64), offset=float(numbers[0]),
             prior_variance=prior,
             noise_ratio=float(numbers[1]) if numbers.size > 1 else float("nan"),
@@ -351,10 +375,10 @@ class PosteriorVariance:
             # files written before the centers' miss had its own amplitude have one amplitude
             miss_ratio=None if "miss_ratio" not in arrays else np.asarray(arrays["miss_ratio"], np.float64).reshape(-1),
         )
-        square = (M, M)
-        if (factor.shape != square or post.scale.shape != (M,) or post.shift.shape != (M,)
-                or (post.correction is not None and post.correction.shape != square) or numbers.size not in (2, 3)
-                or likelihood.shape != prior.shape
+        square_shape = (M, M)
+        if (factor.shape != square_shape or post.scale.shape != (M,) or post.shift.shape != (M,)
+                or (post.correction is not None and post.correction.shape != square_shape)
+                or numbers.size not in (2, 3) or likelihood.shape != prior.shape
                 or (post.miss_ratio is not None and post.miss_ratio.shape != prior.shape)):
             raise ValueError(f"the posterior arrays do not fit together (factor of shape {factor.shape})")
         low_rank = {k[len(LOW_RANK_PREFIX):]: v for k, v in arrays.items() if k.startswith(LOW_RANK_PREFIX)}
@@ -422,24 +446,83 @@ def nystrom_posterior(
     inner /= noise_ratio
     inner = (inner + inner.T) / 2  # the accumulated Gram matrix is symmetric up to round-off
     inner[np.diag_indices(M)] += 1.0
-    R, _ = cholesky_jitter(inner, what="posterior matrix I + G / (penalty n)", overwrite=True)
+    R, _ = cholesky_jitter(inner, what=POSTERIOR_MATRIX, overwrite=True)
+    return assemble_nystrom_posterior(
+        np.asarray(T, dtype=np.float64), d, R, shift, noise_ratio=noise_ratio, n=n, intercept=mu is not None,
+        inverse_square_norm=_inverse_square_norm(R),
+        rss=nystrom_rss(T, d, gram_pre, shift, n=n, y_sq=y_sq, knm_t_y=knm_t_y, coef=coef),
+        y_sq=y_sq, knm_t_y=knm_t_y, coef=coef,
+        gram_trace=None if mean_kxx is None else float(np.trace(gram_pre)),
+    )
+
+
+#: The name of ``I + G / sigma^2`` in the jitter's warnings and errors.
+POSTERIOR_MATRIX = "posterior matrix I + G / (penalty n)"
+
+
+def assemble_nystrom_posterior(
+    T: np.ndarray | TileFile,
+    d: np.ndarray,
+    R: np.ndarray | TileFile,
+    shift: np.ndarray,
+    *,
+    noise_ratio: float,
+    n: int,
+    intercept: bool,
+    inverse_square_norm: float,
+    rss: np.ndarray,
+    y_sq: np.ndarray,
+    knm_t_y: np.ndarray,
+    coef: np.ndarray,
+    gram_trace: float | None,
+    storage: Any = None,
+) -> PosteriorVariance:
+    """The Nystrom posterior from its factors and the few numbers computed from them, dense or tiled.
+
+    Parameters
+    ----------
+    T, d, R : factors
+        ``T`` and ``R`` (upper, ``M x M``: arrays, or tiles for the tiled route) and ``D = diag(d)``.
+    shift : ndarray of shape (M,)
+        ``m = T^{-T} D mu`` (zeros without an intercept).
+    noise_ratio : float
+        ``sigma^2 = penalty * n``.
+    n : int
+        Training rows.
+    intercept : bool
+        Whether an intercept was fitted.
+    inverse_square_norm : float
+        ``||R^{-1}||_F^2``: ``d_eff = M - ||R^{-1}||_F^2`` (one more for the intercept).
+    rss : ndarray of shape (n_targets,)
+        The training residual sum of squares (:func:`nystrom_rss`).
+    y_sq, knm_t_y, coef
+        As for :func:`nystrom_posterior`.
+    gram_trace : float or None
+        ``tr(T^{-T} D K_MN K_NM D T^{-1})``: the centers' miss then gets its own amplitude; None keeps one.
+    storage : object, optional
+        What keeps tiled factors' files alive (the posterior's ``storage``).
+
+    Returns
+    -------
+    PosteriorVariance
+    """
+    M = T.shape[0]
     # d_eff = tr(G (G + sigma^2 I)^{-1}) = M - tr((I + G / sigma^2)^{-1}), one more for the intercept
-    dof = M - _inverse_square_norm(R) + (0.0 if mu is None else 1.0)
-    rss = nystrom_rss(T, d, gram_pre, shift, n=n, y_sq=y_sq, knm_t_y=knm_t_y, coef=coef)
+    dof = M - inverse_square_norm + (1.0 if intercept else 0.0)
     post = _calibrated(
         PosteriorVariance(
-            factor=np.asarray(T, dtype=np.float64), scale=np.asarray(d, dtype=np.float64), correction=R,
-            shift=shift, offset=0.0 if mu is None else noise_ratio / n,
+            factor=T, scale=np.asarray(d, dtype=np.float64), correction=R,
+            shift=shift, offset=noise_ratio / n if intercept else 0.0,
             prior_variance=prior_variance(y_sq, knm_t_y, coef, noise_ratio, n), noise_ratio=float(noise_ratio),
+            storage=storage,
         ),
         rss, dof, y_sq, n,
     )
-    if mean_kxx is None:
+    if gram_trace is None:
         return post
     # E||c||^2 over the training rows, c = T^{-T} D k_M(x): the mean of the Nystrom k_M^T K_MM^{-1} k_M
-    spanned = float(np.trace(gram_pre)) / n
     amplitude = miss_amplitude(post.noise_variance, np.asarray(y_sq, dtype=np.float64).reshape(-1) / n,
-                               spanned - float(shift @ shift), post.prior_variance)
+                               gram_trace / n - float(shift @ shift), post.prior_variance)
     return dataclasses.replace(post, miss_ratio=amplitude / post.prior_variance)
 
 
@@ -490,6 +573,10 @@ def low_rank_variance(post: PosteriorVariance, *, n: int, mean_kxx: float, rtol:
     rank : int
         The smallest rank meeting ``rtol``.
     """
+    if post.tiled or not isinstance(post.factor, np.ndarray):
+        raise ValueError(f"the fast variance needs the {post.n_centers} x {post.n_centers} factors whole (an "
+                         "eigenproblem of that size); a tiled posterior has the exact variance only")
+    T = post.factor
     R = np.asarray(post.correction, dtype=np.float64)
     M, sigma2, m = R.shape[0], post.noise_ratio, post.shift
     rho = 1.0 if post.miss_ratio is None else float(np.max(post.miss_ratio))
@@ -520,11 +607,11 @@ def low_rank_variance(post: PosteriorVariance, *, n: int, mean_kxx: float, rtol:
     else:
         Y = np.zeros((M, 0))
     scale = post.scale[:, None]
-    factor = scale * solve_upper(post.factor, Y)  # D T^{-1} Y
-    linear = post.scale * solve_upper(post.factor, Pm)
+    factor = scale * solve_upper(T, Y)  # D T^{-1} Y
+    linear = post.scale * solve_upper(T, Pm)
     return LowRankVariance(
         factor=factor, linear=linear, constant=constant, bound=float(tails[rank]), mean_variance=mean_variance,
-        negative=scale * solve_upper(post.factor, negative) if negative.shape[1] else None, miss_ratio=rho,
+        negative=scale * solve_upper(T, negative) if negative.shape[1] else None, miss_ratio=rho,
     ), rank + negative.shape[1]
 
 
@@ -554,10 +641,19 @@ def nystrom_rss(T: np.ndarray, d: np.ndarray, gram_pre: np.ndarray, shift: np.nd
     (``shift`` nonzero, ``y`` centred) the fitted constant removes ``n (mu . alpha)^2 = n (shift . u)^2``.
     Clipped at 0 (round-off when the fit is nearly exact).
     """
+    a = np.asarray(coef, dtype=np.float64).reshape(np.shape(knm_t_y)[0], -1)
+    u = np.asarray(T, dtype=np.float64) @ (a / np.asarray(d, dtype=np.float64)[:, None])
+    return rss_from_gram_product(u, np.asarray(gram_pre, dtype=np.float64) @ u, shift, n=n, y_sq=y_sq,
+                                 knm_t_y=knm_t_y, coef=coef)
+
+
+def rss_from_gram_product(u: np.ndarray, gram_u: np.ndarray, shift: np.ndarray, *, n: int, y_sq: np.ndarray,
+                          knm_t_y: np.ndarray, coef: np.ndarray) -> np.ndarray:
+    """:func:`nystrom_rss` from ``u = T D^{-1} alpha`` (``(M, t)``) and ``gram_pre u``, however they were computed
+    (the tiled route applies ``T`` and the Gram matrix tile by tile)."""
     b = np.asarray(knm_t_y, dtype=np.float64).reshape(np.shape(knm_t_y)[0], -1)
     a = np.asarray(coef, dtype=np.float64).reshape(b.shape)
-    u = np.asarray(T, dtype=np.float64) @ (a / np.asarray(d, dtype=np.float64)[:, None])
-    fitted_sq = np.einsum("ij,ij->j", u, np.asarray(gram_pre, dtype=np.float64) @ u) - n * (shift @ u) ** 2
+    fitted_sq = np.einsum("ij,ij->j", u, gram_u) - n * (shift @ u) ** 2
     y_sq = np.asarray(y_sq, dtype=np.float64).reshape(-1)
     return np.maximum(y_sq - 2 * np.einsum("ij,ij->j", b, a) + fitted_sq, 0.0)
 
@@ -582,6 +678,15 @@ def residual_noise_variance(rss: np.ndarray, n: int, dof: float) -> np.ndarray:
             f"{max(residual_dof, 0.0):.1f} residual degrees of freedom and is unreliable; raise penalty or "
             f"sigma, or use fewer centers", UserWarning, stacklevel=2)
     return np.asarray(rss, dtype=np.float64) / max(residual_dof, 1.0)
+
+
+def _solve_transposed(F: np.ndarray | TileFile | None, B: np.ndarray) -> np.ndarray:
+    """``F^{-T} B`` for an upper-triangular factor held whole or in tiles (read one at a time)."""
+    if F is None:
+        raise ValueError("the posterior has no such factor")
+    if isinstance(F, TileFile):
+        return F.solve(B, trans=True)
+    return solve_upper(F, B, trans=True)
 
 
 def _inverse_square_norm(R: np.ndarray) -> float:
@@ -623,6 +728,11 @@ def _at_least(s2: np.ndarray, y_sq: np.ndarray, n: int) -> np.ndarray:
 
 
 # --------------------------------------------------------------------------- per block
+#: Query rows per step of ``return_std`` with a tiled posterior: a step reads ``T`` and ``R`` from their Zarr arrays
+#: once (``8 M^2`` bytes in float64) and solves ``2 M^2`` flops a row, so 1024 rows make the arithmetic about 250
+#: times the bytes read; the step holds two ``M x 1024`` float64 blocks (0.8 GB at M = 50 000).
+TILED_STD_ROWS = 1024
+
 def gram_block(Xb: np.ndarray, Yb: np.ndarray, kernel: Kernel, Z: np.ndarray,
                right: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
     """``[W^T W | K^T Y]`` of one row block, ``W = k(Xb, Z) D T^{-1}``: the posterior's extra pass."""
@@ -644,12 +754,15 @@ def predict_with_std(
     Each tile of rows builds ``k(X_t, Z)`` once (the engine's kernel block) for both
     the mean ``k coef + intercept`` and the variance; the exact variance (``exact``, or
     a posterior without a fast one) costs two ``M x M`` triangular solves per row, the
-    fast one an ``M x r`` product, against ``M d`` for the mean.
+    fast one an ``M x r`` product, against ``M d`` for the mean. A tiled posterior solves
+    :data:`TILED_STD_ROWS` rows at a time, reading its factors' tiles once per step.
     """
     C = np.asarray(coef, dtype=np.float64).reshape(Z.shape[0], -1)
     t = C.shape[1]
     out = np.empty((Xb.shape[0], 2 * t))
     step = max(1, int(max_tile_bytes // max(1, Z.shape[0] * 8)))
+    if posterior.tiled:  # each step reads both factors' tiles (8 M^2 bytes): enough rows to outweigh the reads
+        step = max(step, TILED_STD_ROWS)
     engine = engine_for(kernel)
     for start in range(0, Xb.shape[0], step):
         Xt = Xb[start : start + step]
@@ -677,8 +790,10 @@ def noise_variance(posterior: PosteriorVariance | None) -> np.ndarray | None:
 
 __all__ = [
     "FAST_STD_RTOL",
+    "POSTERIOR_MATRIX",
     "LowRankVariance",
     "PosteriorVariance",
+    "assemble_nystrom_posterior",
     "exact_posterior",
     "fast_rank_cap",
     "gram_block",
@@ -690,4 +805,5 @@ __all__ = [
     "predict_with_std",
     "prior_variance",
     "residual_noise_variance",
+    "rss_from_gram_product",
 ]
