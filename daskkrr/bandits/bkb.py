@@ -250,6 +250,7 @@ class BKB:
     epsilon : float, default=0.5
         ``eps`` in [0, 1), the accuracy of the Nystrom approximation that ``beta~``
         allows for (``alpha = (1 + eps) / (1 - eps)``); 0 gives exact GP-UCB's width.
+        Used by the paper's width and ``width="arms"``, not by the default dimension width.
     beta_scale : float, default=1.0
         Factor on ``beta~_t``: 1 is the paper's width; the theoretical widths
         over-explore, and GP-UCB's practice shrinks them (Srinivas et al. 2010
@@ -284,15 +285,16 @@ class BKB:
     Nystrom's variance error). BatchBKB multiplies either by ``sqrt(ratio_threshold)``.
     The union bound over ``A`` arms asked 7 to 11 standard deviations on Hartmann-6
     (1001 arms, t <= 300) and BKB explored for the whole run at 19x the regret of a tuned
-    GP-UCB; the dimension width asks 0.9 to 2.8 there and 0.6 to 1.6 on Branin (issue 40,
+    GP-UCB; the dimension width asks 0.9 to 2.8 there and 0.5 to 1.7 on Branin (issue 40,
     ``docs/guide/tuning.rst``). ``epsilon`` does not enter the dimension width: its
-    constant was set by experiment on exact posteriors, and BKB's dictionary variance is
-    close to those in practice (the factor ``alpha`` is the worst case at the paper's
-    ``qbar``). Both are in place of Theorem 1 of the BKB paper,
+    constant 0.2 was set by experiment, not by a bound that a worst-case factor
+    ``sqrt(alpha)`` would keep valid (with it the regret on Hartmann-6 was 2.2x larger).
+    Both are in place of Theorem 1 of the BKB paper,
     whose ``2 xi sqrt(alpha log(t) sum_s sigma~^2 + log(1/delta))`` is for a worst-case
     function of RKHS norm ``F`` and grows with the effective dimension: with the
     estimated constants it asked for about 40 posterior standard deviations on Branin
-    at t = 100 (GP-UCB with the benchmark's tuned width: about 12; this one: 10.5), and
+    at t = 100 (GP-UCB with the benchmark's tuned width: about 12; the finite-arm width:
+    10.5; the dimension width: 1.5), and
     its regret was 2.46x that GP-UCB's (issue 40). Either way the width is in the
     rewards' units whatever their scale. A reward of scale 1 with noise 0.01 gets
     ``xi`` near 0.01, where the fixed ``xi = 1`` made BKB explore like random search.
