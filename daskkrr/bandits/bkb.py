@@ -563,7 +563,7 @@ class BKB:
         self._beta_ratio = ratio  # add_arms recomputes beta~ with the same widening
         if self._estimate:
             # The estimated model is a GP prior s^2 k with noise xi^2, where xi sigma~ is the posterior
-            # standard deviation in the rewards' units: the Bayesian width applies (see the class Notes).
+            # standard deviation in the rewards' units: the width is a number of those (see the class Notes).
             # A batch's variance ratio C widens it by sqrt(C) (GP-BUCB, Desautels et al. 2014).
             if self.width == "arms":
                 deviations = bayesian_width(n_arms=self.n_arms, t=self.t_ + 1, delta=self.delta, epsilon=self.epsilon)
