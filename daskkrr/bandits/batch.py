@@ -34,7 +34,8 @@ class BatchBKB(BKB):
     When a batch's rewards are all told, the dictionary is resampled once with the
     variances of the batch's start (BBKB's resparsification), the posterior is
     recomputed and ``beta~`` is :func:`~daskkrr.bandits.bkb.confidence_width` with
-    ``ratio = ratio_threshold``.
+    ``ratio = ratio_threshold`` (with ``noise_bound="auto"``: BKB's estimated-noise width
+    times ``sqrt(ratio_threshold)``).
 
     Parameters
     ----------

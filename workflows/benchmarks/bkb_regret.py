@@ -23,8 +23,9 @@ the first thousand steps; smaller constants are the usual practice.
   (O(t^3 + t^2 A)) is timed separately at a few t (``exact_recompute_step_s``);
 - ``bkb``: :class:`daskkrr.bandits.BKB`, qbar = 2;
 - ``bkb-defaults``: :class:`daskkrr.bandits.BKB` with its defaults but ``sigma``: the noise
-  bound, penalty and norm bound estimated online (``"auto"``) and the Bayesian width
-  (:func:`daskkrr.bandits.bayesian_width`), eps = 0.5, qbar = 4;
+  bound, penalty and norm bound estimated online (``"auto"``) and the dimension width
+  (:func:`daskkrr.bandits.dimension_width`; before issue 40's second round, the
+  finite-arm-set width :func:`daskkrr.bandits.bayesian_width`, now ``width="arms"``), qbar = 4;
 - ``batch-bkb-defaults``: :class:`daskkrr.bandits.BatchBKB` likewise with its defaults but
   ``sigma`` (adaptive batches, ratio threshold 2);
 - ``batch-bkb-B``: :class:`daskkrr.bandits.BatchBKB` with a fixed batch of B arms;
