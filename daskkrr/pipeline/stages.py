@@ -213,21 +213,22 @@ def falkon_preconditioner(ctx: FitContext, *, sketch: bool = True, iterative: bo
     if sketch:
         saved = getattr(ctx.store, "saved_sketch_rows", lambda: None)()  # a resumed fit keeps its sketch
         saved_on = getattr(ctx.store, "saved_sketch_on", lambda: None)()  # ... and where it was summed
-        budget = {"max_iter": int(getattr(p, "max_iter", 1)), "tol": float(getattr(p, "tol", 1e-7))}
+        max_iter, tol = int(getattr(p, "max_iter", 1)), float(getattr(p, "tol", 1e-7))
+        budget: dict[str, Any] = {"max_iter": max_iter, "tol": tol}
         replan = saved is not None and _sketch_planned_for_other_budget(ctx, budget)
         ctx.sketch_plan = plan_sketch(
             None if tiled else p._sketch_rows() if saved is None or replan else (saved or None), ctx.X,
             n_centers=Z.shape[0],
             n_targets=int(ctx.Y.shape[1]) + bool(getattr(p, "fit_intercept", False)) + (ctx.sample_weight is not None),
-            max_iter=budget["max_iter"], tol=budget["tol"],
+            max_iter=max_iter, tol=tol,
             strategy=getattr(p, "strategy", "auto"), sketch_itemsize=np.dtype(precision).itemsize,
             executor=ctx.executor, in_memory=ctx.in_memory, on=saved_on,
         )
         rows = ctx.sketch_plan.rows
         if replan and rows != saved:
             ctx.store.restart_solver(
-                f"preconditioner_rows='auto' plans {rows} sketch rows for max_iter={budget['max_iter']}, "
-                f"tol={budget['tol']:g}, but the interrupted fit planned {saved} for its own max_iter and tol; "
+                f"preconditioner_rows='auto' plans {rows} sketch rows for max_iter={max_iter}, "
+                f"tol={tol:g}, but the interrupted fit planned {saved} for its own max_iter and tol; "
                 "its CG state belongs to that preconditioner")
         save_rows = getattr(ctx.store, "save_sketch_rows", None)
         if save_rows is not None and getattr(ctx.store, "enabled", False):
