@@ -383,10 +383,11 @@ class FitCheckpoint:
     def restart_solver(self, reason: str) -> None:
         """Drop the interrupted fit's CG state, which belongs to a preconditioner the resumed fit does
         not build; the centers and the right-hand side are kept, and the CG starts from zero. Warns
-        with ``reason``: the iterations done are lost."""
-        warnings.warn(f"resuming from {self.path}: the CG starts over from the saved centers and right-hand "
-                      f"side after {self._meta.get('iteration', 0)} iterations, because {reason}",
-                      UserWarning, stacklevel=2)
+        with ``reason`` where there was a CG state: the iterations done are lost."""
+        if self._cg_state is not None:
+            warnings.warn(f"resuming from {self.path}: the CG starts over from the saved centers and right-hand "
+                          f"side after {self._cg_state.iteration} iterations, because {reason}",
+                          UserWarning, stacklevel=2)
         self._cg_state = None
         self._cg_arrays = {k: v for k, v in self._cg_arrays.items() if not k.startswith("cg_")}
         self._meta.pop("iteration", None)
