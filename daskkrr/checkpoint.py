@@ -25,7 +25,9 @@ pipeline's stages on resume (``saved_centers``, ``saved_rhs``, ``cg_state``).
 
 The fingerprint ties a checkpoint to its fit: the estimator and its parameters
 (``max_iter`` and ``tol`` excepted, so a fit can be continued with more
-iterations), the data's shape, dtype and row chunking, and a digest of the
+iterations; a sketch that ``preconditioner_rows="auto"`` planned for other ones is
+planned anew, and the CG restarts if that changes it: :meth:`FitCheckpoint.restart_solver`),
+the data's shape, dtype and row chunking, and a digest of the
 content of every row block (its X, encoded targets and row weights; see
 :func:`daskkrr.data.scaling.block_digest`), computed in the statistics pass that
 reads the blocks anyway. The digests are exact and kept in block order, so they
@@ -43,6 +45,7 @@ from __future__ import annotations
 
 import logging
 import os
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -362,11 +365,32 @@ class FitCheckpoint:
         rows = self._meta.get("sketch_rows")
         return None if rows is None else int(rows)
 
-    def save_sketch_rows(self, rows: int, on: str = "client") -> None:
+    def save_sketch_rows(self, rows: int, on: str = "client", planned_for: dict[str, Any] | None = None) -> None:
         """Keep the sketch size, and where it is summed, for the checkpoints written from now on
-        (the rhs and CG states)."""
+        (the rhs and CG states); ``planned_for``: the ``max_iter`` and ``tol`` the cost model sized
+        it for (None keeps the saved ones)."""
         self._meta["sketch_rows"] = int(rows)
         self._meta["sketch_on"] = str(on)
+        if planned_for is not None:
+            self._meta["sketch_planned_for"] = dict(planned_for)
+
+    def saved_sketch_budget(self) -> dict[str, Any] | None:
+        """The ``max_iter`` and ``tol`` the interrupted fit's sketch was planned for, or None (not
+        saved, or by a daskkrr that did not record them)."""
+        planned = self._meta.get("sketch_planned_for")
+        return dict(planned) if isinstance(planned, dict) else None
+
+    def restart_solver(self, reason: str) -> None:
+        """Drop the interrupted fit's CG state, which belongs to a preconditioner the resumed fit does
+        not build; the centers and the right-hand side are kept, and the CG starts from zero. Warns
+        with ``reason`` where there was a CG state: the iterations done are lost."""
+        if self._cg_state is not None:
+            warnings.warn(f"resuming from {self.path}: the CG starts over from the saved centers and right-hand "
+                          f"side after {self._cg_state.iteration} iterations, because {reason}",
+                          UserWarning, stacklevel=2)
+        self._cg_state = None
+        self._cg_arrays = {k: v for k, v in self._cg_arrays.items() if not k.startswith("cg_")}
+        self._meta.pop("iteration", None)
 
     def saved_sketch_on(self) -> str | None:
         """Where the interrupted fit summed its sketch ("client" or "workers"), or None: summed

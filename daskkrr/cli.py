@@ -720,6 +720,21 @@ def _check_before_start(model: Any, data: str | None, features_only: bool = Fals
     X, _ = open_dataset(data, y=None if features_only else "y")  # reads metadata only
     if features_only:
         model._check_n_features(X.shape)
+    else:
+        _check_row_limit(model, int(X.shape[0]), int(X.shape[1]) if X.ndim > 1 else 1)
+
+
+def _check_row_limit(model: Any, n: int, d: int) -> None:
+    """Refuse an exact fit's ``n > max_samples`` from the store's shape, as the fit would, but before a
+    cluster is started (the memory check needs the cluster's workers: the fit makes it)."""
+    max_samples = getattr(model, "max_samples", None)
+    if max_samples is None or n <= int(max_samples):
+        return
+    from daskkrr.pipeline.exact_pcg import choose_solver
+    from daskkrr.pipeline.stages import check_exact_resources
+
+    if choose_solver(model, n, d) == "direct":  # "auto" takes the PCG solver above max_samples
+        check_exact_resources(model, n, d)  # refuses n above max_samples before it looks at memory
 
 
 def _fit_inputs(args: argparse.Namespace, model: Any) -> Any:

@@ -211,6 +211,24 @@ def test_errors_are_one_line_and_nothing_is_written(tmp_path, capsys):
     assert not out.exists()
 
 
+def test_max_samples_is_refused_before_a_cluster_starts(tmp_path, capsys, monkeypatch):
+    """n above --max-samples is known from the store's shape: refused without starting (or connecting to)
+    a cluster, in the fit's own words; "auto" switches to the PCG solver there instead."""
+    import daskkrr.parallel
+    from daskkrr.data import write_zarr
+
+    started = []
+    monkeypatch.setattr(daskkrr.parallel, "cluster_client", lambda *a, **k: started.append(a) or pytest.fail(
+        "a cluster was started before the arguments were checked"))
+    store = write_zarr(np.ones((20, 2)), np.ones(20), tmp_path / "s.zarr")
+    out = tmp_path / "m"
+    for flags in (["--solver", "direct"], ["--compute-std"]):
+        assert main(["fit", "--data", str(store), "--out", str(out), "--estimator", "exact", *flags,
+                     "--max-samples", "10"]) == 1
+        assert "n=20 is above --max-samples=10. Use FalkonRegressor" in capsys.readouterr().err
+    assert not started and not out.exists()
+
+
 @pytest.mark.slow  # the installed command's quickstart in a new process: 17 s
 def test_console_script_quickstart_runs():
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}

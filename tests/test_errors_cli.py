@@ -58,8 +58,8 @@ def test_nan_through_the_cli(tmp_path, table, cluster2, capsys):
         (["fit", "--data", "{store}", "--out", "{tmp}/m", "--config", "{tmp}/bad.toml"], "unknown key 'sigmaa'"),
         (["fit", "--data", "{store}", "--out", "{tmp}/m", "--checkpoint", "{tmp}/old"],
          "already holds a checkpoint of an earlier fit; pass --resume to continue it"),
-        # Found by the fit, on the fit's client: the run's shared cluster, not a local cluster of its own
-        # to start (the other cases are refused before the command connects to any cluster).
+        # Refused from the store's shape before the command connects to any cluster, like the other cases
+        # (test_cli.py::test_max_samples_is_refused_before_a_cluster_starts); the fit refuses it too.
         (["fit", "--data", "{store}", "--out", "{tmp}/m", "--estimator", "exact", "--solver", "direct",
           "--max-samples", "10", "--scheduler", "{scheduler}"],
          "n=20 is above --max-samples=10. Use FalkonRegressor"),

@@ -38,7 +38,7 @@ def test_fit_takes_the_tiled_route_when_the_client_cannot_hold_the_dense_factors
                                                                                  monkeypatch):
     """No flag: the client's memory refuses the dense factors, the workers' memory limits keep the tiles."""
     assert factor_cost.dense_bytes(M) > 2 * 1_000_000
-    monkeypatch.setattr(strategies, "_available_memory", lambda: 1_000_000)
+    monkeypatch.setattr(strategies, "client_memory_budget", lambda client: 1_000_000)
     assert main([*fit_args, "--out", str(tmp_path / "m")]) == 0
     route = _route(tmp_path / "m")
     limits = sum(w["memory_limit"] for w in cluster2.scheduler_info()["workers"].values())

@@ -135,10 +135,13 @@ def open_parquet(source: str | os.PathLike, columns: Sequence[str] | None = None
     """
     import dask.dataframe as dd
 
+    from daskkrr.data.parquet_engine import QuietArrowEngine
+
     text = os.fspath(source)
     try:
         # split_row_groups=True: a partition is one row group, so one partition in memory is one row group.
-        return dd.read_parquet(text, columns=None if columns is None else list(columns), split_row_groups=True)
+        return dd.read_parquet(text, columns=None if columns is None else list(columns), split_row_groups=True,
+                               engine=QuietArrowEngine)  # dask's engine, without pandas 3.1's warning per read
     except FileNotFoundError as exc:
         raise FileNotFoundError(f"no Parquet table at {text}: nothing is there ({exc})") from exc
     except ImportError as exc:

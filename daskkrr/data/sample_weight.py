@@ -2,7 +2,8 @@
 
 The weights are chunked like the rows of ``X`` so that every pass reads a
 block's weights with its rows (see :mod:`daskkrr.models.weights` for what they
-mean and how ``fit`` checks them).
+mean and how ``fit`` checks them). numpy weights under a distributed client are
+scattered to the workers as numpy rows are, never embedded in the passes' graphs.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import dask.array as da
 import numpy as np
 
 from daskkrr.data.chunking import align_rows
+from daskkrr.data.inputs import _scatter_backend
 from daskkrr.data.loading import open_dataset
 
 __all__ = ["open_sample_weight"]
@@ -38,6 +40,11 @@ def open_sample_weight(sample_weight: Any, X_in: Any, Xd: da.Array, chunks: int 
             w = w[:, 0]
     elif isinstance(sample_weight, da.Array):
         w = sample_weight
+    elif (backend := _scatter_backend(sample_weight)) is not None and np.ndim(sample_weight) == 1 \
+            and len(sample_weight) == n:
+        # numpy weights under a client: sent to the workers once, block i where X's block i is (the same
+        # placement as scatter_rows gives X), so that no pass's graph carries them
+        w = backend.scatter_rows(np.asarray(sample_weight), Xd.chunks[0])
     else:
         w = da.from_array(np.asarray(sample_weight), chunks=(Xd.chunks[0],))
     if w.ndim != 1:

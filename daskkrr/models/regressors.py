@@ -66,7 +66,13 @@ PARAM_DOCS = {
     Extra kernel parameters, e.g. ``{"nu": 2.5}`` for Matern or
     ``{"degree": 2, "coef0": 1.0}`` for polynomial.""",
     "dtype": """dtype : {"float64", "float32"}, default="float64"
-    Precision of the kernel blocks (accumulation is always float64).""",
+    Precision of the kernel blocks (accumulation is always float64), and so of
+    ``centers_``, which enter every block. It is not the model's output
+    precision: ``coef_``, ``intercept_`` and the predictions follow the input, as
+    in scikit-learn (float32 features give float32, anything else float64; the
+    solve runs in float64 and is rounded at the end), so ``dtype="float32"``
+    fitted on float64 features keeps float64 ``coef_``. A saved model keeps each
+    array in its own dtype and ``dtype`` with the parameters.""",
     "standardize": """standardize : bool, default=True
     Standardise features (mean 0, variance 1) and centre the targets, with
     statistics from one pass over the data; they are stored in the model.""",

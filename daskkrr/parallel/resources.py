@@ -11,6 +11,7 @@ still uses every core.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 from typing import Any
@@ -55,6 +56,46 @@ def _available_memory() -> int:
         return int(psutil.virtual_memory().available)
     except Exception:  # pragma: no cover - psutil comes with distributed
         return 4 * 2**30
+
+
+def client_budget(available: int, local_workers: list[tuple[int, int]]) -> int:
+    """Memory this (client) process may take, of ``available`` bytes free on its host, where
+    ``local_workers`` are ``(memory_limit, memory_in_use)`` of the workers on the same host.
+
+    Those workers may still grow to their limits, out of the same free memory: the client counts
+    ``available`` less their headroom (``limit - in use``; a worker without a limit, 0, has none to
+    count). Where their limits overcommit the host (a LocalCluster's default splits all of its RAM
+    among the workers, so the headroom exceeds what is free), the client and the workers cannot all
+    reach their limits, and the client takes an equal share of the free memory, ``available / (workers
+    + 1)``, rather than none (which would send every fit to the tiled route).
+    """
+    headroom = sum(max(0, int(limit) - int(used)) for limit, used in local_workers if int(limit) > 0)
+    fair_share = int(available) // (len(local_workers) + 1)
+    return max(int(available) - headroom, fair_share)
+
+
+def client_memory_budget(client: Any | None) -> int:
+    """:func:`client_budget` of this process on ``client``'s cluster (None: the threaded scheduler,
+    whose tasks run in this process: all the available memory)."""
+    available = _available_memory()
+    if client is None:
+        return available
+    here = _host_addresses()
+    local = [(int(info.get("memory_limit") or 0), int((info.get("metrics") or {}).get("memory") or 0))
+             for info in cluster_workers(client).values() if info.get("host") in here]
+    return client_budget(available, local)
+
+
+def _host_addresses() -> set[str]:
+    """Names and addresses of this host, as the scheduler may report a worker's ``host``."""
+    import socket
+
+    found = {"127.0.0.1", "::1", "localhost", socket.gethostname()}
+    with contextlib.suppress(ImportError, OSError):  # psutil comes with distributed; without it, loopback only
+        import psutil
+
+        found |= {a.address for addrs in psutil.net_if_addrs().values() for a in addrs}
+    return found
 
 
 def cluster_workers(client: Any) -> dict[str, dict[str, Any]]:

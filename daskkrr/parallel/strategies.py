@@ -47,7 +47,7 @@ from daskkrr.parallel.preconditioner_cost import (
     convergence_factor,
     sketch_cost,
 )
-from daskkrr.parallel.resources import Resources, _available_memory
+from daskkrr.parallel.resources import Resources, client_memory_budget
 from daskkrr.utils.threads import available_cores
 
 logger = logging.getLogger("daskkrr")
@@ -138,11 +138,12 @@ def plan_factor_route(n_centers: int, factor_precision: str, *, route: str = "au
                       resources: Resources | None = None) -> FactorPlan:
     """Dense or tiled preconditioner factors (:func:`~daskkrr.parallel.factor_cost.plan_factor`), by the
     memory of this process (the client, which holds the dense factors) and of the workers."""
-    res = resources or (executor or Executor()).resources()
+    executor = executor or Executor()
+    res = resources or executor.resources()
     budget = Budget(cores=res.cores, memory_bytes=res.memory_bytes, n_workers=res.n_workers,
                     client_cores=available_cores())
     plan = plan_factor(int(n_centers), np.dtype(factor_precision).itemsize, budget, route=route,
-                       client_memory=_available_memory(), memory_budget=memory_budget)
+                       client_memory=client_memory_budget(executor.client), memory_budget=memory_budget)
     logger.info("preconditioner factors: %s", plan.reason)
     return plan
 

@@ -31,6 +31,8 @@ class StageStore(Protocol):
     @property
     def cg_state(self) -> Any | None: ...
 
+    def restart_solver(self, reason: str) -> None: ...
+
 
 @dataclasses.dataclass
 class FitContext:

@@ -214,17 +214,27 @@ def falkon_preconditioner(ctx: FitContext, *, sketch: bool = True, iterative: bo
     if sketch:
         saved = getattr(ctx.store, "saved_sketch_rows", lambda: None)()  # a resumed fit keeps its sketch
         saved_on = getattr(ctx.store, "saved_sketch_on", lambda: None)()  # ... and where it was summed
+        max_iter, tol = int(getattr(p, "max_iter", 1)), float(getattr(p, "tol", 1e-7))
+        budget: dict[str, Any] = {"max_iter": max_iter, "tol": tol}
+        replan = saved is not None and _sketch_planned_for_other_budget(ctx, budget)
         ctx.sketch_plan = plan_sketch(
-            None if tiled else p._sketch_rows() if saved is None else (saved or None), ctx.X, n_centers=Z.shape[0],
+            None if tiled else p._sketch_rows() if saved is None or replan else (saved or None), ctx.X,
+            n_centers=Z.shape[0],
             n_targets=int(ctx.Y.shape[1]) + bool(getattr(p, "fit_intercept", False)) + (ctx.sample_weight is not None),
-            max_iter=int(getattr(p, "max_iter", 1)), tol=float(getattr(p, "tol", 1e-7)),
+            max_iter=max_iter, tol=tol,
             strategy=getattr(p, "strategy", "auto"), sketch_itemsize=np.dtype(precision).itemsize,
             executor=ctx.executor, in_memory=ctx.in_memory, on=saved_on,
         )
         rows = ctx.sketch_plan.rows
+        if replan and rows != saved:
+            ctx.store.restart_solver(
+                f"preconditioner_rows='auto' plans {rows} sketch rows for max_iter={max_iter}, "
+                f"tol={tol:g}, but the interrupted fit planned {saved} for its own max_iter and tol; "
+                "its CG state belongs to that preconditioner")
         save_rows = getattr(ctx.store, "save_sketch_rows", None)
         if save_rows is not None and getattr(ctx.store, "enabled", False):
-            save_rows(rows, ctx.sketch_plan.on)
+            # the budget the rows were planned for; rows kept from an older checkpoint keep its (unknown) one
+            save_rows(rows, ctx.sketch_plan.on, planned_for=budget if saved is None or replan else None)
     if tiled:  # FALKON's own preconditioner, no sketch (see daskkrr.parallel.tiled_falkon)
         _tiled_preconditioner(ctx, iterative, factoring)
         return
@@ -250,6 +260,16 @@ def falkon_preconditioner(ctx: FitContext, *, sketch: bool = True, iterative: bo
     logger.info("preconditioner from %d sketch rows (%s, on the %s), factored in %s, in %.2fs", ctx.sketch_rows,
                 ctx.preconditioner.precision, "client" if ctx.sketch_plan is None else ctx.sketch_plan.on,
                 ctx.preconditioner.factor_precision, time.perf_counter() - t0)
+
+
+def _sketch_planned_for_other_budget(ctx: FitContext, budget: dict[str, Any]) -> bool:
+    """Whether a resumed fit re-plans its sketch: with ``preconditioner_rows="auto"``, when the
+    interrupted fit planned it for another ``max_iter`` or ``tol``. The cost model sizes the sketch
+    for the iterations it may take (a fit stopped by ``max_iter=3`` gets none, FALKON's own
+    preconditioner); kept for a resume to ``max_iter=30``, that plan would end the CG unconverged
+    where the uninterrupted fit converges."""
+    planned = getattr(ctx.store, "saved_sketch_budget", lambda: None)()
+    return ctx.params._sketch_rows() == "auto" and planned is not None and planned != budget
 
 
 def _tiled_preconditioner(ctx: FitContext, iterative: bool, factoring: str) -> None:
