@@ -7,6 +7,7 @@ from __future__ import annotations
 import tracemalloc
 from pathlib import Path
 
+import dask
 import numpy as np
 import pandas as pd
 import pyarrow as pa
@@ -67,3 +68,36 @@ def test_a_direct_parquet_fit_holds_no_more_on_the_client_than_the_zarr_route(tm
     assert grew["parquet"] <= grew["zarr"] + vector / 2, (peaks, grew)
     # And the peak itself is far below the table's values (the client reads no row group).
     assert peaks["parquet", BIG] < BIG * (D + 1) * 8 / 4, peaks
+
+
+def _one_pass(table: Path) -> None:
+    """Read the table's columns and make one pass over them (sums of the features and of the target) on this
+    process, as one worker of the fit would."""
+    with dask.config.set(scheduler="sync"):
+        X, y, _ = parquet_columns(table, "y").arrays()
+        dask.compute(X.data.sum(axis=0), y.sum())
+
+
+def _pass_peak(table: Path) -> int:
+    """Bytes Python allocated at the peak of :func:`_one_pass`."""
+    tracemalloc.start()
+    try:
+        _one_pass(table)
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_reading_a_table_and_a_pass_over_it_hold_a_row_group_not_the_table(tmp_path):
+    """The fast cousin of the test above, on one process: the row counts' pass and a pass over the columns
+    hold a row group or two at a time, and what grows with the rows is the task graph only."""
+    small, big = _table(tmp_path / "s.parquet", 4 * GROUP), _table(tmp_path / "b.parquet", 16 * GROUP)
+    _one_pass(small)  # warm-up, untraced (tracing slows the imports): imports and dask's caches
+    peaks = {rows: _pass_peak(table) for rows, table in ((4 * GROUP, small), (16 * GROUP, big))}
+    group_bytes = GROUP * (D + 1) * 8  # a row group's values: 720 kB
+    # Measured: 1.1 MB and 1.5 MB, a row group's feature block and its sum's temporaries plus the graph
+    # (28 kB per row group: the read task with the row group's metadata, the count and column-block tasks).
+    # The target brought here would add 8 bytes a row (0.96 MB more on the big table), the table 72: the
+    # growth may be half that vector, the peak three row groups' values.
+    assert peaks[16 * GROUP] - peaks[4 * GROUP] < 12 * GROUP * 8 / 2, peaks
+    assert peaks[16 * GROUP] < 3 * group_bytes, (peaks, group_bytes)
