@@ -172,7 +172,9 @@ def main(argv=None) -> list[dict]:
     write_results(rows, args.out, f"parquet_input_n{n}",
                   {"machine": machine(), "d": args.d, "parts": parts, "row_group": row_group,
                    "centers": args.centers, "fit_flags": FIT_FLAGS, "write_table_s": round(write_s, 1),
-                   "workers": "local cluster of the command: one per core"})
+                   "workers": "local cluster of the command: one per core",
+                   # where each step's memory is: the command, the scheduler, each worker
+                   "peak_per_process_mb": {step: steps[step]["peak_per_process_mb"] for step in steps}})
     return rows
 
 
