@@ -34,7 +34,7 @@ these costs), and per-core rates from
 of the workers' memory, or at most :data:`CACHE_LARGE_MEMORY_FRACTION` of it where
 recomputing would cost :data:`CACHE_LARGE_SAVING` times as much (many features: at
 ``d = 784`` a kernel entry costs 30 times its read back; Fashion-MNIST at n = 60 000,
-M = 10 000 in float64 needs 4.6 GiB of blocks, refused by the 1/8 of a 24 GB machine,
+M = 10 000 in float64 needs 4.5 GiB of blocks, refused by the 1/8 of a 24 GB machine,
 and its recompute is estimated at 17 times the cache's), ``gram`` when a task's partials
 (``(split_every + 1) M (M + t) 8`` bytes) fit in :data:`GRAM_MEMORY_FRACTION` of
 one worker's memory and the client can hold a few ``M x M`` matrices. The
