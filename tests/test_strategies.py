@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import dask.array as da
 import numpy as np
 import pytest
@@ -10,6 +12,7 @@ from daskkrr import FalkonRegressor, NystromRegressor
 from daskkrr.config import check_model_config
 from daskkrr.data import write_zarr
 from daskkrr.parallel.cost import (
+    CACHE_LARGE_SAVING,
     CACHE_MEMORY_FRACTION,
     Budget,
     Problem,
@@ -18,6 +21,7 @@ from daskkrr.parallel.cost import (
     expected_iterations,
     should_persist,
 )
+from daskkrr.parallel.preconditioner_cost import choose_sketch_rows
 from daskkrr.parallel.resources import Resources
 from daskkrr.parallel.strategies import balance_blocks, plan_strategy
 
@@ -209,3 +213,40 @@ def test_blocks_kept_on_a_cluster_are_spread_over_its_workers(cluster2):
     assert sorted(where(kept).values()) == [3, 3]
     backend.release(kept)
     cluster2.cancel(futures_of(held_X) + futures_of(held_y))
+
+
+def test_cache_takes_a_larger_share_where_recomputing_costs_many_times_more():
+    """Fashion-MNIST's shape (n = 60 000, d = 784, M = 10 000, float64) on a 24 GB machine: 4.5 GiB
+    of kernel blocks, more than 1/8 of the memory, and recomputing them costs 17 times the cache
+    (a d = 784 entry is 1568 flops, its read back 8 bytes). Under the plain 1/8 rule the model took
+    recompute and a 4 M-row sketch (437 s expected against 85 s; 1562 s measured)."""
+    budget = Budget(cores=2, memory_bytes=22 * 2**30)
+    wide = Problem(n=60_000, d=784, n_centers=10_000, n_targets=11, iterations=42, in_memory=True)
+    costs = estimate(wide, budget)
+    assert CACHE_MEMORY_FRACTION * budget.memory_bytes < costs["cache"].memory_bytes
+    assert costs["recompute"].seconds >= CACHE_LARGE_SAVING * costs["cache"].seconds
+    assert choose_strategy(wide, budget)[0] == "cache"
+    rows, _ = choose_sketch_rows(wide, budget, max_iter=50, tol=1e-4)
+    assert rows == 0  # with cached blocks an iteration is cheap: FALKON's own preconditioner wins
+    # The same 4.5 GiB at d = 20 (recompute about 1.3 times the cache): the 1/8 rule stands.
+    narrow = dataclasses.replace(wide, n=60_000 * 10_000 // 2000, n_centers=2000, d=20)
+    assert estimate(narrow, budget)["cache"].memory_bytes == costs["cache"].memory_bytes
+    assert not estimate(narrow, budget)["cache"].feasible
+    # Never more than CACHE_LARGE_MEMORY_FRACTION: M = 20 000 in float64 (9 GiB of blocks) recomputes.
+    assert not estimate(dataclasses.replace(wide, n_centers=20_000), budget)["cache"].feasible
+
+
+def test_fit_caches_wide_rows_in_a_quarter_of_memory(monkeypatch):
+    """End to end, at small size: 2000 rows of 784 features, M = 1500, float64, the memory made
+    128 MiB, so the 22.9 MiB of kernel blocks exceed 1/8 of it (16 MiB) and fit in 1/4 (32 MiB);
+    the Gram partials (163 MiB) do not. The fit keeps the blocks and builds FALKON's own preconditioner."""
+    from daskkrr.parallel import resources
+
+    monkeypatch.setattr(resources, "_available_memory", lambda: 128 * 2**20)
+    rng = np.random.default_rng(0)
+    X = rng.random((2000, 784))
+    y = np.sin(X[:, :4].sum(axis=1))
+    model = FalkonRegressor(n_centers=1500, max_iter=20, random_state=0).fit(X, y)  # 20 iterations: ratio 11
+    assert model.strategy_ == "cache"
+    assert model.preconditioner_rows_ == 0
+    assert model.n_data_passes_ == 2  # statistics + the one pass that fills the cache

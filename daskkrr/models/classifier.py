@@ -59,7 +59,7 @@ class FalkonClassifier(ClassifierMixin, NystromModelBase):
     single column for two classes), all columns are solved in one CG run, and the
     predicted class is the one with the largest decision value.
 
-    {params_doc(*FALKON_PARAMS, "class_weight")}
+    {params_doc(*FALKON_PARAMS, "class_weight", "preconditioner_route", "memory_budget")}
     Attributes
     ----------
     classes_ : ndarray of shape (n_classes,)
@@ -115,6 +115,8 @@ class FalkonClassifier(ClassifierMixin, NystromModelBase):
         compute_std: bool = False,
         std_method: str = "auto",
         class_weight: dict | str | None = None,
+        preconditioner_route: str = "auto",
+        memory_budget: int | None = None,
     ):
         store_params(self, locals())
 

@@ -31,7 +31,11 @@ these costs), and per-core rates from
     gram       = E (entry(d) + 2 M / gemm_flops_float64) + read
 
 ``cache`` is feasible when ``n M itemsize`` is at most :data:`CACHE_MEMORY_FRACTION`
-of the workers' memory, ``gram`` when a task's partials
+of the workers' memory, or at most :data:`CACHE_LARGE_MEMORY_FRACTION` of it where
+recomputing would cost :data:`CACHE_LARGE_SAVING` times as much (many features: at
+``d = 784`` a kernel entry costs 30 times its read back; Fashion-MNIST at n = 60 000,
+M = 10 000 in float64 needs 4.5 GiB of blocks, refused by the 1/8 of a 24 GB machine,
+and its recompute is estimated at 17 times the cache's), ``gram`` when a task's partials
 (``(split_every + 1) M (M + t) 8`` bytes) fit in :data:`GRAM_MEMORY_FRACTION` of
 one worker's memory and the client can hold a few ``M x M`` matrices. The
 cheapest feasible strategy wins, except that ``cache``, which holds ``n M``
@@ -68,6 +72,14 @@ GRAM_MEMORY_FRACTION = 0.25
 PERSIST_MEMORY_FRACTION = 1 / 32
 #: The cache strategy must be estimated this many times cheaper than the best other one.
 CACHE_MARGIN = 1.25
+#: Largest share of the workers' memory the cached blocks may take where recomputing them costs
+#: :data:`CACHE_LARGE_SAVING` times as much as the cache (see the module docstring): the rest of the
+#: memory still holds the dense preconditioner's ``M x M`` matrices (half the client's, at most).
+CACHE_LARGE_MEMORY_FRACTION = 1 / 4
+#: Estimated recompute-to-cache time ratio from which the cache may take :data:`CACHE_LARGE_MEMORY_FRACTION`.
+#: The slow large caches of the development machine (35 s against 27 s recomputing, d = 20) were
+#: estimated at a ratio of 1.3; at d = 784 the ratio is 17.
+CACHE_LARGE_SAVING = 4.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -183,17 +195,18 @@ def estimate(problem: Problem, budget: Budget, rates: Rates = DEFAULT_RATES) -> 
     gram_task_bytes = int((p.split_every + 1) * p.n_centers * (p.n_centers + p.n_targets) * 8)
     gram_client_bytes = int(4 * p.n_centers * p.n_centers * 8)
 
+    recompute_s = (1 + I) * (E * entry + read) / cores
+    cache_s = (E * entry + read + E * p.itemsize / rates.touch_bytes_per_s
+               + I * E * p.itemsize / rates.stream_bytes_per_s) / cores
+    cache_share = cache_fraction(recompute_s, cache_s)
     costs = {
-        "recompute": StrategyCost("recompute", (1 + I) * (E * entry + read) / cores, 0, True),
+        "recompute": StrategyCost("recompute", recompute_s, 0, True),
         "cache": StrategyCost(
-            "cache",
-            (E * entry + read + E * p.itemsize / rates.touch_bytes_per_s
-             + I * E * p.itemsize / rates.stream_bytes_per_s) / cores,
-            cache_bytes,
-            cache_bytes <= CACHE_MEMORY_FRACTION * budget.memory_bytes,
+            "cache", cache_s, cache_bytes,
+            cache_bytes <= cache_share * budget.memory_bytes,
             f"kernel blocks need {cache_bytes / 2**20:.0f} MiB; "
-            f"{CACHE_MEMORY_FRACTION:.0%} of the workers' memory is "
-            f"{CACHE_MEMORY_FRACTION * budget.memory_bytes / 2**20:.0f} MiB",
+            f"{cache_share:.0%} of the workers' memory is "
+            f"{cache_share * budget.memory_bytes / 2**20:.0f} MiB",
         ),
         "gram": StrategyCost(
             "gram",
@@ -205,6 +218,15 @@ def estimate(problem: Problem, budget: Budget, rates: Rates = DEFAULT_RATES) -> 
         ),
     }
     return costs
+
+
+def cache_fraction(recompute_s: float, cache_s: float) -> float:
+    """Share of the workers' memory the cached blocks may take: :data:`CACHE_MEMORY_FRACTION`, or
+    :data:`CACHE_LARGE_MEMORY_FRACTION` where recomputing is estimated :data:`CACHE_LARGE_SAVING` times
+    as slow as the cache (many features, many iterations)."""
+    if cache_s > 0 and recompute_s >= CACHE_LARGE_SAVING * cache_s:
+        return CACHE_LARGE_MEMORY_FRACTION
+    return CACHE_MEMORY_FRACTION
 
 
 def choose_strategy(

@@ -11,11 +11,16 @@ Gaussian kernel with ``sigma = sqrt(784)``, ``penalty`` the same for all:
   adaptively (or ``--s``), kernel tiles kept in float32 if the cost model finds
   room, else recomputed;
 - ``falkon_M``: ``FalkonClassifier(n_centers=M)`` for each ``--centers`` M
-  (5000 and 10000 at full size; scaled down with the rows in ``--quick``).
+  (5000 and 10000 at full size; scaled down with the rows in ``--quick``), with
+  its defaults, or with ``--dtype``, ``--strategy``, ``--preconditioner-rows``,
+  ``--route`` and ``--memory-budget-gb`` set (the many-centers runs: M = 20 000
+  in float32, FALKON's own preconditioner, kernel blocks cached, tiled factors).
+  ``--no-exact`` leaves the exact row out (13.6 GB: too much for a shared machine).
 
-Each fit runs in a fresh process; the table gives the fit seconds, the peak
-memory of all processes, the iterations and the accuracy on the 10 000 test
-images. ``--quick`` (n = 5000, M = 400 and 800) takes a few minutes on two
+Each fit runs in a fresh process; the table gives the fit seconds (and, for
+FALKON, the seconds of each stage of the fit), the peak memory of all processes,
+the iterations, the load average before and after, and the accuracy on the
+10 000 test images. ``--quick`` (n = 5000, M = 400 and 800) takes a few minutes on two
 cores. The full run needs about 8 GB for the float32 tiles (n = 60 000) plus
 the FALKON fits; expect of the order of an hour on two cores.
 Results go to ``results/exact_fashion_mnist{,_quick}.{json,csv}``.
@@ -25,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -40,21 +46,29 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from exact_pcg_table4 import fashion_mnist, rlsc_targets  # noqa: E402
 from fit_tools import SHARED_DATA, emit, machine, print_table, run_child, write_results  # noqa: E402
 
-COLUMNS = ("method", "n_train", "M_or_s", "n_iter", "converged", "fit_s", "peak_mb", "test_accuracy")
+COLUMNS = ("method", "n_train", "M_or_s", "n_iter", "converged", "fit_s", "peak_mb", "test_accuracy", "load_1min")
+#: Stages of a FALKON fit whose seconds are recorded (see :class:`daskkrr.events.StageDone`).
+STAGES = ("statistics", "centers", "preconditioner", "operator", "solve")
 
 
 def child(spec: dict[str, Any]) -> None:
     from sklearn.exceptions import ConvergenceWarning
 
     from daskkrr import ExactKernelRidge, FalkonClassifier
+    from daskkrr.events import StageDone, subscribe
 
     X, y = fashion_mnist(train=True)
     rows = np.random.default_rng(0).permutation(len(y))[: spec["n"]]
-    Xtr, ytr = X[rows], y[rows]
+    # a float32 fit gets float32 rows: the float64 copy would only take memory (the pixels are k / 255 either way)
+    Xtr, ytr = X[rows].astype(spec.get("falkon", {}).get("dtype", "float64")), y[rows]
+    del X
     Xte, yte = fashion_mnist(train=False)
     classes = np.unique(ytr)
-    t0 = time.perf_counter()
-    with warnings.catch_warnings():
+    stages: dict[str, float] = {}
+    load_before = os.getloadavg()[0]
+    t0, cpu0 = time.perf_counter(), time.process_time()
+    with warnings.catch_warnings(), subscribe(lambda e: stages.update({e.stage: round(e.seconds, 2)})
+                                              if isinstance(e, StageDone) else None):
         warnings.simplefilter("ignore", ConvergenceWarning)
         warnings.simplefilter("ignore", UserWarning)
         if spec["method"] == "exact":
@@ -63,17 +77,49 @@ def child(spec: dict[str, Any]) -> None:
             model.fit(Xtr, rlsc_targets(ytr, classes))
             size = int(model.n_features_)
         else:
-            model = FalkonClassifier(n_centers=spec["M"], penalty=spec["penalty"], random_state=0)
+            model = FalkonClassifier(n_centers=spec["M"], penalty=spec["penalty"], random_state=0,
+                                     **spec.get("falkon", {}))
             model.fit(Xtr, ytr)
             size = int(spec["M"])
-    fit_s = time.perf_counter() - t0
+    fit_s, fit_cpu_s = time.perf_counter() - t0, time.process_time() - cpu0  # CPU: all threads of this process
     if spec["method"] == "exact":
         pred = classes[np.argmax(np.asarray(model.predict(Xte)), axis=1)]
     else:
         pred = np.asarray(model.predict(Xte))
     emit({"n_train": len(ytr), "M_or_s": size, "n_iter": int(model.n_iter_), "converged": bool(model.converged_),
-          "fit_s": fit_s, "test_accuracy": float(np.mean(pred == yte)),
-          "kernel_tiles": getattr(model, "kernel_tiles_", None)})
+          "fit_s": fit_s, "fit_cpu_s": round(fit_cpu_s, 1), "test_accuracy": float(np.mean(pred == yte)),
+          "kernel_tiles": getattr(model, "kernel_tiles_", None), "load_1min": round(os.getloadavg()[0], 2),
+          "load_1min_before": round(load_before, 2), **falkon_record(model, stages)})
+
+
+def falkon_record(model: Any, stages: dict[str, float]) -> dict[str, Any]:
+    """What a FALKON fit chose (strategy, sketch rows, factor route) and each stage's seconds."""
+    if not hasattr(model, "strategy_"):
+        return {}
+    route = getattr(model, "preconditioner_route_", {}) or {}
+    return {"strategy": model.strategy_, "preconditioner_rows": int(model.preconditioner_rows_),
+            "preconditioner_dtype": model.preconditioner_dtype_, "route": route.get("route", "dense"),
+            "route_storage": route.get("storage", "client"),
+            **{f"{stage}_s": stages.get(stage) for stage in STAGES}}
+
+
+def falkon_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The FalkonClassifier parameters set on the command line (none: its defaults)."""
+    options: dict[str, Any] = {}
+    if args.dtype:
+        options["dtype"] = args.dtype
+    if args.strategy:
+        options["strategy"] = args.strategy
+    if args.preconditioner_rows:
+        options["preconditioner_rows"] = None if args.preconditioner_rows == "none" else (
+            args.preconditioner_rows if args.preconditioner_rows == "auto" else int(args.preconditioner_rows))
+    if args.route:
+        options["preconditioner_route"] = args.route
+    if args.memory_budget_gb:
+        options["memory_budget"] = int(args.memory_budget_gb * 2**30)
+    if args.chunks:
+        options["chunks"] = args.chunks
+    return options
 
 
 def main() -> None:
@@ -83,7 +129,14 @@ def main() -> None:
     parser.add_argument("--centers", type=int, nargs="*", default=[5000, 10000])
     parser.add_argument("--s", type=int, default=0, help="PCG features (0: adaptive)")
     parser.add_argument("--penalty", type=float, default=1e-6)
-    parser.add_argument("--max-iter", type=int, default=1000)
+    parser.add_argument("--max-iter", type=int, default=1000, help="exact KRR's PCG iterations")
+    parser.add_argument("--no-exact", action="store_true", help="leave exact KRR out (FALKON rows only)")
+    parser.add_argument("--dtype", choices=("float32", "float64"), default=None, help="FALKON's dtype")
+    parser.add_argument("--strategy", choices=("auto", "recompute", "cache", "gram"), default=None)
+    parser.add_argument("--preconditioner-rows", default=None, help="'auto', 'none' (FALKON's own) or an int")
+    parser.add_argument("--route", choices=("auto", "dense", "tiled"), default=None, help="preconditioner_route")
+    parser.add_argument("--memory-budget-gb", type=float, default=None, help="memory_budget in GiB")
+    parser.add_argument("--chunks", type=int, default=None, help="FALKON's rows per block (bounds a block's kernel)")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--out", default=None)
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
@@ -96,8 +149,10 @@ def main() -> None:
         return
     n = 5000 if args.quick else args.n
     centers = [400, 800] if args.quick else args.centers
-    specs = [{"method": "exact", "n": n, "s": args.s, "penalty": args.penalty, "max_iter": args.max_iter}]
-    specs += [{"method": f"falkon_{M}", "n": n, "M": M, "penalty": args.penalty} for M in centers]
+    specs = [] if args.no_exact else [{"method": "exact", "n": n, "s": args.s, "penalty": args.penalty,
+                                        "max_iter": args.max_iter}]
+    options = falkon_options(args)
+    specs += [{"method": f"falkon_{M}", "n": n, "M": M, "penalty": args.penalty, "falkon": options} for M in centers]
     rows = []
     for spec in specs:
         runs = [run_child([__file__, "--child", json.dumps(spec)], timeout=6 * 3600) for _ in range(args.repeats)]
@@ -113,7 +168,7 @@ def main() -> None:
     print_table(rows, COLUMNS, title=f"Fashion-MNIST, n = {n} training rows, 10 000 test images")
     write_results(rows, args.out, "exact_fashion_mnist" + ("_quick" if args.quick else ""),
                   {"machine": machine(), "n": n, "centers": centers, "penalty": args.penalty,
-                   "repeats": args.repeats})
+                   "repeats": args.repeats, "falkon_options": options, "exact": not args.no_exact})
 
 
 if __name__ == "__main__":
