@@ -274,8 +274,9 @@ def test_the_choice_and_its_expected_times_are_recorded_and_saved(data, tmp_path
     np.testing.assert_array_equal(loaded.predict(Xt), model.predict(Xt))
 
 
-def test_a_resumed_fit_keeps_the_sketch_of_the_interrupted_one(data, tmp_path):
-    """"auto" would size the sketch otherwise with the new tol; the saved CG state needs the old one."""
+def test_a_resumed_fit_plans_the_sketch_for_its_own_tol(data, tmp_path):
+    """"auto" sizes the sketch for the resumed fit's tol, not the interrupted one's: the CG starts over
+    (with a warning) from the saved centers, and the resumed fit is the uninterrupted one at the new tol."""
     X, y, _, common, _ = data
     ckpt = tmp_path / "ck"
     with pytest.warns(ConvergenceWarning):
@@ -283,8 +284,10 @@ def test_a_resumed_fit_keeps_the_sketch_of_the_interrupted_one(data, tmp_path):
     assert first.preconditioner_rows_ == 0  # a fixed budget: FALKON's own
     fresh = FalkonRegressor(**common, max_iter=100, tol=1e-6).fit(X, y)
     assert fresh.preconditioner_rows_ > 0
-    resumed = FalkonRegressor(**common, max_iter=100, tol=1e-6).fit(X, y, checkpoint=ckpt, resume=True)
-    uninterrupted = FalkonRegressor(**common, max_iter=100, tol=1e-6, preconditioner_rows=None).fit(X, y)
-    assert resumed.preconditioner_rows_ == 0 and resumed.converged_
-    assert resumed.n_iter_ == uninterrupted.n_iter_
-    np.testing.assert_allclose(resumed.coef_, uninterrupted.coef_, rtol=1e-10, atol=1e-12)
+    with pytest.warns(UserWarning, match="CG starts over"):
+        resumed = FalkonRegressor(**common, max_iter=100, tol=1e-6).fit(X, y, checkpoint=ckpt, resume=True)
+    assert resumed.preconditioner_rows_ == fresh.preconditioner_rows_ and resumed.converged_
+    assert resumed.n_iter_ == fresh.n_iter_
+    # the same centers, sketch and a CG from zero: the same arithmetic (test_resume_replan.py checks bit equality
+    # with the strategy fixed; here the cost model's choices are the same for both fits on one machine)
+    np.testing.assert_allclose(resumed.coef_, fresh.coef_, rtol=1e-10, atol=1e-12)
