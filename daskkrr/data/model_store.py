@@ -106,6 +106,15 @@ def write_model_arrays(folder: Path, arrays: dict[str, Any], rows: int) -> None:
             target[...] = np.asarray(value)
 
 
+def _checked_group(root: Path, names: tuple[str, ...], error: type[FileFieldError]) -> Path:
+    """``root``, checked to be the Zarr group save() writes holding exactly the arrays ``names``."""
+    _check_dir(root, error)
+    _check_entries(root, {_META, *names}, error, required=(_META, *names))
+    if read_json_object(root / _META, error) != _GROUP_META:
+        raise error(root / _META, "json", f"is not the Zarr group save() writes ({_GROUP_META})")
+    return root
+
+
 def open_model_arrays(folder: Path, names: tuple[str, ...], error: type[FileFieldError]) -> dict[str, da.Array]:
     """The arrays ``names`` of the store in ``folder``, checked (see the module docstring), as dask arrays.
 
@@ -123,11 +132,7 @@ def open_model_arrays(folder: Path, names: tuple[str, ...], error: type[FileFiel
     dict of str to dask.array.Array
         One lazy array per name, chunked by rows as stored (the same rows for all).
     """
-    root = folder / STORE_NAME
-    _check_dir(root, error)
-    _check_entries(root, {_META, *names}, error, required=(_META, *names))
-    if read_json_object(root / _META, error) != _GROUP_META:
-        raise error(root / _META, "json", f"is not the Zarr group save() writes ({_GROUP_META})")
+    root = _checked_group(folder / STORE_NAME, names, error)
     out: dict[str, da.Array] = {}
     rows: int | None = None
     for name in names:
@@ -182,11 +187,7 @@ def open_tile_arrays(folder: Path, names: tuple[str, ...], error: type[FileField
     -------
     dict of str to TileFile
     """
-    root = folder / TILES_STORE_NAME
-    _check_dir(root, error)
-    _check_entries(root, {_META, *names}, error, required=(_META, *names))
-    if read_json_object(root / _META, error) != _GROUP_META:
-        raise error(root / _META, "json", f"is not the Zarr group save() writes ({_GROUP_META})")
+    root = _checked_group(folder / TILES_STORE_NAME, names, error)
     out: dict[str, TileFile] = {}
     for name in names:
         where = root / name
