@@ -18,6 +18,8 @@ against tiled Cholesky of the same matrix) by ``M eps cond(T)`` relative, which 
 
 from __future__ import annotations
 
+import copy
+import gc
 import os
 from pathlib import Path
 
@@ -160,6 +162,23 @@ def test_a_tiled_fit_has_the_dense_fits_std_and_keeps_it_through_save_and_load(t
     mean_l, std_l = loaded.predict(Xq, return_std=True)
     np.testing.assert_array_equal(std_l, std)  # the same tiles, solved in the same order
     np.testing.assert_array_equal(mean_l, mean)
+
+
+def test_a_copy_outliving_the_fitted_model_refuses_return_std_instead_of_reading_zeros(tiles):
+    """The copy names the fitted model's temporary tile folder; once that model is gone, so are the tiles, and Zarr
+    would read the missing tiles as zeros: the copy must say so (and how to keep them) rather than answer."""
+    X, y, Xq = data("float64", seed=3)
+    model = FalkonRegressor(preconditioner_route="tiled", std_method="exact", **dict(FIT, tol=1e-4)).fit(X, y)
+    _, std = model.predict(Xq, return_std=True)  # opens (and caches) the factors' arrays in this process
+    twin = copy.deepcopy(model)  # what pickling does too: the tile store's copy names the folder only
+    folder = Path(model.posterior_.factor.path).parent
+    np.testing.assert_array_equal(twin.predict(Xq, return_std=True)[1], std)  # while the model lives
+    del model
+    gc.collect()
+    assert not folder.exists()
+    with pytest.raises(FileNotFoundError, match=r"save\(\) the fitted model and load\(\) it"):
+        twin.predict(Xq, return_std=True)
+    assert np.all(np.isfinite(twin.predict(Xq)))  # the mean needs no tiles
 
 
 def test_std_method_fast_is_refused_on_the_tiled_route(tiles):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 from typing import Any
 
 import numpy as np
@@ -27,6 +28,16 @@ def _open(path: str) -> Any:
     import zarr
 
     return zarr.open_array(path, mode="r")
+
+
+def _require_folder(path: str) -> None:
+    """Refuse a factor whose folder is gone: Zarr would read its missing tiles as zeros, a silent wrong answer."""
+    if not os.path.isdir(path):
+        raise FileNotFoundError(
+            f"{path} is gone: return_std reads the posterior's tiles from it. A fitted model keeps them in a temporary "
+            "folder that is removed with that model (a pickled or copied model names the folder but does not keep "
+            "it); a loaded model keeps them in its model folder. save() the fitted model and load() it to keep "
+            "return_std")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,6 +80,7 @@ class TileFile:
         """Tile ``(i, j)``, ``i <= j`` (its dtype as stored)."""
         if i > j:
             raise IndexError(f"only the upper triangle is stored; asked for tile ({i}, {j})")
+        _require_folder(self.path)
         return np.asarray(_open(self.path)[slice(*self.bounds(i)), slice(*self.bounds(j))])
 
     def solve(self, B: np.ndarray, *, trans: bool = False) -> np.ndarray:
