@@ -20,16 +20,19 @@ from daskkrr.data.parquet import parquet_columns
 
 #: Rows per row group (and per chunk of the store): fixed while the table grows.
 GROUP = 10_000
+#: Rows per row group of the one-process test: larger, so that a vector of the rows (what it must catch) dwarfs
+#: the task graph's growth (one read task per row group) and tracemalloc's run-to-run noise.
+PASS_GROUP = 40_000
 #: Two table sizes, 10 and 40 row groups.
 SMALL, BIG = 100_000, 400_000
 D = 8
 
 
-def _table(path: Path, rows: int) -> Path:
+def _table(path: Path, rows: int, group: int = GROUP) -> Path:
     rng = np.random.default_rng(0)
     X = rng.normal(size=(rows, D))
     frame = pd.DataFrame(X, columns=[f"x{i}" for i in range(D)]).assign(y=np.sin(X[:, 0]))
-    pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), path, row_group_size=GROUP)
+    pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), path, row_group_size=group)
     return path
 
 
@@ -91,13 +94,15 @@ def _pass_peak(table: Path) -> int:
 def test_reading_a_table_and_a_pass_over_it_hold_a_row_group_not_the_table(tmp_path):
     """The fast cousin of the test above, on one process: the row counts' pass and a pass over the columns
     hold a row group or two at a time, and what grows with the rows is the task graph only."""
-    small, big = _table(tmp_path / "s.parquet", 4 * GROUP), _table(tmp_path / "b.parquet", 16 * GROUP)
+    small, big = _table(tmp_path / "s.parquet", 4 * PASS_GROUP, PASS_GROUP), _table(tmp_path / "b.parquet",
+                                                                                     16 * PASS_GROUP, PASS_GROUP)
     _one_pass(small)  # warm-up, untraced (tracing slows the imports): imports and dask's caches
-    peaks = {rows: _pass_peak(table) for rows, table in ((4 * GROUP, small), (16 * GROUP, big))}
-    group_bytes = GROUP * (D + 1) * 8  # a row group's values: 720 kB
-    # Measured: 1.1 MB and 1.5 MB, a row group's feature block and its sum's temporaries plus the graph
-    # (28 kB per row group: the read task with the row group's metadata, the count and column-block tasks).
-    # The target brought here would add 8 bytes a row (0.96 MB more on the big table), the table 72: the
-    # growth may be half that vector, the peak three row groups' values.
-    assert peaks[16 * GROUP] - peaks[4 * GROUP] < 12 * GROUP * 8 / 2, peaks
-    assert peaks[16 * GROUP] < 3 * group_bytes, (peaks, group_bytes)
+    peaks = {rows: _pass_peak(table) for rows, table in ((4 * PASS_GROUP, small), (16 * PASS_GROUP, big))}
+    group_bytes = PASS_GROUP * (D + 1) * 8  # a row group's values: 2.9 MB
+    # What grows with the rows is the graph: 28 kB per row group (the read task with the row group's metadata,
+    # the count and column-block tasks), 0.34 MB for the 12 more groups, and it measured 0.4-0.6 MB from run to
+    # run. The target brought here would add 8 bytes a row, 3.84 MB on the big table (the table 72 bytes a row):
+    # the growth may be half that vector; the peak three row groups' values (one group's block and its sum's
+    # temporaries were measured).
+    assert peaks[16 * PASS_GROUP] - peaks[4 * PASS_GROUP] < 12 * PASS_GROUP * 8 / 2, peaks
+    assert peaks[16 * PASS_GROUP] < 3 * group_bytes, (peaks, group_bytes)
