@@ -413,6 +413,7 @@ def test_estimated_noise_gets_the_dimension_width_by_default():
                             math.sqrt(3.0))):
         _tell_ten_steps(bandit, f, rng)
         deviations = math.sqrt(0.2 * 2 * math.log(2 * (bandit.t_ + 1)))  # d = 2 coordinates
+        # rel=1e-12: the same few products and a sqrt in another order, a few roundings (~1e-15) apart
         assert bandit.beta_ == pytest.approx(factor * bandit.noise_bound_ * deviations, rel=1e-12)
         assert dimension_width(n_features=2, t=bandit.t_ + 1) == pytest.approx(deviations, rel=1e-12)
     # one reward: no spread to estimate the noise from, so the width is not zero (it was: xi = 0)

@@ -28,6 +28,8 @@ from daskkrr.solvers.falkon import FalkonPreconditioner, block_sketch_sums, sket
 from daskkrr.solvers.sketch import KernelRowSketch, sketch_indices, unpack_sketch_partial
 from daskkrr.utils.linalg import cholesky_jitter
 
+from .checkpoint_crash import SimulatedCrash, crash_after_cg_save
+
 
 def _problem(n=4000, M=150, d=6, seed=0, sigma=None):
     rng = np.random.default_rng(seed)
@@ -209,28 +211,14 @@ def test_a_resumed_fit_sums_its_sketch_where_the_interrupted_one_did(tmp_path, m
     CPU's kernels. Interrupted with the uninterrupted fit's own parameters, every step runs the same
     arithmetic in this process (one BLAS thread, fixed reduction trees), and the resume is bitwise.
     """
-    from daskkrr.checkpoint import FitCheckpoint
-
     X, y = (np.asarray(a) for a in make_regression(3000, 5, chunk_rows=500, random_state=1))
     common = dict(n_centers=100, penalty=1e-7, preconditioner_rows=600, random_state=0, chunks=500,
                   max_iter=300, tol=1e-9)
     ckpt = tmp_path / "ck"
     monkeypatch.setenv("DASKKRR_SKETCH_ON", "workers")
     uninterrupted = FalkonRegressor(**common).fit(X, y)
-    save_cg = FitCheckpoint.save_cg
-
-    class Crash(Exception):
-        pass
-
-    def save_then_crash(self, state):
-        save_cg(self, state)
-        if state.iteration >= 3:
-            raise Crash
-
-    monkeypatch.setattr(FitCheckpoint, "save_cg", save_then_crash)
-    with pytest.raises(Crash):
+    with crash_after_cg_save(3), pytest.raises(SimulatedCrash):
         FalkonRegressor(**common).fit(X, y, checkpoint=ckpt, checkpoint_every=1)
-    monkeypatch.setattr(FitCheckpoint, "save_cg", save_cg)
     monkeypatch.delenv("DASKKRR_SKETCH_ON")  # the cost model alone would sum it on the client here
     assert [c["on"] for c in FalkonRegressor(**common).fit(X, y).preconditioner_costs_
             if c["rows"] == 600] == ["client"]

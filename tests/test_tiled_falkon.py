@@ -25,6 +25,8 @@ from daskkrr.parallel.tiled_falkon import TiledFalkonPreconditioner
 from daskkrr.solvers import FalkonPreconditioner, falkon_solve
 from daskkrr.solvers.falkon import jitter_floor
 
+from .checkpoint_crash import SimulatedCrash, crash_after_cg_save
+
 N, M, PENALTY = 2000, 300, 1e-4
 
 
@@ -155,27 +157,13 @@ def test_tiled_route_with_weights_and_leverage_score_centers(problem, monkeypatc
 def test_tiled_route_resumes_to_the_uninterrupted_fit(problem, tmp_path, monkeypatch):
     """A tiled fit interrupted after a checkpoint and resumed rebuilds the same factors and ends where
     the uninterrupted fit does."""
-    from daskkrr.checkpoint import FitCheckpoint
-
     monkeypatch.setattr(factor_cost, "TILE_ROWS", 70)
     X, y = problem
     fit = {**FIT, "max_iter": 30, "preconditioner_route": "tiled"}
     reference = FalkonRegressor(**fit).fit(X, y)
 
-    class Stop(Exception):
-        pass
-
-    save_cg = FitCheckpoint.save_cg
-
-    def save_then_crash(self, state):
-        save_cg(self, state)
-        if state.iteration >= 4:
-            raise Stop
-
-    with monkeypatch.context() as m:
-        m.setattr(FitCheckpoint, "save_cg", save_then_crash)
-        with pytest.raises(Stop):
-            FalkonRegressor(**fit).fit(X, y, checkpoint=tmp_path / "ck", checkpoint_every=2)
+    with crash_after_cg_save(4), pytest.raises(SimulatedCrash):
+        FalkonRegressor(**fit).fit(X, y, checkpoint=tmp_path / "ck", checkpoint_every=2)
     resumed = FalkonRegressor(**fit).fit(X, y, checkpoint=tmp_path / "ck", resume=True)
     assert resumed.n_iter_ == reference.n_iter_
     np.testing.assert_array_equal(resumed.coef_, reference.coef_)

@@ -18,15 +18,12 @@ from daskkrr import FalkonRegressor
 from daskkrr.checkpoint import CHECKPOINT_FILE, FitCheckpoint
 from daskkrr.parallel import factor_cost
 
+from .checkpoint_crash import SimulatedCrash, crash_after_cg_save
 from .test_tiled_falkon import check_same_solution
 
 N, D, M = 1500, 3, 120
 FIT = dict(n_centers=M, penalty=1e-3, sigma=1.5, tol=1e-10, max_iter=100, random_state=0,
            preconditioner_route="tiled", chunks=500, fit_intercept=False)
-
-
-class Crash(Exception):
-    pass
 
 
 @pytest.fixture
@@ -37,24 +34,15 @@ def data(monkeypatch):
     return X, np.sin(X[:, 0]) + 0.3 * X[:, 1] + 0.05 * rng.normal(size=N)
 
 
-def crashed_fit(X, y, ckpt, monkeypatch) -> None:
+def crashed_fit(X, y, ckpt) -> None:
     """A tiled fit on the threaded scheduler that crashes right after saving CG iteration 4."""
-    save_cg = FitCheckpoint.save_cg
-
-    def save_then_crash(self, state):
-        save_cg(self, state)
-        if state.iteration >= 4:
-            raise Crash
-
-    with monkeypatch.context() as m:
-        m.setattr(FitCheckpoint, "save_cg", save_then_crash)
-        with pytest.raises(Crash):
-            FalkonRegressor(**FIT).fit(X, y, checkpoint=ckpt, checkpoint_every=2)
+    with crash_after_cg_save(4), pytest.raises(SimulatedCrash):
+        FalkonRegressor(**FIT).fit(X, y, checkpoint=ckpt, checkpoint_every=2)
 
 
 def test_a_tiled_checkpoint_holds_no_m_by_m_matrix(data, tmp_path, monkeypatch):
     X, y = data
-    crashed_fit(X, y, tmp_path / "ck", monkeypatch)
+    crashed_fit(X, y, tmp_path / "ck")
     with np.load(tmp_path / "ck" / CHECKPOINT_FILE) as saved:
         shapes = {key: saved[key].shape for key in saved.files}
     assert "centers" in shapes and any(key.startswith("cg_") for key in shapes)
@@ -66,7 +54,7 @@ def test_a_tiled_fit_resumes_on_another_cluster(data, tmp_path, cluster2, monkey
     X, y = data
     reference = FalkonRegressor(**FIT).fit(X, y)
     assert reference.preconditioner_route_["route"] == "tiled" and reference.converged_
-    crashed_fit(X, y, tmp_path / "ck", monkeypatch)
+    crashed_fit(X, y, tmp_path / "ck")
     restored = []
     cg_state = FitCheckpoint.cg_state
 

@@ -39,6 +39,8 @@ from daskkrr.parallel.tiled_posterior import preconditioned_gram, tiled_nystrom_
 from daskkrr.solvers.variance import nystrom_posterior
 from daskkrr.utils.linalg import solve_upper
 
+from .checkpoint_crash import SimulatedCrash, crash_after_cg_save
+
 N, D, M, TILE, PENALTY = 1200, 3, 110, 40, 1e-3  # three tile rows, the last one partial
 EPS = np.finfo(np.float64).eps
 
@@ -236,26 +238,11 @@ def test_a_lower_tile_or_a_bad_pivot_is_refused_at_load(saved_model, tmp_path):
 def test_a_resumed_tiled_fit_has_the_uninterrupted_fits_std(tiles, tmp_path, monkeypatch):
     """The posterior is computed after the solve, from the resumed fit's factors (rebuilt from the saved centers):
     on the same scheduler the same tasks on the same tiles, so the same std to the last bit."""
-    from daskkrr.checkpoint import FitCheckpoint
-
     X, y, Xq = data("float64", seed=3)
     fit = dict(FIT, fit_intercept=True, std_method="exact")
     reference = FalkonRegressor(preconditioner_route="tiled", **fit).fit(X, y)
-    save_cg = FitCheckpoint.save_cg
-
-    class Crash(Exception):
-        pass
-
-    def save_then_crash(self, state):
-        save_cg(self, state)
-        if state.iteration >= 4:
-            raise Crash
-
-    with monkeypatch.context() as m:
-        m.setattr(FitCheckpoint, "save_cg", save_then_crash)
-        with pytest.raises(Crash):
-            FalkonRegressor(preconditioner_route="tiled", **fit).fit(X, y, checkpoint=tmp_path / "ck",
-                                                                     checkpoint_every=2)
+    with crash_after_cg_save(4), pytest.raises(SimulatedCrash):
+        FalkonRegressor(preconditioner_route="tiled", **fit).fit(X, y, checkpoint=tmp_path / "ck", checkpoint_every=2)
     resumed = FalkonRegressor(preconditioner_route="tiled", **fit).fit(X, y, checkpoint=tmp_path / "ck", resume=True)
     assert resumed.posterior_.tiled
     np.testing.assert_array_equal(resumed.predict(Xq, return_std=True)[1], reference.predict(Xq, return_std=True)[1])

@@ -48,7 +48,7 @@ def load_training_data(X: Any, y: Any, chunks: int | None) -> tuple[da.Array, da
     """
     refuse_unknown_chunks(X, "X")
     refuse_unknown_chunks(y, "y")
-    backend = _scatter_backend(X)
+    backend = scatter_backend(X)
     if backend is not None:
         X = np.asarray(X)
         chunks = chunks or rows_per_slot(X, backend.n_slots())
@@ -105,7 +105,7 @@ def refuse_unknown_chunks(a: Any, name: str) -> None:
         )
 
 
-def _scatter_backend(X: Any) -> Any:
+def scatter_backend(X: Any) -> Any:
     """The distributed backend the fit will run on when ``X`` is in memory; None otherwise."""
     if not is_in_memory(X) or sp.issparse(X):
         return None

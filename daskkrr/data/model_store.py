@@ -226,14 +226,17 @@ def _check_tile_values(where: Path, name: str, factor: TileFile, error: type[Fil
     for i in range(factor.nb):
         for j in range(i, factor.nb):
             tile = factor.tile(i, j)
-            rows = f"rows {factor.bounds(i)[0]}-{factor.bounds(i)[1] - 1}, columns {factor.bounds(j)[0]}-" \
-                   f"{factor.bounds(j)[1] - 1}"
             if not np.all(np.isfinite(tile)):
-                raise error(where, name, f"holds NaN or inf in tile ({i}, {j}) ({rows}); a model holding them "
-                                         "predicts NaN")
+                raise error(where, name, f"holds NaN or inf in tile ({i}, {j}) ({_tile_span(factor, i, j)}); a "
+                                         "model holding them predicts NaN")
             if i == j and not np.all(np.diag(tile) > 0):
-                raise error(where, name, f"has a diagonal entry <= 0 in tile ({i}, {i}) ({rows}); a triangular "
-                                         "factor save() writes has a positive diagonal")
+                raise error(where, name, f"has a diagonal entry <= 0 in tile ({i}, {i}) ({_tile_span(factor, i, i)}); "
+                                         "a triangular factor save() writes has a positive diagonal")
+
+
+def _tile_span(factor: TileFile, i: int, j: int) -> str:
+    (r0, r1), (c0, c1) = factor.bounds(i), factor.bounds(j)
+    return f"rows {r0}-{r1 - 1}, columns {c0}-{c1 - 1}"
 
 
 def first_non_finite(array: da.Array) -> tuple[int, tuple[int, ...]] | None:

@@ -14,7 +14,7 @@ import dask.array as da
 import numpy as np
 
 from daskkrr.data.chunking import align_rows
-from daskkrr.data.inputs import _scatter_backend
+from daskkrr.data.inputs import scatter_backend
 from daskkrr.data.loading import open_dataset
 
 __all__ = ["open_sample_weight"]
@@ -40,7 +40,7 @@ def open_sample_weight(sample_weight: Any, X_in: Any, Xd: da.Array, chunks: int 
             w = w[:, 0]
     elif isinstance(sample_weight, da.Array):
         w = sample_weight
-    elif (backend := _scatter_backend(sample_weight)) is not None and np.ndim(sample_weight) == 1 \
+    elif (backend := scatter_backend(sample_weight)) is not None and np.ndim(sample_weight) == 1 \
             and len(sample_weight) == n:
         # numpy weights under a client: sent to the workers once, block i where X's block i is (the same
         # placement as scatter_rows gives X), so that no pass's graph carries them

@@ -153,8 +153,8 @@ def _posterior(mf: ModelFile, model: Any) -> Any:
         opened = open_tile_arrays(mf.folder, ("factor", "correction"), ModelFileError)
         tiles = (opened["factor"], opened["correction"])
     parts = {k[len(POSTERIOR_PREFIX):]: v for k, v in mf.arrays.items() if k.startswith(POSTERIOR_PREFIX)}
-    missing = sorted({"scale", "shift", "prior_variance", "numbers"} - set(parts) | ({"factor"} - set(parts)
-                                                                                     if tiles is None else set()))
+    required = {"scale", "shift", "prior_variance", "numbers"} | (set() if tiles else {"factor"})
+    missing = sorted(required - set(parts))
     if missing:
         raise mf.array_error(POSTERIOR_PREFIX + missing[0], f"the archive lacks the posterior array(s) {missing}")
     try:
