@@ -135,6 +135,14 @@ def test_run_records_provenance_medians_and_ratios_to_the_baseline(tiny):
     assert ratios == {"fit_s": (2.0, 8.0, 0.25), "peak_mb": (50.0, 100.0, 0.5)}
 
 
+def test_run_records_the_commit_at_its_start_and_a_change_during_it(tiny, monkeypatch):
+    states = iter([{"sha": "a" * 40, "dirty": False}, {"sha": "b" * 40, "dirty": True}])
+    monkeypatch.setattr(runner, "commit_info", lambda: next(states))
+    commit = runner.run(tiny, quick=True)["commit"]
+    assert commit["sha"] == "a" * 40 and commit["dirty"] is False
+    assert commit["changed_during_run"] == {"sha": "b" * 40, "dirty": True}
+
+
 def test_median_keeps_rows_that_share_a_key_within_a_run_apart():
     runs = [[{"k": "a", "x": 1}, {"k": "a", "x": 10}], [{"k": "a", "x": 3}, {"k": "a", "x": 30}]]
     assert [(r["x"], r["runs"]) for r in runner.median_rows(runs, ["k"])] == [(2, 2), (20, 2)]

@@ -195,8 +195,13 @@ def run(bench: Benchmark, quick: bool = False, repeat: int = 1, script_args: Seq
                              f"script's own size arguments after '--' (python {bench.path} --help lists them)")
     args = [*(bench.quick_args or () if quick else ()), *script_args]
     started = dt.datetime.now(dt.UTC)
+    # The code measured is the code at the start: a long run may outlive a commit or an edit.
+    commit = commit_info()
     t0 = time.perf_counter()
     runs = [_run_script(bench, args, timeout) for _ in range(repeat)]
+    at_end = commit_info()
+    if at_end != commit:
+        commit = {**commit, "changed_during_run": at_end}
     tables = {}
     for name in runs[0]:
         per_run = [r[name]["rows"] for r in runs if name in r]
@@ -209,7 +214,7 @@ def run(bench: Benchmark, quick: bool = False, repeat: int = 1, script_args: Seq
                    "command": f"python -m workflows.benchmarks run {bench.name}" + (" --quick" if quick else "")
                    + (f" --repeat {repeat}" if repeat != 1 else "")
                    + (f" -- {' '.join(script_args)}" if script_args else "")},
-        "commit": commit_info(), "date": started.isoformat(timespec="seconds"),
+        "commit": commit, "date": started.isoformat(timespec="seconds"),
         "wall_s": round(time.perf_counter() - t0, 2), "machine": machine_info(), "versions": library_versions(),
         "summarised_by": "median over repeats", "tables": tables,
     }
