@@ -92,6 +92,22 @@ def test_workers_memory_counts(cluster2, monkeypatch):
     ExactRLSSampler().check_resources(5_000, 5, Executor(cluster2))  # 1 GB fits
 
 
+def test_this_machine_counts_what_local_workers_may_still_claim(cluster2, monkeypatch):
+    """The matrices are formed in this (client) process, beside two local 2 GiB workers that may
+    still grow to their limits: of 6 GiB free the client may take at most 6 GiB less their
+    headroom, floored at an equal share, 2 GiB (daskkrr.parallel.resources.client_budget), so
+    3 GB of exact-RLS matrices are refused, though they fit the free memory and the workers."""
+    import daskkrr.parallel.resources as resources
+
+    monkeypatch.setattr(resources, "_available_memory", lambda: 6 * 2**30)
+    sampler, n = ExactRLSSampler(), 9_000
+    nbytes = quadratic_cost("ExactRLSSampler", n, 5, matrices=sampler.MATRICES, cubic=sampler.CUBIC_FLOPS).memory_bytes
+    assert 2.5e9 < nbytes < 4e9
+    with pytest.raises(ResourceGuardError, match=r"this machine [0-3]\.\d+ GB") as info:
+        sampler.check_resources(n, 5, Executor(cluster2))
+    assert "the workers" not in str(info.value)
+
+
 def test_estimate_matches_the_measured_run():
     """sampler="rls" at n = 18 000 on the 2-core development machine: 546 s and 13 GB."""
     cost = quadratic_cost("ExactRLSSampler", 18_000, 16, matrices=ExactRLSSampler.MATRICES,

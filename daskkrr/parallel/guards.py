@@ -101,13 +101,17 @@ def quadratic_cost(method: str, n: int, d: int, *, matrices: float, cubic: float
 def memory_limits(executor: Any = None) -> dict[str, int]:
     """Memory available, in bytes: ``{"this machine": ..., "the workers": ...}``.
 
-    The workers' entry is the sum of their memory limits and appears only on a
-    distributed cluster (the threaded scheduler's memory is this machine's).
+    "This machine" is what this (client) process may take, where the quadratic methods
+    form their matrices: the free memory less what workers on the same host may still
+    claim (:func:`~daskkrr.parallel.resources.client_memory_budget`). The workers' entry
+    is the sum of their memory limits and appears only on a distributed cluster (the
+    threaded scheduler's memory is this machine's).
     """
-    from daskkrr.parallel.resources import _available_memory
+    from daskkrr.parallel.resources import client_memory_budget
 
-    limits = {"this machine": _available_memory()}
-    if executor is not None and getattr(executor, "client", None) is not None:
+    client = getattr(executor, "client", None) if executor is not None else None
+    limits = {"this machine": client_memory_budget(client)}
+    if client is not None:
         limits["the workers"] = int(executor.resources().memory_bytes)
     return limits
 
