@@ -103,7 +103,8 @@ def test_this_machine_counts_what_local_workers_may_still_claim(cluster2, monkey
     sampler, n = ExactRLSSampler(), 9_000
     nbytes = quadratic_cost("ExactRLSSampler", n, 5, matrices=sampler.MATRICES, cubic=sampler.CUBIC_FLOPS).memory_bytes
     assert 2.5e9 < nbytes < 4e9
-    with pytest.raises(ResourceGuardError, match=r"this machine [0-3]\.\d+ GB") as info:
+    where = r"this process \(of 6\.44 GB free, less the local workers' headroom\) [0-3]\.\d+ GB"
+    with pytest.raises(ResourceGuardError, match=where) as info:
         sampler.check_resources(n, 5, Executor(cluster2))
     assert "the workers" not in str(info.value)
 

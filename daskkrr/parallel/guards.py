@@ -107,10 +107,14 @@ def memory_limits(executor: Any = None) -> dict[str, int]:
     is the sum of their memory limits and appears only on a distributed cluster (the
     threaded scheduler's memory is this machine's).
     """
-    from daskkrr.parallel.resources import client_memory_budget
+    from daskkrr.parallel.resources import _available_memory, client_memory_budget
 
     client = getattr(executor, "client", None) if executor is not None else None
-    limits = {"this machine": client_memory_budget(client)}
+    free, budget = _available_memory(), client_memory_budget(client)
+    # Name the smaller figure for what it is, or a user who sees more free memory is puzzled.
+    where = ("this machine" if budget >= free
+             else f"this process (of {_gb(free)} free, less the local workers' headroom)")
+    limits = {where: budget}
     if client is not None:
         limits["the workers"] = int(executor.resources().memory_bytes)
     return limits
