@@ -361,8 +361,9 @@ def test_defaults_learn_on_rewards_of_unit_scale_where_the_papers_width_does_not
     with the paper's xi = 1 BKB does no better (0.24 against 0.18 here). With the defaults (noise and scale
     estimated) the mean regret over 150 steps must be below 0.6x random search's and half the paper
     width's on each of 3 seeds (about 0.5x and 0.4x on these seeds: the thresholds separate learning from
-    exploring, not one run's figure), and the noise estimate within 2x of the true 0.01 (RSS / (t - d_eff)
-    has relative spread sqrt(2 / (t - d_eff)) < 15% here; the rest is the posterior mean's misfit)."""
+    exploring, not one run's figure), and the noise estimate within 2x of the true 0.01 (the evidence's
+    xi^2 has relative spread about sqrt(2 / (t - d_eff)) < 15% here, and lambda's grid steps by 10^(1/4);
+    0.0087 to 0.010 on these seeds)."""
     arms, f = _unit_branin(30)
     random_search = float(np.mean(f.max() - f))
     for seed in range(3):
@@ -376,8 +377,9 @@ def test_defaults_learn_on_rewards_of_unit_scale_where_the_papers_width_does_not
 
 
 def test_estimated_width_does_not_depend_on_the_rewards_units():
-    """Centring by the running mean and xi, lambda = xi^2 / s^2, F = s estimated make the UCB of rewards
-    a r + b equal to a u + b: the same arms are asked, up to round-off in near-ties (none here)."""
+    """The evidence's prior mean m, xi, lambda = xi^2 / s^2 and F = s make the UCB of rewards a r + b equal
+    to a u + b (m and s move with the rewards, lambda does not): the same arms are asked, up to round-off
+    in near-ties (none here)."""
     arms, f = _unit_branin(12)
     _, base = _mean_regret(BKB(arms, sigma=SIGMA, random_state=1), f, 40, 0.05, np.random.default_rng(1))
     _, moved = _mean_regret(BKB(arms, sigma=SIGMA, random_state=1), f, 40, 0.05, np.random.default_rng(1),
