@@ -11,8 +11,8 @@ are :mod:`daskkrr.kernels`'.
 """
 
 from daskkrr.bandits.batch import BatchBKB
-from daskkrr.bandits.bkb import BKB, bayesian_width, confidence_width, dimension_width
+from daskkrr.bandits.bkb import BKB, bayesian_width, confidence_width, dimension_width, evidence_penalty
 from daskkrr.bandits.posterior import HallucinatedVariance, NystromPosterior, nystrom_embedding
 
 __all__ = ["BKB", "BatchBKB", "HallucinatedVariance", "NystromPosterior", "bayesian_width", "confidence_width",
-           "dimension_width", "nystrom_embedding"]
+           "dimension_width", "evidence_penalty", "nystrom_embedding"]

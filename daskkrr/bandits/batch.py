@@ -41,6 +41,8 @@ class BatchBKB(BKB):
     ----------
     arms, kernel, sigma, penalty, qbar, delta, noise_bound, norm_bound, epsilon, random_state
         As for :class:`~daskkrr.bandits.BKB`.
+    beta_scale, width, noise_estimate
+        As for :class:`~daskkrr.bandits.BKB`.
     batch_size : int or None, default=None
         Arms per batch; None: the adaptive rule above.
     ratio_threshold : float, default=2.0

@@ -23,17 +23,23 @@ the first thousand steps; smaller constants are the usual practice.
   (O(t^3 + t^2 A)) is timed separately at a few t (``exact_recompute_step_s``);
 - ``bkb``: :class:`daskkrr.bandits.BKB`, qbar = 2;
 - ``bkb-defaults``: :class:`daskkrr.bandits.BKB` with its defaults but ``sigma``: the noise
-  bound, penalty and norm bound estimated online (``"auto"``) and the dimension width
+  bound, penalty, norm bound and prior mean estimated online (``"auto"``, by the evidence:
+  :func:`daskkrr.bandits.evidence_penalty`) and the dimension width
   (:func:`daskkrr.bandits.dimension_width`; before issue 40's second round, the
   finite-arm-set width :func:`daskkrr.bandits.bayesian_width`, now ``width="arms"``), qbar = 4;
 - ``batch-bkb-defaults``: :class:`daskkrr.bandits.BatchBKB` likewise with its defaults but
   ``sigma`` (adaptive batches, ratio threshold 2);
+- ``bkb-residuals``, ``batch-bkb-residuals``: the same with ``noise_estimate="residuals"``, the
+  defaults before issue 40's third round (running mean, noise from the posterior mean's residuals);
 - ``batch-bkb-B``: :class:`daskkrr.bandits.BatchBKB` with a fixed batch of B arms;
 - ``batch-bkb-adaptive``: BatchBKB with BBKB's adaptive rule (C~ = 2).
 
 Each (problem, method) runs in a fresh process over all seeds (the peak memory
-is that process's); reported: the median over seeds of the cumulative regret
-R_T, the exponent a of R_t ~ t^a fitted on t in [T/4, T], |S_T|, the seconds
+is that process's); seed ``s`` draws the noise of every method from the same
+generator, so the methods meet the same seeds. Reported: the median over seeds of
+the cumulative regret R_T, its mean, the ratios of both to GP-UCB's with 90%
+bootstrap intervals (the seeds resampled in pairs, :func:`bootstrap_ratios`), the
+exponent a of R_t ~ t^a fitted on t in [T/4, T], |S_T|, the seconds
 per step over the last 10% of steps, the rounds (model updates) and the total
 time. ``results/bkb_regret.png`` plots the median regret and dictionary size
 against t.
@@ -176,6 +182,9 @@ def child(args) -> dict:
                 bandit = BKB(arms, sigma=sigma, random_state=rng)
             elif args.method == "batch-bkb-defaults":
                 bandit = BatchBKB(arms, sigma=sigma, random_state=rng)
+            elif args.method.endswith("residuals"):  # the former defaults
+                cls = BatchBKB if args.method.startswith("batch") else BKB
+                bandit = cls(arms, sigma=sigma, noise_estimate="residuals", random_state=rng)
             else:
                 size = None if args.method.endswith("adaptive") else int(args.method.rsplit("-", 1)[1])
                 bandit = BatchBKB(arms, random_state=rng, batch_size=size, ratio_threshold=2.0,
@@ -211,13 +220,36 @@ def child(args) -> dict:
     t = np.arange(1, T + 1)
     start = T // 4
     exponent = float(np.polyfit(np.log(t[start:]), np.log(R[start:]), 1)[0])
-    return dict(regret_T=float(np.median([c[-1] for c in curves])), regret_q25=float(np.percentile(
-        [c[-1] for c in curves], 25)), regret_q75=float(np.percentile([c[-1] for c in curves], 75)),
-        exponent=exponent, S_T=float(np.median([s[-1] for s in sizes])), step_s=float(np.median(step_s)),
+    final = np.array([c[-1] for c in curves])
+    return dict(regret_T=float(np.median(final)), regret_q25=float(np.percentile(final, 25)),
+        regret_q75=float(np.percentile(final, 75)), regret_mean=float(final.mean()),
+        regret_T_per_seed=final.tolist(), exponent=exponent, S_T=float(np.median([s[-1] for s in sizes])),
+        step_s=float(np.median(step_s)),
         rounds=float(np.median(rounds)), total_s=float(np.median(total_s)),
         exact_recompute_step_s={str(k): v for k, v in recompute.items()},
         regret_curve=R[:: max(1, T // 200)].tolist(), size_curve=np.median(np.array(sizes), axis=0)[
             :: max(1, T // 200)].tolist(), curve_t=t[:: max(1, T // 200)].tolist())
+
+
+#: Bootstrap resamples of the seeds, and the interval's level.
+BOOTSTRAP, LEVEL = 4000, 0.9
+
+
+def bootstrap_ratios(values: np.ndarray, baseline: np.ndarray, seed: int = 0) -> dict[str, float]:
+    """The ratios of the median and of the mean R_T to the baseline's, with percentile bootstrap intervals.
+
+    Both methods ran on the same seeds (the same arms, noise draws up to their own choices), so the seeds
+    are resampled in pairs: the interval says how much the ratio hangs on which seeds were drawn.
+    """
+    rng = np.random.default_rng(seed)
+    picks = rng.integers(0, len(values), size=(BOOTSTRAP, len(values)))
+    out: dict[str, float] = {}
+    for name, stat in (("median", np.median), ("mean", np.mean)):
+        ratios = stat(values[picks], axis=1) / stat(baseline[picks], axis=1)
+        low, high = np.quantile(ratios, [(1 - LEVEL) / 2, (1 + LEVEL) / 2])
+        out[f"{name}_ratio"] = float(stat(values) / stat(baseline))
+        out[f"{name}_ratio_low"], out[f"{name}_ratio_high"] = float(low), float(high)
+    return out
 
 
 def plot(rows: list[dict], path: Path) -> None:
@@ -274,6 +306,10 @@ def main(argv=None) -> list[dict]:
                 row["exact_recompute_step_s_at_T"] = row["exact_recompute_step_s"].get(str(args.T))
             if base and "regret_T" in row:
                 row["regret_vs_gp_ucb"] = row["regret_T"] / base["regret_T"]
+                row["regret_mean_vs_gp_ucb"] = row["regret_mean"] / base["regret_mean"]
+                if row is not base:
+                    ratios = bootstrap_ratios(np.array(row["regret_T_per_seed"]), np.array(base["regret_T_per_seed"]))
+                    row.update({f"vs_gp_ucb_{k}": v for k, v in ratios.items()})
                 row["step_speedup_vs_gp_ucb"] = base["step_s"] / row["step_s"]
                 recompute = base["exact_recompute_step_s"].get(str(args.T))
                 if recompute:
@@ -282,7 +318,9 @@ def main(argv=None) -> list[dict]:
             print(json.dumps({k: v for k, v in row.items() if not isinstance(v, list)}, default=float), flush=True)
     info = machine()
     print_table(rows, ["problem", "A", "T", "seeds", "method", "regret_T", "regret_q25", "regret_q75",
-                       "regret_vs_gp_ucb", "exponent", "S_T", "rounds", "step_s", "step_speedup_vs_gp_ucb",
+                       "regret_vs_gp_ucb", "vs_gp_ucb_median_ratio_low", "vs_gp_ucb_median_ratio_high",
+                       "regret_mean", "regret_mean_vs_gp_ucb", "vs_gp_ucb_mean_ratio_low",
+                       "vs_gp_ucb_mean_ratio_high", "exponent", "S_T", "rounds", "step_s", "step_speedup_vs_gp_ucb",
                        "step_speedup_vs_recompute", "exact_recompute_step_s_at_T", "total_s", "peak_mb", "error"],
                 f"BKB vs exact GP-UCB, {info['cores']} cores ({info['cpu']}), load {info['load_average_1min']}")
     out = write_results(rows, args.out, "bkb_regret", {"machine": info, "args": vars(args)})
