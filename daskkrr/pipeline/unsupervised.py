@@ -24,6 +24,7 @@ import logging
 import math
 import time
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import dask.array as da
@@ -383,27 +384,22 @@ def lloyd_solve(ctx: FitContext, state: EmbeddingState) -> None:
     )
 
 
+def _embedding_stages(*steps: tuple[str, Callable[..., None]]) -> tuple[Stage, ...]:
+    """statistics -> centers -> basis -> ``steps`` (name, stage taking ``state=``), on one :class:`EmbeddingState`."""
+    state = EmbeddingState()
+    steps = (("basis", nystrom_basis_stage), *steps)
+    return (Stage("statistics", feature_statistics), Stage("centers", choose_centers),
+            *(Stage(name, functools.partial(run, state=state)) for name, run in steps))
+
+
 def kpca_stages() -> tuple[Stage, ...]:
     """statistics -> centers -> basis -> solve (one pass and an ``r x r`` eigendecomposition)."""
-    state = EmbeddingState()
-    return (
-        Stage("statistics", feature_statistics),
-        Stage("centers", choose_centers),
-        Stage("basis", functools.partial(nystrom_basis_stage, state=state)),
-        Stage("solve", functools.partial(kpca_solve, state=state)),
-    )
+    return _embedding_stages(("solve", kpca_solve))
 
 
 def kmeans_stages() -> tuple[Stage, ...]:
     """statistics -> centers -> basis -> seeding (k-means||) -> Lloyd."""
-    state = EmbeddingState()
-    return (
-        Stage("statistics", feature_statistics),
-        Stage("centers", choose_centers),
-        Stage("basis", functools.partial(nystrom_basis_stage, state=state)),
-        Stage("seeding", functools.partial(kmeans_seed, state=state)),
-        Stage("solve", functools.partial(lloyd_solve, state=state)),
-    )
+    return _embedding_stages(("seeding", kmeans_seed), ("solve", lloyd_solve))
 
 
 def chosen_centers(ctx: FitContext) -> np.ndarray:
