@@ -295,9 +295,8 @@ def write_blobs_zarr(
         The store's path.
     """
     X, y = make_blobs(n, d, n_clusters, chunk_rows, cluster_std, random_state, dtype)
-    settings = _settings("make_blobs", n, d, X, None, random_state)  # the blobs' spread is cluster_std
-    settings.update(n_clusters=int(n_clusters), cluster_std=float(cluster_std))
-    return write_zarr(X, y, path, overwrite=overwrite, attrs={"synthetic": settings})
+    return _write(path, overwrite, "make_blobs", X, y, None, random_state,  # the blobs' spread is cluster_std
+                  n_clusters=int(n_clusters), cluster_std=float(cluster_std))
 
 
 def write_regression_zarr(
@@ -329,8 +328,7 @@ def write_regression_zarr(
         The store's path.
     """
     X, y = make_regression(n, d, chunk_rows, noise, random_state, dtype)
-    attrs = {"synthetic": _settings("make_regression", n, d, X, noise, random_state)}
-    return write_zarr(X, y, path, overwrite=overwrite, attrs=attrs)
+    return _write(path, overwrite, "make_regression", X, y, noise, random_state)
 
 
 def write_classification_zarr(
@@ -361,9 +359,7 @@ def write_classification_zarr(
         The store's path.
     """
     X, y = make_classification(n, d, n_classes, chunk_rows, noise, random_state, dtype)
-    settings = _settings("make_classification", n, d, X, noise, random_state)
-    settings["n_classes"] = int(n_classes)
-    return write_zarr(X, y, path, overwrite=overwrite, attrs={"synthetic": settings})
+    return _write(path, overwrite, "make_classification", X, y, noise, random_state, n_classes=int(n_classes))
 
 
 # --------------------------------------------------------------------------- blocks
@@ -481,17 +477,19 @@ def _class_thresholds(
     return np.quantile(latent, np.arange(1, n_classes) / n_classes)
 
 
-def _settings(
-    generator: str, n: int, d: int, X: da.Array, noise: float | None, random_state: int
-) -> dict[str, Any]:
-    """The generator's settings as stored with its data; ``noise=None``: a generator without one."""
+def _write(path: str | os.PathLike, overwrite: bool, generator: str, X: da.Array, y: da.Array, noise: float | None,
+           random_state: int, **extra: Any) -> Path:
+    """Write a generator's data with its settings (group attribute ``"synthetic"``); ``noise=None``: a
+    generator without one; ``extra``: the settings only that generator has."""
     settings: dict[str, Any] = {
         "generator": generator,
-        "n": int(n),
-        "d": int(d),
+        "n": int(X.shape[0]),
+        "d": int(X.shape[1]),
         "chunk_rows": int(X.chunks[0][0]),
         "noise": None if noise is None else float(noise),
         "random_state": int(random_state),
         "dtype": str(X.dtype),
+        **extra,
     }
-    return {k: v for k, v in settings.items() if v is not None}
+    attrs = {"synthetic": {k: v for k, v in settings.items() if v is not None}}
+    return write_zarr(X, y, path, overwrite=overwrite, attrs=attrs)
