@@ -50,7 +50,7 @@ from daskkrr.utils.toml_file import read_toml, unknown_keys
 from daskkrr.workflow import rundir as rd
 from daskkrr.workflow.data import resolve_store
 from daskkrr.workflow.runner import RunResult, execute_run
-from daskkrr.workflow.spec import TLS_KEYS, WorkflowError, apply_overrides
+from daskkrr.workflow.spec import TLS_KEYS, WorkflowError, _resolve_path, apply_overrides
 
 _TABLES: dict[str, dict[str, Any]] = {
     "workflow": {"name": None, "runs_dir": None, "description": ""},
@@ -125,17 +125,15 @@ def resolve_unsupervised(raw: dict[str, Any], *, base_dir: str | os.PathLike, de
             out[name] = dict(raw[name])
     wf = out["workflow"]
     wf["name"] = wf["name"] or default_name
-    wf["runs_dir"] = str((base_dir / (wf["runs_dir"] or f"runs/{wf['name']}")).resolve())
+    wf["runs_dir"] = _resolve_path(base_dir, wf["runs_dir"] or f"runs/{wf['name']}")
     data = out["data"]
     sources = [k for k in ("store", "table", "generate") if data[k] is not None]
     if len(sources) != 1:
         raise WorkflowError(f"{where}: [data] needs exactly one of store, table or generate; got {sources or 'none'}")
     for key in ("store", "table", "cache"):
-        if data[key] is not None:
-            data[key] = str((base_dir / os.path.expanduser(data[key])).resolve())
+        data[key] = _resolve_path(base_dir, data[key])
     for key in TLS_KEYS:
-        if out["cluster"][key] is not None:
-            out["cluster"][key] = str((base_dir / os.path.expanduser(out["cluster"][key])).resolve())
+        out["cluster"][key] = _resolve_path(base_dir, out["cluster"][key])
     return out
 
 
