@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import dask.array as da
 import numpy as np
@@ -48,6 +49,9 @@ N_CALIBRATION = 20_000
 #: Blob centers are uniform in [-CENTER_BOX, CENTER_BOX]^d: with the default cluster_std 1, two
 #: centers are on average about sqrt(2 d / 3) CENTER_BOX apart, 8 sqrt(d) cluster std.
 CENTER_BOX = 10.0
+
+#: A function, typed as itself through a decorator.
+F = TypeVar("F", bound=Callable[..., Any])
 
 _PARAMS_KEY = 0
 _BLOCKS_KEY = 1
@@ -267,6 +271,33 @@ def make_blobs(
     return X, y
 
 
+def _writes(generator: str, parameters: str) -> Callable[[F], F]:
+    """Decorator of a ``write_*_zarr`` function: its docstring, ``parameters`` being those of ``generator``."""
+    def document(writer: F) -> F:
+        writer.__doc__ = f"""Generate :func:`{generator}` data straight into a Zarr store, block by block.
+
+    The generator settings are stored in the group attribute ``"synthetic"``.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        Directory of the new store.
+    n, d, {parameters}
+        As in :func:`{generator}`.
+    overwrite : bool, default=False
+        Replace an existing ``path``.
+
+    Returns
+    -------
+    pathlib.Path
+        The store's path.
+    """
+        return writer
+
+    return document
+
+
+@_writes("make_blobs", "n_clusters, chunk_rows, cluster_std, random_state, dtype")
 def write_blobs_zarr(
     path: str | os.PathLike,
     n: int,
@@ -278,27 +309,12 @@ def write_blobs_zarr(
     dtype: Any = "float64",
     overwrite: bool = False,
 ) -> Path:
-    """Generate :func:`make_blobs` data straight into a Zarr store, block by block.
-
-    Parameters
-    ----------
-    path : str or os.PathLike
-        Directory of the new store.
-    n, d, n_clusters, chunk_rows, cluster_std, random_state, dtype
-        As in :func:`make_blobs`.
-    overwrite : bool, default=False
-        Replace an existing ``path``.
-
-    Returns
-    -------
-    pathlib.Path
-        The store's path.
-    """
     X, y = make_blobs(n, d, n_clusters, chunk_rows, cluster_std, random_state, dtype)
     return _write(path, overwrite, "make_blobs", X, y, None, random_state,  # the blobs' spread is cluster_std
                   n_clusters=int(n_clusters), cluster_std=float(cluster_std))
 
 
+@_writes("make_regression", "chunk_rows, noise, random_state, dtype")
 def write_regression_zarr(
     path: str | os.PathLike,
     n: int,
@@ -309,28 +325,11 @@ def write_regression_zarr(
     dtype: Any = "float64",
     overwrite: bool = False,
 ) -> Path:
-    """Generate :func:`make_regression` data straight into a Zarr store, block by block.
-
-    The generator settings are stored in the group attribute ``"synthetic"``.
-
-    Parameters
-    ----------
-    path : str or os.PathLike
-        Directory of the new store.
-    n, d, chunk_rows, noise, random_state, dtype
-        As in :func:`make_regression`.
-    overwrite : bool, default=False
-        Replace an existing ``path``.
-
-    Returns
-    -------
-    pathlib.Path
-        The store's path.
-    """
     X, y = make_regression(n, d, chunk_rows, noise, random_state, dtype)
     return _write(path, overwrite, "make_regression", X, y, noise, random_state)
 
 
+@_writes("make_classification", "n_classes, chunk_rows, noise, random_state, dtype")
 def write_classification_zarr(
     path: str | os.PathLike,
     n: int,
@@ -342,22 +341,6 @@ def write_classification_zarr(
     dtype: Any = "float64",
     overwrite: bool = False,
 ) -> Path:
-    """Generate :func:`make_classification` data straight into a Zarr store, block by block.
-
-    Parameters
-    ----------
-    path : str or os.PathLike
-        Directory of the new store.
-    n, d, n_classes, chunk_rows, noise, random_state, dtype
-        As in :func:`make_classification`.
-    overwrite : bool, default=False
-        Replace an existing ``path``.
-
-    Returns
-    -------
-    pathlib.Path
-        The store's path.
-    """
     X, y = make_classification(n, d, n_classes, chunk_rows, noise, random_state, dtype)
     return _write(path, overwrite, "make_classification", X, y, noise, random_state, n_classes=int(n_classes))
 
