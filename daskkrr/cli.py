@@ -539,17 +539,13 @@ def _cmd_generate(args: argparse.Namespace) -> None:
 
 
 def _cmd_fit(args: argparse.Namespace) -> None:
-    from daskkrr.config import read_config
     from daskkrr.parallel import cluster_client
     from daskkrr.utils.output_paths import check_paths
 
     # Fail before the work, not after: --out over --data or --checkpoint, unwritable, existing.
     check_paths(inputs={"--data": args.data, "--config": args.config}, outputs={"--out": args.out},
                 states={"--checkpoint": args.checkpoint}, overwrite=args.overwrite)
-    config = read_config(args.config, estimator=args.estimator) if args.config else {}
-    if args.estimator:
-        config["estimator"] = args.estimator
-    model = _build_from_flags(config, _model_overrides(args), verbose=bool(args.verbose))
+    model = _model_from_args(args)
     fit_kwargs = _checkpoint_kwargs(args, model)
     if args.sample_weight is not None:
         import inspect
@@ -572,7 +568,6 @@ def _cmd_fit(args: argparse.Namespace) -> None:
 
 
 def _cmd_tune(args: argparse.Namespace) -> None:
-    from daskkrr.config import read_config
     from daskkrr.data.parquet import is_parquet
     from daskkrr.parallel import cluster_client
     from daskkrr.tune import BKBSearchCV
@@ -584,10 +579,7 @@ def _cmd_tune(args: argparse.Namespace) -> None:
                 outputs={"--out": args.out, "--history": history}, overwrite=args.overwrite)
     if args.budget_seconds is not None and not args.budget_seconds > 0:
         raise UsageError(f"--budget-seconds must be > 0; got {args.budget_seconds!r}")
-    config = read_config(args.config, estimator=args.estimator) if args.config else {}
-    if args.estimator:
-        config["estimator"] = args.estimator
-    model = _build_from_flags(config, _model_overrides(args), verbose=bool(args.verbose))
+    model = _model_from_args(args)
     space = {name: tuple(r) for name, r in (("sigma", args.sigma_range), ("penalty", args.penalty_range),
                                            ("n_centers", args.centers_range)) if r is not None}
     columns = _table_columns(args, model, target_required=True) if is_parquet(args.data) else None
@@ -625,6 +617,16 @@ def convergence_note(model: Any) -> str:
         return "converged"
     residual = max(float(r) for r in model.residuals_[-1])
     return f"NOT converged: residual {residual:.3g} > tol {model.tol:g}; raise --max-iter or --tol"
+
+
+def _model_from_args(args: argparse.Namespace) -> Any:
+    """The estimator of ``--config`` (if any), ``--estimator`` and the parameter flags (``fit``, ``tune``)."""
+    from daskkrr.config import read_config
+
+    config = read_config(args.config, estimator=args.estimator) if args.config else {}
+    if args.estimator:
+        config["estimator"] = args.estimator
+    return _build_from_flags(config, _model_overrides(args), verbose=bool(args.verbose))
 
 
 def _build_from_flags(config: dict[str, Any], flags: dict[str, Any], verbose: bool) -> Any:

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import dask.array as da
 import numpy as np
@@ -48,6 +49,9 @@ N_CALIBRATION = 20_000
 #: Blob centers are uniform in [-CENTER_BOX, CENTER_BOX]^d: with the default cluster_std 1, two
 #: centers are on average about sqrt(2 d / 3) CENTER_BOX apart, 8 sqrt(d) cluster std.
 CENTER_BOX = 10.0
+
+#: A function, typed as itself through a decorator.
+F = TypeVar("F", bound=Callable[..., Any])
 
 _PARAMS_KEY = 0
 _BLOCKS_KEY = 1
@@ -267,6 +271,33 @@ def make_blobs(
     return X, y
 
 
+def _writes(generator: str, parameters: str) -> Callable[[F], F]:
+    """Decorator of a ``write_*_zarr`` function: its docstring, ``parameters`` being those of ``generator``."""
+    def document(writer: F) -> F:
+        writer.__doc__ = f"""Generate :func:`{generator}` data straight into a Zarr store, block by block.
+
+    The generator settings are stored in the group attribute ``"synthetic"``.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        Directory of the new store.
+    n, d, {parameters}
+        As in :func:`{generator}`.
+    overwrite : bool, default=False
+        Replace an existing ``path``.
+
+    Returns
+    -------
+    pathlib.Path
+        The store's path.
+    """
+        return writer
+
+    return document
+
+
+@_writes("make_blobs", "n_clusters, chunk_rows, cluster_std, random_state, dtype")
 def write_blobs_zarr(
     path: str | os.PathLike,
     n: int,
@@ -278,28 +309,12 @@ def write_blobs_zarr(
     dtype: Any = "float64",
     overwrite: bool = False,
 ) -> Path:
-    """Generate :func:`make_blobs` data straight into a Zarr store, block by block.
-
-    Parameters
-    ----------
-    path : str or os.PathLike
-        Directory of the new store.
-    n, d, n_clusters, chunk_rows, cluster_std, random_state, dtype
-        As in :func:`make_blobs`.
-    overwrite : bool, default=False
-        Replace an existing ``path``.
-
-    Returns
-    -------
-    pathlib.Path
-        The store's path.
-    """
     X, y = make_blobs(n, d, n_clusters, chunk_rows, cluster_std, random_state, dtype)
-    settings = _settings("make_blobs", n, d, X, None, random_state)  # the blobs' spread is cluster_std
-    settings.update(n_clusters=int(n_clusters), cluster_std=float(cluster_std))
-    return write_zarr(X, y, path, overwrite=overwrite, attrs={"synthetic": settings})
+    return _write(path, overwrite, "make_blobs", X, y, None, random_state,  # the blobs' spread is cluster_std
+                  n_clusters=int(n_clusters), cluster_std=float(cluster_std))
 
 
+@_writes("make_regression", "chunk_rows, noise, random_state, dtype")
 def write_regression_zarr(
     path: str | os.PathLike,
     n: int,
@@ -310,29 +325,11 @@ def write_regression_zarr(
     dtype: Any = "float64",
     overwrite: bool = False,
 ) -> Path:
-    """Generate :func:`make_regression` data straight into a Zarr store, block by block.
-
-    The generator settings are stored in the group attribute ``"synthetic"``.
-
-    Parameters
-    ----------
-    path : str or os.PathLike
-        Directory of the new store.
-    n, d, chunk_rows, noise, random_state, dtype
-        As in :func:`make_regression`.
-    overwrite : bool, default=False
-        Replace an existing ``path``.
-
-    Returns
-    -------
-    pathlib.Path
-        The store's path.
-    """
     X, y = make_regression(n, d, chunk_rows, noise, random_state, dtype)
-    attrs = {"synthetic": _settings("make_regression", n, d, X, noise, random_state)}
-    return write_zarr(X, y, path, overwrite=overwrite, attrs=attrs)
+    return _write(path, overwrite, "make_regression", X, y, noise, random_state)
 
 
+@_writes("make_classification", "n_classes, chunk_rows, noise, random_state, dtype")
 def write_classification_zarr(
     path: str | os.PathLike,
     n: int,
@@ -344,26 +341,8 @@ def write_classification_zarr(
     dtype: Any = "float64",
     overwrite: bool = False,
 ) -> Path:
-    """Generate :func:`make_classification` data straight into a Zarr store, block by block.
-
-    Parameters
-    ----------
-    path : str or os.PathLike
-        Directory of the new store.
-    n, d, n_classes, chunk_rows, noise, random_state, dtype
-        As in :func:`make_classification`.
-    overwrite : bool, default=False
-        Replace an existing ``path``.
-
-    Returns
-    -------
-    pathlib.Path
-        The store's path.
-    """
     X, y = make_classification(n, d, n_classes, chunk_rows, noise, random_state, dtype)
-    settings = _settings("make_classification", n, d, X, noise, random_state)
-    settings["n_classes"] = int(n_classes)
-    return write_zarr(X, y, path, overwrite=overwrite, attrs={"synthetic": settings})
+    return _write(path, overwrite, "make_classification", X, y, noise, random_state, n_classes=int(n_classes))
 
 
 # --------------------------------------------------------------------------- blocks
@@ -481,17 +460,19 @@ def _class_thresholds(
     return np.quantile(latent, np.arange(1, n_classes) / n_classes)
 
 
-def _settings(
-    generator: str, n: int, d: int, X: da.Array, noise: float | None, random_state: int
-) -> dict[str, Any]:
-    """The generator's settings as stored with its data; ``noise=None``: a generator without one."""
+def _write(path: str | os.PathLike, overwrite: bool, generator: str, X: da.Array, y: da.Array, noise: float | None,
+           random_state: int, **extra: Any) -> Path:
+    """Write a generator's data with its settings (group attribute ``"synthetic"``); ``noise=None``: a
+    generator without one; ``extra``: the settings only that generator has."""
     settings: dict[str, Any] = {
         "generator": generator,
-        "n": int(n),
-        "d": int(d),
+        "n": int(X.shape[0]),
+        "d": int(X.shape[1]),
         "chunk_rows": int(X.chunks[0][0]),
         "noise": None if noise is None else float(noise),
         "random_state": int(random_state),
         "dtype": str(X.dtype),
+        **extra,
     }
-    return {k: v for k, v in settings.items() if v is not None}
+    attrs = {"synthetic": {k: v for k, v in settings.items() if v is not None}}
+    return write_zarr(X, y, path, overwrite=overwrite, attrs=attrs)

@@ -263,23 +263,14 @@ class KernelModelBase(BaseEstimator):
     def _raw_decision(self, X: Any) -> Any:
         """``k(scale(X), Z) coef + intercept``: in-memory in, numpy out; anything else, a lazy dask array."""
         self._check_fitted()
-        check_feature_names(self, X)
+        Xs, in_memory = self._scaled(X, self._feature_dtype())
         coef2 = self.coef_.reshape(self.coef_.shape[0], -1)
-        dtype = self._feature_dtype()
-        if is_in_memory(X):
-            # scikit-learn's checks (2-D, numeric, sparse if taken, n_features_in_); the rows named for NaN.
-            Xs = self._check_predict_input(X)
-            _check_extreme_rows(Xs, 0, dtype)
+        if in_memory:
             if self._centers_in_chunks():
-                out = chunked_matvec(cast_rows(Xs, dtype), self.kernel_, self.centers_, coef2)
+                out = chunked_matvec(Xs, self.kernel_, self.centers_, coef2)
             else:
-                out = engine_for(self.kernel_).matvec(self.kernel_, cast_rows(Xs, dtype), self.centers_, coef2)
+                out = engine_for(self.kernel_).matvec(self.kernel_, Xs, self.centers_, coef2)
             return (out + self.intercept_).astype(self._output_dtype(), copy=False)
-        self._refuse_sparse(X)
-        Xd = load_features(X, self.chunks)
-        self._check_n_features(Xd.shape)
-        Xs = self.scaler_.transform(Xd) if self.scaler_ is not None else Xd
-        Xs = Xs.astype(dtype)
         t = coef2.shape[1]
         if self._centers_in_chunks():  # each task reads one chunk of the centers; no process holds them all
             streamed = chunked_decision(Xs.map_blocks(_checked_rows, dtype=Xs.dtype), self.kernel_, self.centers_,
@@ -290,6 +281,22 @@ class KernelModelBase(BaseEstimator):
             dtype=np.float64, chunks=(Xs.chunks[0], (t,)),
         )
         return out.astype(self._output_dtype(), copy=False)
+
+    def _scaled(self, X: Any, dtype: Any) -> tuple[Any, bool]:
+        """``X`` checked and scaled as in fit, in ``dtype``: numpy or CSR (True), or a lazy dask array (False).
+
+        In-memory ``X`` gets scikit-learn's checks (2-D, numeric, sparse if taken, ``n_features_in_``) and
+        its NaN, inf and extreme rows named; a lazy one is checked by the passes that read it.
+        """
+        check_feature_names(self, X)
+        if is_in_memory(X):
+            Xs = self._check_predict_input(X)
+            _check_extreme_rows(Xs, 0, dtype)
+            return cast_rows(Xs, dtype), True
+        self._refuse_sparse(X)
+        Xd = load_features(X, self.chunks)
+        self._check_n_features(Xd.shape)
+        return (self.scaler_.transform(Xd) if self.scaler_ is not None else Xd).astype(dtype), False
 
     def _centers_in_chunks(self) -> bool:
         """True when ``centers_`` is a lazy array (read from a model's Zarr store, chunked by rows)."""
@@ -303,21 +310,14 @@ class KernelModelBase(BaseEstimator):
         self._check_fitted()
         post = posterior_from_model(self)
         exact = getattr(self, "std_method", "exact") == "exact"  # the fast variance unless asked for the exact one
-        check_feature_names(self, X)
+        Xs, in_memory = self._scaled(X, self._feature_dtype())
         centers = np.asarray(self.centers_)
         coef2 = np.asarray(self.coef_).reshape(self.coef_.shape[0], -1)
         t = coef2.shape[1]
-        dtype = self._feature_dtype()
-        if is_in_memory(X):
-            Xs = self._check_predict_input(X)
-            _check_extreme_rows(Xs, 0, dtype)
-            out = predict_with_std(cast_rows(Xs, dtype), self.kernel_, centers, coef2,
+        if in_memory:
+            out = predict_with_std(Xs, self.kernel_, centers, coef2,
                                    self.intercept_, post, exact=exact).astype(self._output_dtype(), copy=False)
             return out[:, :t], out[:, t:]
-        self._refuse_sparse(X)
-        Xd = load_features(X, self.chunks)
-        self._check_n_features(Xd.shape)
-        Xs = (self.scaler_.transform(Xd) if self.scaler_ is not None else Xd).astype(dtype)
         both = Xs.map_blocks(
             _predict_std_block, self.kernel_, centers, coef2, self.intercept_, post, exact,
             dtype=np.float64, chunks=(Xs.chunks[0], (2 * t,)),

@@ -109,6 +109,25 @@ def _in_zarr(model: Any, store: str) -> bool:
     return not all(is_in_memory(v) for v in values) or sum(int(v.nbytes) for v in values) >= ZARR_MIN_BYTES
 
 
+def model_metadata(model: Any, params: dict[str, Any], scalars: tuple[str, ...]) -> dict[str, Any]:
+    """The JSON metadata every model file starts with: format, estimator, ``params``, kernel, scaling,
+    the fitted ``scalars`` the model has, the sampler's record and the feature names (if any)."""
+    meta: dict[str, Any] = {
+        "format": FORMAT_NAME,
+        "format_version": FORMAT_VERSION,
+        "library_version": daskkrr.__version__,
+        "estimator": type(model).__name__,
+        "params": params,
+        "kernel": model.kernel_.to_dict(),
+        "scaler": None if model.scaler_ is None else model.scaler_.to_dict(),
+        "fitted": {k: getattr(model, k) for k in scalars if hasattr(model, k)},
+        "sampler_info": getattr(model, "sampler_info_", {}),
+    }
+    if getattr(model, "feature_names_in_", None) is not None:
+        meta["feature_names"] = [str(name) for name in model.feature_names_in_]  # text travels in JSON
+    return meta
+
+
 def save_model(model: Any, path: str | os.PathLike, *, overwrite: bool = False, store: str = "auto") -> Path:
     """Write a fitted estimator to the directory ``path``; return the path.
 
@@ -130,19 +149,7 @@ def save_model(model: Any, path: str | os.PathLike, *, overwrite: bool = False, 
     """
     model._check_fitted()
     zarr_arrays = _in_zarr(model, store)
-    meta: dict[str, Any] = {
-        "format": FORMAT_NAME,
-        "format_version": FORMAT_VERSION,
-        "library_version": daskkrr.__version__,
-        "estimator": type(model).__name__,
-        "params": jsonable_params(model),
-        "kernel": model.kernel_.to_dict(),
-        "scaler": None if model.scaler_ is None else model.scaler_.to_dict(),
-        "fitted": {k: getattr(model, k) for k in _SCALARS if hasattr(model, k)},
-        "sampler_info": getattr(model, "sampler_info_", {}),
-    }
-    if getattr(model, "feature_names_in_", None) is not None:
-        meta["feature_names"] = [str(name) for name in model.feature_names_in_]  # text travels in JSON
+    meta = model_metadata(model, jsonable_params(model), _SCALARS)
     # Any: numpy's savez stub lets a str-keyed dict collide with its allow_pickle flag.
     large = {k: getattr(model, k + "_") for k in ZARR_ARRAYS} if zarr_arrays else {}
     if large:

@@ -27,9 +27,7 @@ from sklearn.utils import Tags
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from daskkrr.data.feature_names import check_feature_names
-from daskkrr.data.inputs import is_in_memory, load_features
-from daskkrr.kernels.sparse import cast_rows
+from daskkrr.data.inputs import is_in_memory
 from daskkrr.models.kernel_model import (
     KernelModelBase,
     ParameterError,
@@ -162,18 +160,6 @@ class NystromUnsupervisedBase(KernelModelBase):
         for name, value in ctx.fitted.items():
             setattr(self, name, value)
         return self
-
-    def _scaled(self, X: Any) -> tuple[Any, bool]:
-        """``X`` checked and scaled as in fit: numpy or CSR (True) or a lazy dask array (False)."""
-        check_feature_names(self, X)
-        if is_in_memory(X):
-            Xs = self._check_predict_input(X)
-            _check_extreme_rows(Xs, 0, np.float64)
-            return cast_rows(Xs, np.float64), True
-        Xd = load_features(X, self.chunks)
-        self._check_n_features(Xd.shape)
-        Xs = self.scaler_.transform(Xd) if self.scaler_ is not None else Xd
-        return Xs.astype(np.float64), False
 
     def save(self, path: Any, *, overwrite: bool = False, store: str = "auto") -> Any:
         """Save the fitted model (arrays + JSON metadata, no pickle); see :func:`daskkrr.load`.
@@ -366,7 +352,7 @@ class NystromKernelKMeans(ClusterMixin, NystromUnsupervisedBase):
     def predict(self, X: Any) -> Any:
         """Nearest centroid: numpy in, numpy out; dask, xarray or a store in, a lazy dask array out."""
         self._check_fitted()
-        Xs, in_memory = self._scaled(X)
+        Xs, in_memory = self._scaled(X, np.float64)
         A, c_sq = centroid_products(self.basis_, self.cluster_centers_)
         if in_memory:
             return labels_block(Xs, self.kernel_, self.centers_, A, c_sq)
@@ -380,7 +366,7 @@ class NystromKernelKMeans(ClusterMixin, NystromUnsupervisedBase):
     def score(self, X: Any, y: Any = None) -> float:
         """Minus the inertia of ``X`` against the centroids (higher is better, as scikit-learn's KMeans)."""
         self._check_fitted()
-        Xs, in_memory = self._scaled(X)
+        Xs, in_memory = self._scaled(X, np.float64)
         args = (self.kernel_, self.centers_, self.basis_, self.cluster_centers_)
         if in_memory:
             return -float(inertia_block(Xs, *args)[0])

@@ -13,8 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-import daskkrr
-from daskkrr.models.persistence import ARRAYS_FILE, FORMAT_NAME, FORMAT_VERSION, METADATA_FILE, parameter_arrays
+from daskkrr.models.persistence import ARRAYS_FILE, METADATA_FILE, model_metadata, parameter_arrays
 from daskkrr.utils.atomic import atomic_directory
 from daskkrr.utils.jsonable import SAMPLER_CENTERS_ARRAY, dumps_strict, jsonable_params
 
@@ -29,19 +28,7 @@ def save_unsupervised(model: Any, path: str | os.PathLike, *, overwrite: bool = 
     init = params.get("init")
     if init is not None and not isinstance(init, str):
         params["init"] = "k-means||"  # the initial points were used; the array stays out of the file
-    meta: dict[str, Any] = {
-        "format": FORMAT_NAME,
-        "format_version": FORMAT_VERSION,
-        "library_version": daskkrr.__version__,
-        "estimator": type(model).__name__,
-        "params": params,
-        "kernel": model.kernel_.to_dict(),
-        "scaler": None if model.scaler_ is None else model.scaler_.to_dict(),
-        "fitted": {k: getattr(model, k) for k in model._saved_scalars if hasattr(model, k)},
-        "sampler_info": getattr(model, "sampler_info_", {}),
-    }
-    if getattr(model, "feature_names_in_", None) is not None:
-        meta["feature_names"] = [str(name) for name in model.feature_names_in_]
+    meta = model_metadata(model, params, tuple(model._saved_scalars))
     arrays: dict[str, Any] = {k.rstrip("_"): np.asarray(getattr(model, k)) for k in model._saved_arrays}
     arrays.update(parameter_arrays(model))
     with atomic_directory(path, overwrite=overwrite) as tmp:

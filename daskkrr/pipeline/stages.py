@@ -85,22 +85,8 @@ def statistics(ctx: FitContext) -> None:
     w = open_sample_weight(ctx.sample_weight_in, ctx.X_in, Xd, p.chunks)
     n, d = (int(s) for s in Xd.shape)
     ctx.input_dtype = Xd.dtype
-    n_centers = getattr(p, "n_centers", None)
     given_centers = isinstance(getattr(p, "sampler", None), np.ndarray)  # n_centers is not used then
-    if n_centers is not None and n_centers > n and not given_centers:
-        # As scikit-learn's Nystroem: the defaults still fit tiny data, with at most one center per row.
-        warnings.warn(
-            f"n_centers={n_centers} is larger than the number of training rows ({n}); using n_centers={n}",
-            UserWarning, stacklevel=2,
-        )
-        n_centers = n
-    ctx.n_centers = n_centers
-    ctx.events.emit(ev.DataOpened(n, Xd.numblocks[0], d))
-    sparse = is_sparse_array(Xd)
-    if sparse:  # scaled, not centred (a mean would fill in the zeros): refused where that changes the model
-        refuse_centering(type(p).__name__, p._make_kernel(d), p.standardize)
-    scaler = Standardizer(with_mean=p.standardize and not sparse, with_std=p.standardize)
-    ctx.events.emit(ev.PassStarted("statistics", Xd.numblocks[0]))
+    scaler = start_statistics(ctx, Xd, getattr(p, "n_centers", None), clamp=not given_centers)
     if ctx.encode_targets is None:
         raise RuntimeError("the fit context has no target encoder; the estimator must set encode_targets")
     Y = ctx.encode_targets(yd)
@@ -128,6 +114,30 @@ def statistics(ctx: FitContext) -> None:
         _use_statistics(ctx, Standardizer.from_dict(saved), Xd, Y, weight_exponent)
     elif checkpointing:
         ctx.store.save_statistics(scaler.to_dict())  # type: ignore[attr-defined]
+
+
+def start_statistics(ctx: FitContext, Xd: da.Array, n_centers: int | None, *, clamp: bool = True) -> Standardizer:
+    """The statistics pass's start, supervised or not: ``ctx.n_centers``, the data announced, the scaler to fit.
+
+    ``n_centers`` above the ``n`` rows becomes ``n`` with a warning (unless ``clamp`` is False), as
+    scikit-learn's Nystroem: the defaults still fit tiny data, with at most one center per row. Sparse
+    rows are scaled, not centred (a mean would fill in the zeros): refused where that changes the model.
+    """
+    p = ctx.params
+    n, d = (int(s) for s in Xd.shape)
+    if clamp and n_centers is not None and n_centers > n:
+        warnings.warn(
+            f"n_centers={n_centers} is larger than the number of training rows ({n}); using n_centers={n}",
+            UserWarning, stacklevel=3,
+        )
+        n_centers = n
+    ctx.n_centers = n_centers
+    ctx.events.emit(ev.DataOpened(n, Xd.numblocks[0], d))
+    sparse = is_sparse_array(Xd)
+    if sparse:
+        refuse_centering(type(p).__name__, p._make_kernel(d), p.standardize)
+    ctx.events.emit(ev.PassStarted("statistics", Xd.numblocks[0]))
+    return Standardizer(with_mean=p.standardize and not sparse, with_std=p.standardize)
 
 
 def _use_statistics(ctx: FitContext, scaler: Standardizer, Xd: da.Array, Y: da.Array, weight_exponent: int) -> None:

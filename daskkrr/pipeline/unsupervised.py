@@ -24,6 +24,7 @@ import logging
 import math
 import time
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import dask.array as da
@@ -31,17 +32,15 @@ import numpy as np
 from sklearn.exceptions import ConvergenceWarning
 
 from daskkrr import events as ev
-from daskkrr.data import Standardizer
 from daskkrr.data.extremes import check_fit_magnitudes
 from daskkrr.data.feature_names import fitted_feature_names
 from daskkrr.data.inputs import load_features
-from daskkrr.data.sparse import is_sparse_array, refuse_centering
 from daskkrr.kernels.sparse import dense_rows
 from daskkrr.parallel import BlockPasses
 from daskkrr.parallel.cost import Budget, embedding_fits, should_persist
 from daskkrr.parallel.strategies import balance_blocks
 from daskkrr.pipeline.context import FitContext
-from daskkrr.pipeline.stages import Stage, choose_centers, sampler_guard, seed_of
+from daskkrr.pipeline.stages import Stage, choose_centers, sampler_guard, seed_of, start_statistics
 from daskkrr.sampling.keyed_random import keyed_rng, resolve_seed, row_uniforms
 from daskkrr.solvers.kmeans import (
     LloydStep,
@@ -97,20 +96,7 @@ def feature_statistics(ctx: FitContext) -> None:
     ctx.input_dtype = Xd.dtype
     sampler_guard(ctx, n, d)
     p._check_data_size(n)
-    n_centers = int(p.n_centers)
-    if n_centers > n:
-        warnings.warn(
-            f"n_centers={n_centers} is larger than the number of training rows ({n}); using n_centers={n}",
-            UserWarning, stacklevel=2,
-        )
-        n_centers = n
-    ctx.n_centers = n_centers
-    ctx.events.emit(ev.DataOpened(n, Xd.numblocks[0], d))
-    sparse = is_sparse_array(Xd)
-    if sparse:  # the supervised rule: scaled, not centred (a mean would fill in the zeros); refused where it matters
-        refuse_centering(type(p).__name__, p._make_kernel(d), p.standardize)
-    scaler = Standardizer(with_mean=p.standardize and not sparse, with_std=p.standardize)
-    ctx.events.emit(ev.PassStarted("statistics", Xd.numblocks[0]))
+    scaler = start_statistics(ctx, Xd, int(p.n_centers))
     scaler.fit(Xd)  # one pass: statistics and finiteness of X (NaN rows named)
     # Extreme magnitudes are refused before any kernel is evaluated (the embedding is in float64).
     check_fit_magnitudes(scaler.magnitudes_, standardize=p.standardize, fit_dtype=np.float64, input_dtype=Xd.dtype,
@@ -398,27 +384,22 @@ def lloyd_solve(ctx: FitContext, state: EmbeddingState) -> None:
     )
 
 
+def _embedding_stages(*steps: tuple[str, Callable[..., None]]) -> tuple[Stage, ...]:
+    """statistics -> centers -> basis -> ``steps`` (name, stage taking ``state=``), on one :class:`EmbeddingState`."""
+    state = EmbeddingState()
+    steps = (("basis", nystrom_basis_stage), *steps)
+    return (Stage("statistics", feature_statistics), Stage("centers", choose_centers),
+            *(Stage(name, functools.partial(run, state=state)) for name, run in steps))
+
+
 def kpca_stages() -> tuple[Stage, ...]:
     """statistics -> centers -> basis -> solve (one pass and an ``r x r`` eigendecomposition)."""
-    state = EmbeddingState()
-    return (
-        Stage("statistics", feature_statistics),
-        Stage("centers", choose_centers),
-        Stage("basis", functools.partial(nystrom_basis_stage, state=state)),
-        Stage("solve", functools.partial(kpca_solve, state=state)),
-    )
+    return _embedding_stages(("solve", kpca_solve))
 
 
 def kmeans_stages() -> tuple[Stage, ...]:
     """statistics -> centers -> basis -> seeding (k-means||) -> Lloyd."""
-    state = EmbeddingState()
-    return (
-        Stage("statistics", feature_statistics),
-        Stage("centers", choose_centers),
-        Stage("basis", functools.partial(nystrom_basis_stage, state=state)),
-        Stage("seeding", functools.partial(kmeans_seed, state=state)),
-        Stage("solve", functools.partial(lloyd_solve, state=state)),
-    )
+    return _embedding_stages(("seeding", kmeans_seed), ("solve", lloyd_solve))
 
 
 def chosen_centers(ctx: FitContext) -> np.ndarray:

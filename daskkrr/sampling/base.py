@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from abc import ABC, abstractmethod
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -81,27 +81,26 @@ class CenterDictionary:
         return bool(np.allclose(self.weights, 1.0))
 
 
-class CenterSampler(ABC):
+class CenterSampler:
     """Chooses Nystrom centers from row-chunked data.
 
     Implementations keep their own parameters (set in ``__init__``) and implement
-    :meth:`select`. They must be deterministic for a given ``random_state`` and must
-    not depend on the number of workers or on how ``X`` is chunked unless they say
-    so in their docstring.
+    :meth:`_select` (the built-in samplers), or override :meth:`select` itself. They
+    must be deterministic for a given ``random_state`` and must not depend on the
+    number of workers or on how ``X`` is chunked unless they say so in their docstring.
     """
 
     #: Registry name, used by ``FalkonRegressor(sampler=<name>)``.
     name: str = ""
 
-    @abstractmethod
     def select(
         self,
         X: da.Array,
         kernel: Kernel,
         *,
-        n_centers: int | None,
-        penalty: float,
-        random_state: int | None,
+        n_centers: int | None = None,
+        penalty: float | None = None,
+        random_state: int | None = None,
         executor: Any = None,
         client: Any = None,
     ) -> CenterDictionary:
@@ -125,7 +124,26 @@ class CenterSampler(ABC):
             current context (the current distributed client, else the local scheduler).
         client : distributed.Client or None
             Alias of ``executor`` (pass one or the other).
+
+        Returns
+        -------
+        CenterDictionary
+            The centers; ``info["seconds"]`` is the selection's wall-clock time.
         """
+        return self._timed_select(X, kernel, executor, client, n_centers=n_centers, penalty=penalty,
+                                  random_state=random_state)
+
+    def _timed_select(self, X: Any, kernel: Kernel, executor: Any, client: Any, **arguments: Any) -> CenterDictionary:
+        """:meth:`_select` on the resolved executor, its wall-clock seconds added to ``info``."""
+        t0 = time.perf_counter()
+        out = self._select(X, kernel, executor=resolve_executor(executor, client), **arguments)
+        out.info.setdefault("seconds", time.perf_counter() - t0)
+        return out
+
+    def _select(self, X: Any, kernel: Kernel, *, n_centers: int | None, penalty: float | None,
+                random_state: int | None, executor: Executor) -> CenterDictionary:
+        """The selection itself, on ``select``'s arguments with ``executor`` resolved."""
+        raise NotImplementedError(f"{type(self).__name__} implements neither _select nor select")
 
     def __repr__(self) -> str:
         params = ", ".join(f"{k}={v!r}" for k, v in vars(self).items() if not k.startswith("_"))

@@ -16,19 +16,17 @@ by global row and level).
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from daskkrr.kernels import Kernel
-from daskkrr.parallel.executor import BlockPasses
+from daskkrr.parallel.executor import BlockPasses, Executor
 from daskkrr.sampling.base import (
     CenterDictionary,
     CenterSampler,
     as_row_chunked,
     register,
-    resolve_executor,
     resolve_gamma,
 )
 from daskkrr.sampling.bless_core import (
@@ -47,7 +45,7 @@ from daskkrr.sampling.dictionary import DictionaryState, thin_to_size
 from daskkrr.sampling.keyed_random import STREAM_THINNING, keyed_rng, resolve_seed
 
 if TYPE_CHECKING:
-    import dask.array as da
+    pass
 
 #: Default RLS oversampling: a level's dictionary has about q2 d_eff(gamma_h) rows.
 DEFAULT_Q2 = 8.0
@@ -134,20 +132,9 @@ class BlessSampler(CenterSampler):
         self.factor_route = factor_route
         self.memory_budget = memory_budget
 
-    def select(
-        self,
-        X: da.Array,
-        kernel: Kernel,
-        *,
-        n_centers: int | None = None,
-        penalty: float | None = None,
-        random_state: int | None = None,
-        executor: Any = None,
-        client: Any = None,
-    ) -> CenterDictionary:
+    def _select(self, X: Any, kernel: Kernel, *, n_centers: int | None, penalty: float | None,
+                random_state: int | None, executor: Executor) -> CenterDictionary:
         """Run the BLESS levels and return the last level's dictionary."""
-        t0 = time.perf_counter()
-        executor = resolve_executor(executor, client)
         X = as_row_chunked(X)
         n, dim = int(X.shape[0]), int(X.shape[1])
         seed = resolve_seed(random_state if random_state is not None else self.random_state)
@@ -222,9 +209,7 @@ class BlessSampler(CenterSampler):
         if budget is not None and d.size > budget:
             d = thin_to_size(d, budget, keyed_rng(seed, STREAM_THINNING))
             info["thinned_to"] = budget
-        out = d.to_center_dictionary(1, n, info)
-        out.info["seconds"] = time.perf_counter() - t0
-        return out
+        return d.to_center_dictionary(1, n, info)
 
     def _factor(self, d: Any, gamma: float, kernel: Kernel, executor: Any) -> tuple[Any, str]:
         """The previous dictionary's factor for a level, dense or tiled as the factor cost model says."""

@@ -38,7 +38,6 @@ from daskkrr.sampling.base import (
     CenterDictionary,
     CenterSampler,
     register,
-    resolve_executor,
     resolve_gamma,
 )
 from daskkrr.sampling.dictionary import (
@@ -224,18 +223,8 @@ class ExactRLSSampler(CenterSampler):
                         raise_hint="pass sampler=ExactRLSSampler(max_rows=N)")
         return cost
 
-    def select(
-        self,
-        X: da.Array,
-        kernel: Kernel,
-        *,
-        n_centers: int | None,
-        penalty: float,
-        random_state: int | None,
-        executor: Any = None,
-        client: Any = None,
-    ) -> CenterDictionary:
-        executor = resolve_executor(executor, client)
+    def _select(self, X: Any, kernel: Kernel, *, n_centers: int | None, penalty: float | None,
+                random_state: int | None, executor: Executor) -> CenterDictionary:
         self.check_resources(int(X.shape[0]), int(X.shape[1]) if len(X.shape) > 1 else 1, executor)
         Xn = as_small_numpy(X, self.max_rows, "ExactRLSSampler", executor)
         n = Xn.shape[0]

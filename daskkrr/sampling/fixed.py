@@ -17,7 +17,7 @@ from daskkrr.sampling import base as _base
 from daskkrr.sampling.base import CenterDictionary, CenterSampler
 
 if TYPE_CHECKING:
-    import dask.array as da
+    from daskkrr.parallel.executor import Executor
 
 #: ``indices`` of a center that is not a training row.
 NOT_A_ROW = -1
@@ -82,17 +82,8 @@ class FixedCenters(CenterSampler):
     def __repr__(self) -> str:
         return f"FixedCenters(<{np.shape(self.centers)} array>)"
 
-    def select(
-        self,
-        X: da.Array,
-        kernel: Kernel,
-        *,
-        n_centers: int | None = None,
-        penalty: float | None = None,
-        random_state: int | None = None,
-        executor: Any = None,
-        client: Any = None,
-    ) -> CenterDictionary:
+    def _select(self, X: Any, kernel: Kernel, *, n_centers: int | None, penalty: float | None,
+                random_state: int | None, executor: Executor) -> CenterDictionary:
         """The centers (checked against ``X``'s features), scaled as ``X`` was; nothing is drawn."""
         Z = check_centers(self.centers, int(X.shape[1]))
         if self.scaler is not None:

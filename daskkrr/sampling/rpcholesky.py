@@ -32,7 +32,6 @@ centers do not depend on the chunking or on the workers.
 from __future__ import annotations
 
 import math
-import time
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -40,18 +39,17 @@ import scipy.linalg
 
 from daskkrr.kernels import Kernel
 from daskkrr.kernels.sparse import cast_rows
-from daskkrr.parallel.executor import BlockPasses
+from daskkrr.parallel.executor import BlockPasses, Executor
 from daskkrr.sampling.base import (
     CenterDictionary,
     CenterSampler,
     as_row_chunked,
     register,
-    resolve_executor,
 )
 from daskkrr.sampling.keyed_random import STREAM_RPCHOLESKY, keyed_rng, resolve_seed
 
 if TYPE_CHECKING:
-    import dask.array as da
+    pass
 
 #: A candidate whose residual is below this fraction of the largest kernel diagonal is
 #: treated as already covered (its residual is round-off): it keeps the Cholesky factor
@@ -178,19 +176,9 @@ class RPCholeskySampler(CenterSampler):
         self.max_candidates = max_candidates
         self.random_state = random_state
 
-    def select(
-        self,
-        X: da.Array,
-        kernel: Kernel,
-        *,
-        n_centers: int | None,
-        penalty: float | None = None,
-        random_state: int | None = None,
-        executor: Any = None,
-        client: Any = None,
-    ) -> CenterDictionary:
+    def _select(self, X: Any, kernel: Kernel, *, n_centers: int | None, penalty: float | None,
+                random_state: int | None, executor: Executor) -> CenterDictionary:
         """Choose ``n_centers`` pivots of ``X``'s kernel matrix (``penalty`` is not used)."""
-        t0 = time.perf_counter()
         X = as_row_chunked(X)
         n, dim = int(X.shape[0]), int(X.shape[1])
         if n_centers is None or int(n_centers) < 1:
@@ -199,10 +187,9 @@ class RPCholeskySampler(CenterSampler):
             raise ValueError(f"max_candidates must be >= 1; got {self.max_candidates!r}")
         budget = min(int(n_centers), n)
         seed = resolve_seed(random_state if random_state is not None else self.random_state)
-        run = resolve_executor(executor, client)
-        passes = run.passes(X)
+        passes = executor.passes(X)
         pivots = PivotFactor(dim)
-        d = self._residual_diagonal(passes, kernel, pivots, run)
+        d = self._residual_diagonal(passes, kernel, pivots, executor)
         floor = RESIDUAL_TOL * float(d.max())
         rate, stopped = 1.0, None
         rounds: list[dict[str, Any]] = []
@@ -217,11 +204,11 @@ class RPCholeskySampler(CenterSampler):
             rate = added / size
             rounds.append({"candidates": size, "accepted": added, "trace": float(d.sum())})
             if pivots.size < budget:
-                d = self._residual_diagonal(passes, kernel, pivots, run)
+                d = self._residual_diagonal(passes, kernel, pivots, executor)
         order = np.argsort(pivots.rows, kind="stable")
         info: dict[str, Any] = {
             "sampler": self.name, "seed": seed, "n_rows": n, "rounds": rounds, "passes": passes.n_passes,
-            "stopped": stopped, "unique": pivots.size, "seconds": time.perf_counter() - t0,
+            "stopped": stopped, "unique": pivots.size,
         }
         return CenterDictionary(centers=pivots.points[order].astype(X.dtype), indices=pivots.rows[order],
                                 weights=np.ones(pivots.size), info=info)

@@ -23,7 +23,6 @@ and any scheduler (and, for SQUEAK, any chunking).
 from __future__ import annotations
 
 import functools
-import time
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -36,7 +35,6 @@ from daskkrr.sampling.base import (
     CenterSampler,
     as_row_chunked,
     register,
-    resolve_executor,
     resolve_gamma,
 )
 from daskkrr.sampling.dictionary import thin_to_size
@@ -316,20 +314,9 @@ class SqueakSampler(StreamingRLSSampler):
         self.budget_overshoot = budget_overshoot
         self.progress_interval = progress_interval
 
-    def select(
-        self,
-        X: da.Array,
-        kernel: Kernel,
-        *,
-        n_centers: int | None = None,
-        penalty: float | None = None,
-        random_state: int | None = None,
-        executor: Any = None,
-        client: Any = None,
-    ) -> CenterDictionary:
+    def _select(self, X: Any, kernel: Kernel, *, n_centers: int | None, penalty: float | None,
+                random_state: int | None, executor: Executor) -> CenterDictionary:
         """Run one SQUEAK pass over ``X`` and return its dictionary (see the class docstring)."""
-        t0 = time.perf_counter()
-        executor = resolve_executor(executor, client)
         X, n_total, seed, gamma, info = self._setup(X, kernel, n_centers, penalty, random_state, executor)
         params = squeak_params(gamma, self.qbar, self.eps, self.batch_min)
         passes = executor.passes(X)
@@ -349,9 +336,7 @@ class SqueakSampler(StreamingRLSSampler):
         info.update(sampler=self.name, qbar=int(self.qbar), eps=float(self.eps), seed=seed,
                     n_blocks=passes.n_blocks,
                     segments=int(state.history[-1]["block"]) // per_segment + 1)
-        out = self._finish(state, n_centers, seed, n_total, info)
-        out.info["seconds"] = time.perf_counter() - t0
-        return out
+        return self._finish(state, n_centers, seed, n_total, info)
 
 
 # ------------------------------------------------------------ DISQUEAK
@@ -447,27 +432,16 @@ class DisqueakSampler(StreamingRLSSampler):
         self.max_rows = max_rows
         self.batch_min = batch_min
 
-    def select(
-        self,
-        X: da.Array,
-        kernel: Kernel,
-        *,
-        n_centers: int | None = None,
-        penalty: float | None = None,
-        random_state: int | None = None,
-        executor: Any = None,
-        client: Any = None,
-    ) -> CenterDictionary:
+    def _select(self, X: Any, kernel: Kernel, *, n_centers: int | None, penalty: float | None,
+                random_state: int | None, executor: Executor) -> CenterDictionary:
         """Build the leaf dictionaries in parallel, merge them, return the root's centers."""
         if self.tree not in TREES:
             raise ValueError(f"tree must be one of {TREES}; got {self.tree!r}")
-        t0 = time.perf_counter()
-        executor = resolve_executor(executor, client)
         X, n_total, seed, gamma, info = self._setup(X, kernel, n_centers, penalty, random_state, executor)
         params = squeak_params(gamma, self.qbar, self.eps, self.batch_min)
         bounds = leaf_boundaries(X, self.n_leaves)
         state: StreamState = executor.passes(X).tree_merge(
-            stream_block, kernel, params, seed, None, name="disqueak", bounds=bounds,
+            stream_block, kernel, params, seed, None, name="disqueak", bounds=bounds.tolist(),
             merge=functools.partial(merge_states, kernel=kernel, params=params, seed=seed),
             leaf_finish=functools.partial(stream_finish, kernel=kernel, params=params, seed=seed,
                                           max_dictionary=None, keep_gram=True),
@@ -475,6 +449,4 @@ class DisqueakSampler(StreamingRLSSampler):
         )
         info.update(sampler=self.name, qbar=int(self.qbar), eps=float(self.eps), seed=seed,
                     n_leaves=len(bounds) - 1, tree=self.tree)
-        out = self._finish(state, n_centers, seed, n_total, info)
-        out.info["seconds"] = time.perf_counter() - t0
-        return out
+        return self._finish(state, n_centers, seed, n_total, info)

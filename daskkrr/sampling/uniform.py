@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -13,7 +12,6 @@ from daskkrr.sampling.base import (
     CenterDictionary,
     CenterSampler,
     register,
-    resolve_executor,
 )
 from daskkrr.sampling.weighted_rows import choose_weighted_rows
 
@@ -43,13 +41,19 @@ class UniformSampler(CenterSampler):
         X: da.Array,
         kernel: Kernel,
         *,
-        n_centers: int | None,
-        penalty: float,
-        random_state: int | None,
+        n_centers: int | None = None,
+        penalty: float | None = None,
+        random_state: int | None = None,
         executor: Any = None,
         client: Any = None,
         sample_weight: da.Array | None = None,
     ) -> CenterDictionary:
+        return self._timed_select(X, kernel, executor, client, n_centers=n_centers, penalty=penalty,
+                                  random_state=random_state, sample_weight=sample_weight)
+
+    def _select(self, X: Any, kernel: Kernel, *, n_centers: int | None, penalty: float | None,
+                random_state: int | None, executor: Executor, sample_weight: da.Array | None = None,
+                ) -> CenterDictionary:
         n = int(X.shape[0])
         if n_centers is None:
             raise ValueError("UniformSampler needs n_centers")
@@ -58,18 +62,15 @@ class UniformSampler(CenterSampler):
                 f"n_centers={n_centers} is larger than the number of rows ({n}); "
                 f"use n_centers <= {n}"
             )
-        t0 = time.perf_counter()
-        run: Executor = resolve_executor(executor, client)
         if sample_weight is None:
             rng = np.random.default_rng(random_state)
             idx = np.sort(rng.choice(n, size=n_centers, replace=False)).astype(np.int64)
         else:
-            idx = choose_weighted_rows(run.passes(sample_weight[:, None]), n_centers, random_state)
-        centers = gather_rows(X, idx, run)
+            idx = choose_weighted_rows(executor.passes(sample_weight[:, None]), n_centers, random_state)
+        centers = gather_rows(X, idx, executor)
         # Drawn in proportion to the weights, the centers are a uniform sample of the weighted data:
         # their importance weights (FALKON's D) are all one.
         return CenterDictionary(
             centers=centers, indices=idx, weights=np.ones(idx.size),
-            info={"sampler": self.name, "seconds": time.perf_counter() - t0,
-                  **({"weighted": True} if sample_weight is not None else {})},
+            info={"sampler": self.name, **({"weighted": True} if sample_weight is not None else {})},
         )

@@ -10,6 +10,7 @@ import dataclasses
 import logging
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -273,6 +274,30 @@ def run_workflow(
     else:
         config = read_workflow(workflow, overrides)
         source = str(Path(workflow).resolve())
+    return execute_run(config, source, overrides, _execute, runs_dir=runs_dir, client=client, scheduler=scheduler,
+                       n_workers=n_workers, progress=progress, security=security)
+
+
+def execute_run(
+    config: dict[str, Any],
+    source: str | None,
+    overrides: list[str] | dict[str, Any] | None,
+    execute: Callable[[dict[str, Any], rd.RunDirectory], dict[str, Any]],
+    *,
+    runs_dir: str | os.PathLike | None,
+    client: Any,
+    scheduler: str | None,
+    n_workers: int | None,
+    progress: bool,
+    security: Any,
+) -> RunResult:
+    """Run a checked workflow ``config`` once, in a new run directory: what every kind of workflow shares.
+
+    The run holds the workflow's lock, writes its resolved config, logs to its ``run.log`` and,
+    on the run's client, calls ``execute(config, run)`` for the metrics; a failure (Ctrl-C too)
+    marks the directory failed. ``source`` is the workflow file (None for a dict); the other
+    arguments are :func:`run_workflow`'s.
+    """
     if runs_dir is not None:
         config["workflow"]["runs_dir"] = str(Path(runs_dir).resolve())
     runs = Path(config["workflow"]["runs_dir"])
@@ -295,7 +320,7 @@ def run_workflow(
                     from daskkrr.dashboard import dashboard_url
 
                     logger.info("Dask dashboard: %s", getattr(c, "dashboard_link", None))
-                    metrics = _execute(config, run)
+                    metrics = execute(config, run)
                     metrics["dashboard"] = dashboard_url(c)
                 metrics["seconds"] = round(time.perf_counter() - t0, 3)
                 rd.write_json(run.file(rd.METRICS_FILE), metrics)

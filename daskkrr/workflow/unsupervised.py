@@ -39,7 +39,6 @@ normalised mutual information of the labels against it.
 
 from __future__ import annotations
 
-import logging
 import os
 import time
 from pathlib import Path
@@ -47,14 +46,11 @@ from typing import Any
 
 import numpy as np
 
-import daskkrr
 from daskkrr.utils.toml_file import read_toml, unknown_keys
 from daskkrr.workflow import rundir as rd
 from daskkrr.workflow.data import resolve_store
-from daskkrr.workflow.runner import RunResult, WorkflowRunError, _client_for, check_run_paths, workflow_security
-from daskkrr.workflow.spec import TLS_KEYS, WorkflowError, apply_overrides
-
-logger = logging.getLogger("daskkrr")
+from daskkrr.workflow.runner import RunResult, execute_run
+from daskkrr.workflow.spec import TLS_KEYS, WorkflowError, _resolve_path, apply_overrides
 
 _TABLES: dict[str, dict[str, Any]] = {
     "workflow": {"name": None, "runs_dir": None, "description": ""},
@@ -129,17 +125,15 @@ def resolve_unsupervised(raw: dict[str, Any], *, base_dir: str | os.PathLike, de
             out[name] = dict(raw[name])
     wf = out["workflow"]
     wf["name"] = wf["name"] or default_name
-    wf["runs_dir"] = str((base_dir / (wf["runs_dir"] or f"runs/{wf['name']}")).resolve())
+    wf["runs_dir"] = _resolve_path(base_dir, wf["runs_dir"] or f"runs/{wf['name']}")
     data = out["data"]
     sources = [k for k in ("store", "table", "generate") if data[k] is not None]
     if len(sources) != 1:
         raise WorkflowError(f"{where}: [data] needs exactly one of store, table or generate; got {sources or 'none'}")
     for key in ("store", "table", "cache"):
-        if data[key] is not None:
-            data[key] = str((base_dir / os.path.expanduser(data[key])).resolve())
+        data[key] = _resolve_path(base_dir, data[key])
     for key in TLS_KEYS:
-        if out["cluster"][key] is not None:
-            out["cluster"][key] = str((base_dir / os.path.expanduser(out["cluster"][key])).resolve())
+        out["cluster"][key] = _resolve_path(base_dir, out["cluster"][key])
     return out
 
 
@@ -235,34 +229,8 @@ def run_unsupervised_workflow(
         The run failed; its directory is marked failed.
     """
     config = read_unsupervised_workflow(workflow, overrides)
-    if runs_dir is not None:
-        config["workflow"]["runs_dir"] = str(Path(runs_dir).resolve())
-    runs = Path(config["workflow"]["runs_dir"])
-    check_run_paths(config, runs)
-    security = security or (None if client is not None else workflow_security(config, scheduler))
-    from daskkrr.progress import report
-
-    with rd.workflow_lock(runs):
-        run = rd.RunDirectory(runs)
-        rd.write_json(run.file(rd.CONFIG_FILE), {**config, "source": str(Path(workflow).resolve()),
-                                                 "overrides": overrides, "daskkrr_version": daskkrr.__version__})
-        with rd.run_log(run.file(rd.LOG_FILE)):
-            t0 = time.perf_counter()
-            try:
-                with _client_for(config, client, scheduler, n_workers, security), report(bar=progress):
-                    metrics = _execute(config, run)
-                metrics["seconds"] = round(time.perf_counter() - t0, 3)
-                rd.write_json(run.file(rd.METRICS_FILE), metrics)
-            except Exception as exc:
-                logger.info("run %s failed", run.run_id, exc_info=True)
-                run.fail(exc)
-                result = RunResult(run.run_id, run.path, "failed", {}, rd.read_status(run.path).get("error"))
-                raise WorkflowRunError(f"run {run.run_id} failed: {result.error} (see {run.file(rd.LOG_FILE)})",
-                                       result) from exc
-            run.succeed(seconds=metrics["seconds"])
-            if config["outputs"]["latest"]:
-                run.point_latest()
-    return RunResult(run.run_id, run.path, "succeeded", metrics)
+    return execute_run(config, str(Path(workflow).resolve()), overrides, _execute, runs_dir=runs_dir, client=client,
+                       scheduler=scheduler, n_workers=n_workers, progress=progress, security=security)
 
 
 __all__ = ["is_unsupervised", "read_unsupervised_workflow", "resolve_unsupervised", "run_unsupervised_workflow"]
