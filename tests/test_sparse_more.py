@@ -226,6 +226,40 @@ def test_online_partial_fit_on_sparse_batches_equals_dense(rows, window, kernel)
         assert sp.issparse(sparse.state_.window_X)  # the window keeps its rows sparse
 
 
+@pytest.mark.parametrize("piece_bytes", [None, 0])
+def test_the_online_sweep_densifies_a_small_sparse_block_once_and_keeps_a_large_one_sparse(
+        rows, piece_bytes, monkeypatch):
+    """The sweep asks for a kernel row per accepted candidate; a sparse block within the
+    engines' dense piece is densified once (speed), one above it stays sparse (memory).
+    Either way the decisions and factor rows equal the dense block's, to the kernel's round-off."""
+    import daskkrr.solvers.online_rls as online_rls
+
+    if piece_bytes is not None:
+        monkeypatch.setattr(online_rls, "DENSE_PIECE_BYTES", piece_bytes)
+    X = rows[0][:80]
+    kernel = make_kernel("gaussian", sigma=3.0)
+    seen = []
+
+    def spy(A, B):
+        seen.append(sp.issparse(A) or sp.issparse(B))
+        return kernel(A, B)
+
+    b = X.shape[0]
+    decide = online_rls.SPAN_TOL  # accept every candidate that is not in the span so far
+
+    def rule(i, r):
+        return 1.0 if r > decide else 0.0
+
+    got = online_rls.sweep(np.zeros((0, b)), np.ones(b), X, spy, 1e-3, rule)
+    ref = online_rls.sweep(np.zeros((0, b)), np.ones(b), X.toarray(), kernel, 1e-3, rule)
+    assert seen and all(seen) == (piece_bytes == 0) and any(seen) == (piece_bytes == 0)
+    np.testing.assert_array_equal(got.accepted, ref.accepted)
+    assert got.accepted.size > 10
+    # The kernel's round-off (KERNEL_ATOL) through the factor's pivots, each at least sqrt(lam):
+    # at most KERNEL_ATOL / lam.
+    np.testing.assert_allclose(got.new_rows, ref.new_rows, rtol=0, atol=KERNEL_ATOL / 1e-3)
+
+
 @pytest.mark.parametrize("source", ["dask", "store"])
 def test_online_fit_on_dask_sparse_blocks_equals_dense(rows, source, tmp_path):
     from daskkrr.data.sparse_store import write_sparse_zarr
