@@ -25,16 +25,28 @@ if TYPE_CHECKING:
 
 _BLAS_ONE_THREAD = threadpool_limits(limits=1, user_api="blas")
 
+#: A worker preload that ends a closed worker's process without finalising Python (seconds per cluster
+#: closed or worker restarted; see the file). Through the environment, the clusters that the CLI in a
+#: subprocess starts load it too; pytest_configure adds it to this process's Dask config.
+_WORKER_FAST_EXIT = str(Path(__file__).with_name("worker_fast_exit.py"))
+os.environ.setdefault("DASK_DISTRIBUTED__WORKER__PRELOAD", repr([_WORKER_FAST_EXIT]))
+
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Compile the fused engine into numba's cache first (once per checkout and numba version).
+    """Compile the fused engine into numba's cache first (once per checkout and numba version), and
+    give the run's clusters the worker preload :mod:`tests.worker_fast_exit`.
 
-    Without it, ``engine="auto"`` would run the BLAS engine until a background compile
+    Without the compile, ``engine="auto"`` would run the BLAS engine until a background compile
     finished, so which engine a test sees would depend on timing.
     """
+    import dask
+
     from daskkrr.kernels import warmup
     from daskkrr.utils.optional import numba_installed
 
+    preload = list(dask.config.get("distributed.worker.preload", []))
+    if _WORKER_FAST_EXIT not in preload:  # dask was imported (by a plugin) before the environment was set
+        dask.config.set({"distributed.worker.preload": [*preload, _WORKER_FAST_EXIT]})
     if numba_installed():
         warmup.warm_up()
 
@@ -94,8 +106,15 @@ def _one_thread_per_pool_process() -> None:
     four threads on two cores. The environment's BLAS limit reaches a spawned process only when the
     run set it (``setdefault`` above), so it is set here too.
     """
+    import atexit
+
+    from tests.worker_fast_exit import end_process
+
     os.environ["DASKKRR_ENGINE_THREADS"] = "1"
     threadpool_limits(limits=1, user_api="blas")
+    # At the end of the run, end without finalising Python (tests/worker_fast_exit.py says why): the
+    # pool's shutdown waits for it. Its tasks' results went back through the pool; nothing else is kept.
+    atexit.register(end_process)
 
 
 @pytest.fixture(scope="session")

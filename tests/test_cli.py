@@ -23,9 +23,10 @@ _ESTIMATOR_PARAMS = set(union_specs({**ESTIMATORS, **UNSUPERVISED}))
 
 def test_generate_fit_predict_with_running_cluster(tmp_path, cluster2, capsys):
     store = tmp_path / "train.zarr"
-    assert main(["generate", str(store), "--n", "3000", "--d", "4", "--chunk-rows", "500"]) == 0
-    model = tmp_path / "m"
     address = cluster2.scheduler.address
+    # on the running cluster too: without --scheduler, generate would start (and close) a cluster of its own
+    assert main(["generate", str(store), "--n", "3000", "--d", "4", "--chunk-rows", "500", "--scheduler", address]) == 0
+    model = tmp_path / "m"
     assert main(["fit", "--data", str(store), "--out", str(model), "--centers", "100", "--sigma", "2.0",
                  "--scheduler", address]) == 0
     out = tmp_path / "p.zarr"
