@@ -92,6 +92,9 @@ def test_plan_keeps_dense_where_the_client_holds_it():
         assert plan.route == "dense" and plan.storage == "client", plan.reason
     big = plan_factor(50_000, 4, budget, client_memory=8 * 2**30)
     assert big.route == "tiled" and big.storage == "zarr" and "more than 50%" in big.reason
+    # float32 factors: T and A (4.85 GiB each) and the float64 kernel tiles (9.7 GiB) in memory; spilled, the kernel
+    # tiles are recomputed, and the disk holds T, the inner matrix and A (3 x 4.85 GiB)
+    assert "the tiles need 19.4 GiB" in big.reason and "14.5 GiB on disk" in big.reason
     assert dense_bytes(50_000) == 3 * 8 * 50_000**2
     within = plan_factor(5000, 4, Budget(cores=2, memory_bytes=2**30), client_memory=2**30, route="tiled")
     assert within.route == "tiled" and within.storage == "memory" and "asked for" in within.reason
