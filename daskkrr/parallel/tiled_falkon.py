@@ -14,7 +14,8 @@ CG's speed only: both converge to the same Nystrom solution.
 
 The rest follows the dense class: the same jitter (policy and floor), the same float32
 factorisation from 2048 centers in a float32 fit with ``D K_MM D`` applied exactly in the
-penalty term (kept as float64 tiles where the factors are, as the dense route keeps it), the same
+penalty term (kept as float64 tiles in memory, as the dense route keeps it; recomputed in each
+iteration where the factors are spilled to Zarr, which is cheaper than reading them back), the same
 ``exact_penalty`` term ``v - jitter T^{-T} T^{-1} v``.
 """
 
