@@ -92,6 +92,9 @@ def test_plan_keeps_dense_where_the_client_holds_it():
         assert plan.route == "dense" and plan.storage == "client", plan.reason
     big = plan_factor(50_000, 4, budget, client_memory=8 * 2**30)
     assert big.route == "tiled" and big.storage == "zarr" and "more than 50%" in big.reason
+    # float32 factors: T and A (4.85 GiB each) and the float64 kernel tiles (9.7 GiB) in memory; spilled, the kernel
+    # tiles are recomputed, and the disk holds T, the inner matrix and A (3 x 4.85 GiB)
+    assert "the tiles need 19.4 GiB" in big.reason and "14.5 GiB on disk" in big.reason
     assert dense_bytes(50_000) == 3 * 8 * 50_000**2
     within = plan_factor(5000, 4, Budget(cores=2, memory_bytes=2**30), client_memory=2**30, route="tiled")
     assert within.route == "tiled" and within.storage == "memory" and "asked for" in within.reason
@@ -191,11 +194,12 @@ def test_tiled_route_on_a_local_cluster(problem, cluster2, monkeypatch):
     check_same_solution(dense, tiled, X)
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float64"])
-def test_tiled_operator_is_the_preconditioned_system(problem, dtype):
+@pytest.mark.parametrize(("dtype", "spill"), [("float32", False), ("float64", False), ("float32", True)])
+def test_tiled_operator_is_the_preconditioned_system(problem, dtype, spill):
     """One application of the tiled operator against the same algebra in numpy on the same tiles:
     ``A^{-T} (T^{-T} D H D t / n + lambda T^{-T} P t)`` with ``t = T^{-1} A^{-1} beta`` and ``P = D K_MM D``
-    (float32 factors: the kept float64 kernel tiles) or ``P = T^T T - jitter I`` (float64 factors, applied as
+    (float32 factors: the kept float64 kernel tiles; spilled to Zarr, the tiles recomputed in each product
+    instead of written and read back) or ``P = T^T T - jitter I`` (float64 factors, applied as
     ``v - jitter T^{-T} t``).
     Both sides do the same float64 arithmetic in another order: four triangular solves, each off by at most
     ``M eps cond`` of its factor (Higham, Thm 8.5), relative to the result."""
@@ -205,9 +209,10 @@ def test_tiled_operator_is_the_preconditioned_system(problem, dtype):
     w = np.random.default_rng(1).uniform(0.5, 2.0, M)
     pre = TiledFalkonPreconditioner.from_centers(Executor(), Z, kernel, penalty=PENALTY, n=N, tile=70, weights=w,
                                                  relative_jitter=jitter_floor("float32", PENALTY),
-                                                 factor_precision=dtype)
+                                                 factor_precision=dtype, spill=spill)
     try:  # float32's jitter floor on both: the exact penalty term, and factors whose condition the bound can use
-        assert (pre.kmm is not None) == (dtype == "float32") and pre.exact_penalty
+        assert (pre.kmm is not None) == (dtype == "float32" and not spill) and pre.exact_penalty
+        assert (pre.kmm_source is not None) == (dtype == "float32" and spill)
         T = pre.T.to_numpy().astype(np.float64)
         A = pre.A.to_numpy().astype(np.float64)
         beta = np.random.default_rng(2).normal(size=(M, 2))

@@ -22,7 +22,10 @@ from daskkrr.parallel.tiled_linalg import (
     TileFactorError,
     TileLayout,
     TileStore,
+    ZarrTile,
+    _op_minus_product,
     _op_shifted,
+    _op_trsv,
     _task,
     kernel_cholesky,
     solve_upper_tiled,
@@ -149,6 +152,38 @@ def test_triangle_bytes():
     expected = sum(sizes[i] * sizes[j] for i in range(5) for j in range(i, 5)) * 4
     assert triangle_bytes(300, 70, 4) == expected
     assert triangle_bytes(300, 300, 8) == 300 * 300 * 8
+
+
+def test_spilled_tile_is_read_as_stored_and_solved_in_that_order():
+    """A spilled tile is read as Zarr stores it (C order), not copied to Fortran order: that transposing copy took
+    five times the read and was most of a spilled CG iteration. The solves' tile operations take the C-ordered
+    float32 tile as it is (its transpose for the products, float64 for the diagonal solve): the same float64
+    arithmetic on the same entries in another order, so within Higham's bounds (module docstring)."""
+    b = 40
+    rng = np.random.default_rng(5)
+    T32 = (np.triu(rng.normal(size=(b, b))) + b * np.eye(b)).astype(np.float32)  # an upper-triangular tile
+    G32 = rng.normal(size=(b, b)).astype(np.float32)  # an off-diagonal tile
+    store = TileStore()
+    try:
+        layout = TileLayout(2 * b, b)
+        path = store.array("T", layout, np.float32)
+        diag, off = (ZarrTile(path, layout.bounds(0), layout.bounds(j)) for j in (0, 1))
+        diag.write(np.asfortranarray(T32))
+        off.write(np.asfortranarray(G32))
+        Tc, Gc = diag.read(), off.read()
+    finally:
+        store.close()
+    assert Tc.flags.c_contiguous and not Tc.flags.f_contiguous
+    assert np.array_equal(Tc, T32) and np.array_equal(Gc, G32)
+    T64, G64 = T32.astype(np.float64), G32.astype(np.float64)
+    x, acc = rng.normal(size=(b, 2)), rng.normal(size=(b, 2))
+    for trans in (False, True):
+        A, G = (T64.T, G64.T) if trans else (T64, G64)
+        solved = _op_trsv(Tc, x, trans)
+        assert np.all(np.abs(A @ solved - x) <= 2 * gamma(b, "float64") * (np.abs(A) @ np.abs(solved)))
+        got = _op_minus_product(acc, Gc, x, trans)
+        bound = 2 * gamma(b + 1, "float64") * (np.abs(acc) + np.abs(G) @ np.abs(x))
+        assert np.all(np.abs(got - (acc - G @ x)) <= bound)
 
 
 def test_on_a_local_cluster(cluster2, centers):

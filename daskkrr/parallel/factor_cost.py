@@ -13,7 +13,9 @@ at most a few tiles per task. With float32 factors the inner matrix's place is t
 ``D K_MM D`` in float64 tiles (the penalty term's, as the dense route keeps it): ``T``, ``A`` and
 twice a float32 triangle, :data:`TILED_FLOAT32_UNITS` float32 triangles. Its tiles stay in the
 workers' memory when they fit in :data:`TILE_MEMORY_FRACTION` of it (and of ``memory_budget``),
-else they are spilled to a Zarr store on disk.
+else they are spilled to a Zarr store on disk; spilled, the kernel tiles are not stored but
+recomputed in each CG iteration (:mod:`daskkrr.parallel.tiled_falkon`), so the disk holds
+:data:`TILED_MATRICES` triangles (:func:`spilled_bytes`).
 
 ``preconditioner_route="auto"`` takes the dense route whenever its matrices fit in
 :data:`CLIENT_MEMORY_FRACTION` of the client's memory budget (the memory available to this
@@ -107,6 +109,14 @@ def tiled_bytes(n_centers: int, tile: int, itemsize: int) -> int:
     return units * triangle_bytes(n_centers, tile, itemsize)
 
 
+def spilled_bytes(n_centers: int, tile: int, itemsize: int) -> int:
+    """Bytes of the tiles a spilled tiled route writes to disk: ``T``, the inner matrix and ``A`` (the kernel
+    tiles of float32 factors are recomputed, not spilled)."""
+    from daskkrr.parallel.tiled_linalg import triangle_bytes
+
+    return TILED_MATRICES * triangle_bytes(n_centers, tile, itemsize)
+
+
 def plan_factor(n_centers: int, factor_itemsize: int, budget: Budget, *, route: str = "auto",
                 client_memory: int, memory_budget: int | None = None, tile: int | None = None,
                 rates: Rates = DEFAULT_RATES) -> FactorPlan:
@@ -137,8 +147,9 @@ def plan_factor(n_centers: int, factor_itemsize: int, budget: Budget, *, route: 
     if route == "dense" or (route == "auto" and fits):
         reason = (f"dense: asked for; {need}" if route == "dense" else f"dense: {need}, within {have}")
         return FactorPlan("dense", "client", 0, dense, tiled, client, workers, dense_s, tiled_s, reason)
+    disk = spilled_bytes(M, rows, factor_itemsize)
     where = (f"spilled to Zarr (the tiles need {tiled / 2**30:.3g} GiB, the workers may hold "
-             f"{workers / 2**30:.3g} GiB)" if spill else
+             f"{workers / 2**30:.3g} GiB; {disk / 2**30:.3g} GiB on disk)" if spill else
              f"in the workers' memory ({tiled / 2**30:.3g} GiB of {workers / 2**30:.3g} GiB)")
     why = "asked for" if route == "tiled" else f"{need}, more than {have}"
     reason = f"tiled ({rows} x {rows} tiles) {where}: {why}"

@@ -14,7 +14,8 @@ CG's speed only: both converge to the same Nystrom solution.
 
 The rest follows the dense class: the same jitter (policy and floor), the same float32
 factorisation from 2048 centers in a float32 fit with ``D K_MM D`` applied exactly in the
-penalty term (kept as float64 tiles where the factors are, as the dense route keeps it), the same
+penalty term (kept as float64 tiles in memory, as the dense route keeps it; recomputed in each
+iteration where the factors are spilled to Zarr, which is cheaper than reading them back), the same
 ``exact_penalty`` term ``v - jitter T^{-T} T^{-1} v``.
 """
 
@@ -28,9 +29,11 @@ import numpy as np
 from dask.delayed import Delayed, delayed
 
 from daskkrr.kernels.base import Kernel
+from daskkrr.kernels.engine import engine_for
 from daskkrr.parallel.executor import Executor
 from daskkrr.parallel.tiled_linalg import (
     TiledMatrix,
+    TileLayout,
     TileStore,
     _load,
     as_blocks,
@@ -78,13 +81,66 @@ def _tile_product(K: Any, vi: np.ndarray, vj: np.ndarray, diagonal: bool) -> tup
     return _kept_product(_load(K), vi, vj, diagonal, None, None)
 
 
+#: Rows of a recomputed kernel tile built at once: a 256 x 2048 float64 strip (4 MiB) is reused from the heap,
+#: where a whole 32 MiB tile is fresh memory each time (page faults at 0.5 GB/s on the development VM).
+KERNEL_STRIP_ROWS = 256
+
+
+def _recomputed_tile_product(shared: tuple[np.ndarray, np.ndarray, Kernel], rows: tuple[int, int],
+                             cols: tuple[int, int], vi: np.ndarray, vj: np.ndarray, diagonal: bool) -> tuple:
+    """``(K v_j, K^T v_i)`` (the second None on a diagonal tile) of a float64 tile of ``D K_MM D`` computed afresh
+    by the block engine, a strip of rows at a time (the fused loops of the data passes: at d = 20 a 2048 x 2048
+    tile in 0.03 s against 0.12 s for the kernel's numpy call; its entries differ from the kept tiles' by float64
+    rounding)."""
+    Z, d, kernel = shared
+    Zi, Zj, di, dj = Z[slice(*rows)], Z[slice(*cols)], d[slice(*rows)], d[slice(*cols)]
+    vi, vj = np.asarray(vi, dtype=np.float64), np.asarray(vj, dtype=np.float64)
+    engine = engine_for(kernel)
+    left = np.empty((len(Zi), vj.shape[1]))
+    right = None if diagonal else np.zeros((len(Zj), vi.shape[1]))
+    for a in range(0, len(Zi), KERNEL_STRIP_ROWS):
+        b = slice(a, a + KERNEL_STRIP_ROWS)
+        K = np.asarray(engine.kernel_block(kernel, Zi[b], Zj), dtype=np.float64)
+        K *= di[b, None]
+        K *= dj[None, :]
+        left[b] = K @ vj
+        if right is not None:
+            right += K.T @ vi[b]
+    return left, right
+
+
+#: Builds the task of tile ``(i, j)``'s products with the blocks ``v_i``, ``v_j``: ``product(i, j, v_i, v_j)``.
+TileProduct = Callable[[int, int, Any, Any], Delayed]
+
+
 def symmetric_product_graphs(S: TiledMatrix, blocks: list[Any], name: str = "kmm") -> list[Delayed]:
     """Graphs of the row blocks of ``S V`` for a symmetric tiled ``S`` (upper tiles, diagonal tiles whole): a tile
     ``(i, j)`` gives ``S_ij v_j`` to block ``i`` and ``S_ij^T v_i`` to block ``j``; each tile is read once."""
-    contrib: list[list[tuple[int, Delayed]]] = [[] for _ in range(S.layout.nb)]
-    for i, j in S.layout.pairs:
-        task = delayed(_tile_product, pure=True, traverse=False)(S.tile(i, j), blocks[i], blocks[j], i == j,
+
+    def product(i: int, j: int, vi: Any, vj: Any) -> Delayed:
+        return delayed(_tile_product, pure=True, traverse=False)(S.tile(i, j), vi, vj, i == j,
                                                                  dask_key_name=_key(name))
+
+    return _symmetric_graphs(S.layout, product, blocks, name)
+
+
+def recomputed_kernel_product_graphs(layout: TileLayout, shared: Any, blocks: list[Any],
+                                     name: str = "kmm") -> list[Delayed]:
+    """:func:`symmetric_product_graphs` of ``D K_MM D`` with each tile computed from the centers in its task
+    (``shared``: the broadcast ``(Z, d, kernel)``) instead of read from where it is kept."""
+
+    def product(i: int, j: int, vi: Any, vj: Any) -> Delayed:
+        return delayed(_recomputed_tile_product, pure=True, traverse=False)(
+            shared, layout.bounds(i), layout.bounds(j), vi, vj, i == j, dask_key_name=_key(name))
+
+    return _symmetric_graphs(layout, product, blocks, name)
+
+
+def _symmetric_graphs(layout: TileLayout, product: TileProduct, blocks: list[Any], name: str) -> list[Delayed]:
+    """Row blocks of ``S V`` from the upper tiles' product tasks (each task's two products go to two blocks)."""
+    contrib: list[list[tuple[int, Delayed]]] = [[] for _ in range(layout.nb)]
+    for i, j in layout.pairs:
+        task = product(i, j, blocks[i], blocks[j])
         contrib[i].append((0, task))
         if i != j:
             contrib[j].append((1, task))
@@ -111,6 +167,9 @@ class TiledFalkonPreconditioner:
     #: ``D K_MM D`` as float64 tiles, kept when the factors are float32: the penalty term applies it exactly
     #: (as the dense route keeps it; recomputing its tiles each CG iteration took most of an iteration's time).
     kmm: TiledMatrix | None = None
+    #: ``(Z, d, kernel)`` as a task argument where the float32 factors are spilled: the kernel tiles are then
+    #: recomputed in each CG iteration instead of kept (see :meth:`from_centers`).
+    kmm_source: Any = None
     store: TileStore | None = None
     #: No sketch: the inner matrix is FALKON's own, in float64 unless the factors are float32.
     precision: str = "float64"
@@ -167,10 +226,15 @@ class TiledFalkonPreconditioner:
         inner = upper_times_transpose(T, rows=float(M), center=center, shift=float(penalty), store=store)
         A = cls._factor_inner(executor, inner, single, store)
         inner.release()  # before the kernel tiles: they take its place (parallel.factor_cost counts them)
-        kept = kernel_tiles(executor, Z, kernel, d, tile=T.layout.b, store=store) if single else None
+        # Spilled, the float64 kernel tiles are recomputed in each iteration rather than read back: reading an
+        # entry (8 bytes from Zarr, from disk once the tiles outgrow the page cache) costs more than computing
+        # it (parallel.cost's rates), and at M = 50 000 they would be 10 GB of reads per iteration.
+        kept = kernel_tiles(executor, Z, kernel, d, tile=T.layout.b) if single and store is None else None
+        source = executor.broadcast((np.ascontiguousarray(Z, dtype=np.float64), d, kernel)) \
+            if single and store is not None else None
         return cls(T=T, A=A, d=d, penalty=float(penalty), n=float(n), jitter=jitter,
                    exact_penalty=relative_jitter is not None or single, factor_precision=factor_precision,
-                   kmm=kept, store=store, precision="float32" if single else "float64")
+                   kmm=kept, kmm_source=source, store=store, precision="float32" if single else "float64")
 
     @staticmethod
     def _factor_inner(executor: Executor, inner: TiledMatrix, single: bool, store: TileStore | None) -> TiledMatrix:
@@ -249,7 +313,7 @@ class TiledFalkonPreconditioner:
         """``A^{-T} (T^{-T} (D c / n + lambda q) + lambda r)`` block by block (see :meth:`operator`)."""
         lam = self.penalty
         d = self._d_blocks()
-        if self.kmm is not None:
+        if self.kmm is not None or self.kmm_source is not None:
             q = self._kernel_product(t)
             inner = [delayed(_data_plus_penalty, pure=True)(ci, di[:, 0], 1.0 / self.n, lam, qi,
                                                             dask_key_name=_key("solve"))
@@ -264,11 +328,13 @@ class TiledFalkonPreconditioner:
         return solve_graphs(self.A, total, trans=True)
 
     def _kernel_product(self, t: list[np.ndarray]) -> list[Delayed]:
-        """``D K_MM D t`` from the kept tiles (upper triangle: a tile ``(i, j)`` gives ``K_ij t_j`` to block
-        ``i`` and ``K_ij^T t_i`` to block ``j``; each tile is read once)."""
-        if self.kmm is None:
-            raise RuntimeError("the kernel product of the penalty term needs the kept kernel tiles (float32 factors)")
-        return symmetric_product_graphs(self.kmm, t)
+        """``D K_MM D t`` from the kept tiles, or tiles recomputed from the centers where they are not kept
+        (upper triangle: a tile ``(i, j)`` gives ``K_ij t_j`` to block ``i`` and ``K_ij^T t_i`` to block ``j``)."""
+        if self.kmm is not None:
+            return symmetric_product_graphs(self.kmm, t)
+        if self.kmm_source is not None:
+            return recomputed_kernel_product_graphs(self.T.layout, self.kmm_source, t)
+        raise RuntimeError("the kernel product of the penalty term needs the kernel tiles (float32 factors)")
 
     def close(self) -> None:
         """Free the tiles (and the spill store)."""

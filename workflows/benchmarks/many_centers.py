@@ -19,6 +19,8 @@ Methods, each fit in a fresh process:
 - ``tiled-memory``: ``preconditioner_route="tiled"``, tiles in memory;
 - ``tiled-zarr``: ``memory_budget`` of 64 MiB: the cost model takes the tiled route and spills
   the tiles to Zarr;
+- ``budget``: ``memory_budget=--memory-budget`` (default 12e9 bytes, the issue's bound): the cost model
+  chooses the route and where the tiles live (the issue's figure at M = 50 000);
 - ``workers``: a ``LocalCluster`` of ``--workers`` single-threaded worker processes, each with a
   ``memory_limit`` below one ``M x M`` float32 matrix (``--worker-memory``, default 90% of
   ``4 M^2`` bytes), ``preconditioner_route="tiled"``: the tiles live on the workers (or are
@@ -32,7 +34,16 @@ methods interleaved on the (shared) machine.
 
 Columns: fit time and the time of each stage (centers, preconditioner, operator, solve), CG
 iterations, test RMSE, peak memory (sum of the per-process peaks) and the largest single
-process, the route and its reason (``preconditioner_route_``).
+process, the route and its reason (``preconditioner_route_``). On the tiled route the
+preconditioner's parts too: ``factor_T_s`` (``K_MM``'s tiles and their Cholesky), ``lauum_s``
+(``T T^T``), ``factor_A_s``; ``iteration_s``, the median seconds of a CG iteration; ``load_mean`` and
+``load_max``, the 1-minute load average sampled every 15 s during the fit (the machine is shared).
+
+``--trace-rmse``: the test RMSE of every CG iterate, with the seconds since the fit started at which
+that iterate was there (``rmse_trace``): the iterates' preconditioned vectors are kept during the CG
+and turned into coefficients in one tiled solve after it (its seconds, ``trace_s``, are taken out of
+``fit_s`` and ``solve_s``). Each traced fit then gets ``reach_M{m}_s``: the first time its iterate's
+test RMSE was at most the final test RMSE of the fit with ``m`` centers (the time to reach it).
 
 Sizes: ``--quick`` n = 50 000, M = 2000 and 6000; the full size is the issue's, n = 1e6,
 M = 10 000, 20 000 and 50 000 (the dense route is left out where its matrices exceed the
@@ -42,8 +53,11 @@ machine's memory, ``--dense-max``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -57,17 +71,25 @@ from fit_tools import emit, machine, print_table, run_child, sine_store, write_r
 N_TEST = 20_000
 D = 20
 PENALTY = 1e-6
-METHODS = ("dense", "tiled-memory", "tiled-zarr", "workers")
+METHODS = ("dense", "tiled-memory", "tiled-zarr", "budget", "workers")
 #: memory_budget of the tiled-zarr method: far below any tiles, so they are spilled.
 SPILL_BUDGET = 64 * 2**20
 
 
-def method_params(method: str) -> dict:
+#: ``--memory-budget`` of the budget method: the issue's 12 GB for all processes.
+DEFAULT_BUDGET = 12e9
+#: Seconds between two samples of the load average.
+LOAD_EVERY_S = 15.0
+
+
+def method_params(method: str, memory_budget: float = DEFAULT_BUDGET) -> dict:
     """The estimator parameters of a method."""
     if method == "dense":
         return {"preconditioner_route": "dense"}
     if method in ("tiled-memory", "workers"):
         return {"preconditioner_route": "tiled"}
+    if method == "budget":
+        return {"memory_budget": int(memory_budget)}
     return {"memory_budget": SPILL_BUDGET}
 
 
@@ -97,21 +119,29 @@ def fit_child(args: argparse.Namespace) -> dict:
     import zarr
 
     from daskkrr import FalkonRegressor
-    from daskkrr.events import StageDone, subscribe
+    from daskkrr.events import SolverStep, StageDone, subscribe
 
     g = zarr.open_group(args.store, mode="r")
     n = args.n_train
     X, y = da.from_zarr(g["X"]), da.from_zarr(g["y"])
     stage_s: dict[str, float] = {}
+    steps: list[float] = []
 
     def on_event(event: object) -> None:
         if isinstance(event, StageDone):
             stage_s[event.stage] = stage_s.get(event.stage, 0.0) + event.seconds
+        elif isinstance(event, SolverStep):
+            steps.append(time.perf_counter())
 
     model = FalkonRegressor(n_centers=args.centers, penalty=PENALTY, dtype="float32", max_iter=args.max_iter,
-                            tol=1e-4, random_state=0, preconditioner_rows=None, **method_params(args.child))
-    with subscribe(on_event):
+                            tol=1e-4, random_state=0, preconditioner_rows=None,
+                            **method_params(args.child, args.memory_budget))
+    parts = PartTimer()
+    trace = IterateTrace() if args.trace_rmse else None
+    with subscribe(on_event), parts, LoadSampler() as load, (trace or contextlib.nullcontext()):
         t = time.perf_counter()
+        if trace is not None:
+            trace.start = t
         model.fit(X[:n], y[:n])
         fit_s = time.perf_counter() - t
     pred = np.asarray(model.predict(X[n:]).compute())
@@ -119,9 +149,155 @@ def fit_child(args: argparse.Namespace) -> dict:
     if args.save:  # for the comparison of the workers' fit with the dense one
         np.savez(args.save, coef=np.asarray(model.coef_), pred=pred)
     route = model.preconditioner_route_
-    return dict(fit_s=fit_s, **{f"{k}_s": v for k, v in stage_s.items()},
-                rmse=float(np.sqrt(np.mean((pred - yt) ** 2))), n_iter=int(model.n_iter_),
-                strategy=model.strategy_, route=route["route"], storage=route["storage"], reason=route["reason"])
+    out = dict(fit_s=fit_s, **{f"{k}_s": v for k, v in stage_s.items()}, **parts.seconds, **load.summary(),
+               iteration_s=float(np.median(np.diff(steps))) if len(steps) > 1 else float("nan"),
+               rmse=float(np.sqrt(np.mean((pred - yt) ** 2))), n_iter=int(model.n_iter_),
+               strategy=model.strategy_, route=route["route"], storage=route["storage"], reason=route["reason"])
+    if trace is not None:  # the trace's own solve is not the fit's: take it out
+        out.update(fit_s=fit_s - trace.seconds, solve_s=out.get("solve_s", 0.0) - trace.seconds,
+                   trace_s=trace.seconds, rmse_trace=trace_text(trace.rmse(model, X[n:], yt)))
+    return out
+
+
+def trace_text(points: list[dict]) -> str:
+    """The RMSE trace as text, ``"iteration@seconds:rmse; ..."`` (the runner keeps text fields, not lists)."""
+    return "; ".join(f"{p['iteration']}@{p['t_s']:.1f}s:{p['rmse']:.6f}" for p in points)
+
+
+def parse_trace(text: str) -> list[tuple[int, float, float]]:
+    """``[(iteration, seconds, rmse)]`` of :func:`trace_text`'s text."""
+    out = []
+    for part in filter(None, (p.strip() for p in text.split(";"))):
+        it, rest = part.split("@")
+        t, rmse = rest.split("s:")
+        out.append((int(it), float(t), float(rmse)))
+    return out
+
+
+class LoadSampler:
+    """The 1-minute load average every :data:`LOAD_EVERY_S` seconds while the context is open."""
+
+    def __init__(self) -> None:
+        self.samples: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while True:
+            self.samples.append(os.getloadavg()[0])
+            if self._stop.wait(LOAD_EVERY_S):
+                return
+
+    def __enter__(self) -> LoadSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.samples.append(os.getloadavg()[0])
+
+    def summary(self) -> dict:
+        return {"load_mean": round(float(np.mean(self.samples)), 2), "load_max": round(max(self.samples), 2),
+                "load_15min_end": round(os.getloadavg()[2], 2)}
+
+
+class PartTimer:
+    """Seconds of the tiled preconditioner's parts, timed by wrapping its module's functions while open."""
+
+    PARTS = {"kernel_cholesky": "factor_T_s", "upper_times_transpose": "lauum_s"}
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._saved: list[tuple[object, str, object]] = []
+
+    def _wrap(self, owner: object, name: str, label: str) -> None:
+        raw = vars(owner)[name]
+        original = raw.__func__ if isinstance(raw, staticmethod) else raw
+
+        def timed(*a: object, **k: object) -> object:
+            t = time.perf_counter()
+            try:
+                return original(*a, **k)
+            finally:
+                self.seconds[label] = self.seconds.get(label, 0.0) + time.perf_counter() - t
+
+        self._saved.append((owner, name, raw))
+        setattr(owner, name, staticmethod(timed) if isinstance(raw, staticmethod) else timed)
+
+    def __enter__(self) -> PartTimer:
+        from daskkrr.parallel import tiled_falkon
+
+        for name, label in self.PARTS.items():
+            self._wrap(tiled_falkon, name, label)
+        self._wrap(tiled_falkon.TiledFalkonPreconditioner, "_factor_inner", "factor_A_s")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for owner, name, original in reversed(self._saved):
+            setattr(owner, name, original)
+
+
+class IterateTrace:
+    """Keeps each CG iterate (the preconditioned ``beta``, from the solver's state hook) with the time it was
+    there, and ``mu`` of the intercept; after the CG, while the preconditioner is still open, turns them all
+    into coefficients in one solve (``seconds``); :meth:`rmse` then predicts the test rows with each."""
+
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+        self.betas: dict[int, tuple[float, np.ndarray]] = {}
+        self.coefs: np.ndarray | None = None
+        self.mu: np.ndarray | None = None
+        self.seconds = 0.0
+
+    def __enter__(self) -> IterateTrace:
+        from daskkrr.pipeline import stages
+
+        self._stages = stages
+        self._solve, self._split = stages.falkon_solve, stages.split_column_sums
+
+        def split(*a: object, **k: object) -> tuple:
+            b, mu = self._split(*a, **k)
+            self.mu = None if mu is None else np.asarray(mu, dtype=np.float64).reshape(-1)
+            return b, mu
+
+        def solve(pre: object, gram_matvec: object, b: object, *, on_state: object = None, state_every: int = 1,
+                  **k: object) -> tuple:
+            def keep(state: object) -> None:
+                it = len(state.history) - 1
+                self.betas.setdefault(it, (time.perf_counter() - self.start, np.array(state.x, dtype=np.float64)))
+                if on_state is not None and it % state_every == 0:
+                    on_state(state)
+
+            out = self._solve(pre, gram_matvec, b, on_state=keep, state_every=1, **k)
+            t = time.perf_counter()
+            betas = np.concatenate([self.betas[i][1] for i in sorted(self.betas)], axis=1)
+            self.coefs = np.concatenate([pre.to_coefficients(betas[:, a:a + 32]) for a in range(0, betas.shape[1], 32)],
+                                        axis=1)
+            self.seconds = time.perf_counter() - t
+            return out
+
+        stages.falkon_solve, stages.split_column_sums = solve, split
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stages.falkon_solve, self._stages.split_column_sums = self._solve, self._split
+
+    def rmse(self, model: object, X_test: object, y_test: np.ndarray) -> list[dict]:
+        """``[{iteration, t_s, rmse}]``: each iterate's test RMSE (the model's coefficients swapped in)."""
+        coef, intercept = model.coef_, model.intercept_
+        y_mean = intercept + (0.0 if self.mu is None else self.mu @ coef)  # intercept_ = y_mean - mu @ coef_
+        rows = []
+        try:
+            for k, it in enumerate(sorted(self.betas)):
+                c = self.coefs[:, k]
+                model.coef_, model.intercept_ = c, y_mean - (0.0 if self.mu is None else self.mu @ c)
+                pred = np.asarray(model.predict(X_test).compute())
+                rows.append({"iteration": it, "t_s": round(self.betas[it][0], 2),
+                             "rmse": float(np.sqrt(np.mean((pred - y_test) ** 2)))})
+        finally:
+            model.coef_, model.intercept_ = coef, intercept
+        return rows
 
 
 # --------------------------------------------------------------------------- parent
@@ -134,6 +310,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--dense-max", type=int, default=30_000,
                     help="largest M fitted on the dense route (3 x 8 M^2 bytes in one process)")
     ap.add_argument("--workers", type=int, default=4, help="worker processes of the workers method")
+    ap.add_argument("--memory-budget", type=float, default=DEFAULT_BUDGET,
+                    help="memory_budget (bytes) of the budget method (default: the issue's 12e9)")
+    ap.add_argument("--trace-rmse", action="store_true",
+                    help="the test RMSE of every CG iterate and the time to reach each other M's test RMSE")
     ap.add_argument("--worker-memory", type=int, default=None,
                     help="memory_limit of each worker in bytes (default: 90%% of one M x M float32 matrix)")
     ap.add_argument("--n-train-rows", type=int, default=None, help="training rows (default: by size)")
@@ -168,12 +348,15 @@ def main(argv: list[str] | None = None) -> list[dict]:
                     row.update(compare_fits(saved["dense"], path))
             rows.append(row)
             print(json.dumps(row, default=float), flush=True)
+    add_reach_times(rows)
     info = machine()
     title = (f"many centers, {info['cores']} cores ({info['cpu']}), {info['memory_gib']} GiB; d = {D}, float32, "
              f"penalty {PENALTY:g}, tol 1e-4, max_iter {args.max_iter}; one run each")
-    print_table(rows, ["n", "M", "method", "fit_s", "centers_s", "preconditioner_s", "operator_s", "solve_s",
-                       "n_iter", "rmse", "peak_mb", "max_process_mb", "route", "storage", "strategy",
-                       "coef_rel_diff", "pred_rel_diff"], title)
+    reach = sorted({k for r in rows for k in r if k.startswith("reach_M")})
+    print_table(rows, ["n", "M", "method", "fit_s", "centers_s", "preconditioner_s", "factor_T_s", "lauum_s",
+                       "factor_A_s", "operator_s", "solve_s", "iteration_s", "n_iter", "rmse", *reach, "peak_mb",
+                       "max_process_mb", "load_mean", "route", "storage", "strategy", "coef_rel_diff",
+                       "pred_rel_diff"], title)
     write_results(rows, args.out, "many_centers_quick" if args.quick else "many_centers",
                   {"machine": info, "args": vars(args)})
     return rows
@@ -185,12 +368,27 @@ def fit_once(args: argparse.Namespace, method: str, store: Path, n: int, M: int,
             "--max-iter", str(args.max_iter), "--workers", str(args.workers), "--save", str(save)]
     if args.worker_memory:
         argv += ["--worker-memory", str(args.worker_memory)]
+    argv += ["--memory-budget", str(args.memory_budget)] + (["--trace-rmse"] if args.trace_rmse else [])
     res = run_child(argv, timeout=args.timeout)
     if "error" in res:
         print(f"M={M} {method}: failed: {res['error'][-600:]}", flush=True)
         return {"error": res["error"][-600:]}
     per_process = res.pop("peak_per_process_mb", {})
     return {**res, "max_process_mb": max(per_process.values(), default=float("nan"))}
+
+
+def add_reach_times(rows: list[dict]) -> None:
+    """``reach_M{m}_s`` of each traced row: when (seconds since its fit started) its iterate first had at most the
+    final test RMSE of the fit with ``m`` centers (the budget method's fit where there is one, else the first),
+    None if it never did."""
+    final = {}
+    for r in rows:
+        if "error" not in r and (r["M"] not in final or r["method"] == "budget"):
+            final[r["M"]] = r["rmse"]
+    for r in rows:
+        for m, target in final.items():
+            if m != r["M"] and r.get("rmse_trace"):
+                r[f"reach_M{m}_s"] = next((t for _, t, rmse in parse_trace(r["rmse_trace"]) if rmse <= target), None)
 
 
 def compare_fits(reference: Path, other: Path) -> dict:
