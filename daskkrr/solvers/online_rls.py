@@ -45,7 +45,7 @@ import numpy as np
 import scipy.linalg as sla
 
 from daskkrr.kernels import Kernel
-from daskkrr.kernels.sparse import DENSE_PIECE_BYTES, is_sparse
+from daskkrr.kernels.sparse import DENSE_PIECE_BYTES, dense_rows, is_sparse
 
 #: Leverage-score factor of the poster's approximate scores, (1 + eps) with eps = 1/2.
 SCORE_FACTOR = 1.5
@@ -127,7 +127,7 @@ def sweep(
     # (~1 ms of overhead, 3-4x the dense row), so a block that densifies within the engines'
     # dense piece is densified once; the same kernel to round-off.
     if is_sparse(Xc) and Xc.shape[0] * Xc.shape[1] * Xc.dtype.itemsize <= DENSE_PIECE_BYTES:
-        Xc = Xc.toarray()
+        Xc = dense_rows(Xc)
     ext = np.zeros((min(b, 16), b))  # components added in this sweep (grown by doubling)
     residual = np.array(residual0, dtype=np.float64, copy=True)
     seen = np.empty(b)
