@@ -355,8 +355,8 @@ class BKB:
     ``t - d_eff < 1``, kept in ``[1e-6 s^2, s^2]``. That estimate is taken at the
     previous ``lambda`` and feeds itself: a large ``lambda`` smooths the mean, whose
     large residuals keep ``lambda`` large (``xi`` was 0.5 to 1 times the rewards'
-    spread for the first 25 steps on Hartmann-6, 0.15 to 0.2 by the evidence against
-    the true 0.1). Either way ``lambda = xi^2 / s^2`` and ``F = s`` where those are "auto".
+    spread for the first 25 steps on Hartmann-6; by the evidence, about 0.10 from the
+    20th step on against the true 0.1). Either way ``lambda = xi^2 / s^2`` and ``F = s`` where those are "auto".
 
     The estimated model is a GP: prior ``s^2 k``, noise variance ``xi^2``; the posterior
     standard deviation in the rewards' units is ``xi sigma~``, and ``beta~_t`` is ``xi``
@@ -619,9 +619,9 @@ class BKB:
         self.dictionary_size_.append(int(kept.size))
 
     def _estimate_scales(self, Z: np.ndarray) -> None:
-        """The running mean, ``s^2`` and ``xi`` from the rewards so far (see the class Notes), by the
-        evidence on the new dictionary's embedding ``Z`` or from the residuals of the current posterior
-        mean; then ``lambda`` and ``F`` where they are "auto"."""
+        """The prior mean, ``s^2`` and ``xi`` from the rewards so far (see the class Notes), by the
+        evidence on the new dictionary's embedding ``Z``, or the running mean and the residuals of the
+        current posterior mean; then ``lambda`` and ``F`` where they are "auto"."""
         if self.t_ == 0:  # a first batch whose evaluations all failed: nothing to estimate from
             return
         if self.noise_estimate == "evidence":
@@ -642,7 +642,7 @@ class BKB:
         self._set_scales(offset, signal, noise)
 
     def _estimate_by_evidence(self, Z: np.ndarray) -> None:
-        """``lambda`` and ``s^2`` that maximise the evidence of the rewards centred by their running mean
+        """``lambda``, ``s^2`` and the prior mean that maximise the evidence of the rewards
         (:func:`evidence_penalty`; over the given ``penalty`` alone when it is a number), ``xi^2 = lambda s^2``."""
         grid = EVIDENCE_GRID if self.penalty == AUTO else np.array([float(self.penalty)])
         penalty, signal, offset = evidence_penalty(Z, self.counts_, self.reward_sums_, self._reward_squares, grid)

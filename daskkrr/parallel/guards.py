@@ -110,7 +110,8 @@ def memory_limits(executor: Any = None) -> dict[str, int]:
     from daskkrr.parallel.resources import _available_memory, client_memory_budget
 
     client = getattr(executor, "client", None) if executor is not None else None
-    free, budget = _available_memory(), client_memory_budget(client)
+    free = _available_memory()
+    budget = client_memory_budget(client, free)  # one reading: without a cluster, budget == free
     # Name the smaller figure for what it is, or a user who sees more free memory is puzzled.
     where = ("this machine" if budget >= free
              else f"this process (of {_gb(free)} free, less the local workers' headroom)")

@@ -74,10 +74,11 @@ def client_budget(available: int, local_workers: list[tuple[int, int]]) -> int:
     return max(int(available) - headroom, fair_share)
 
 
-def client_memory_budget(client: Any | None) -> int:
+def client_memory_budget(client: Any | None, available: int | None = None) -> int:
     """:func:`client_budget` of this process on ``client``'s cluster (None: the threaded scheduler,
-    whose tasks run in this process: all the available memory)."""
-    available = _available_memory()
+    whose tasks run in this process: all the available memory), of ``available`` bytes free (default:
+    read now)."""
+    available = _available_memory() if available is None else int(available)
     if client is None:
         return available
     here = _host_addresses()
