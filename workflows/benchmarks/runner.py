@@ -14,6 +14,7 @@ machine that can be recovered honestly (git log; the machine the script recorded
 from __future__ import annotations
 
 import argparse
+import collections
 import datetime as dt
 import importlib.metadata
 import json
@@ -24,6 +25,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -171,13 +173,33 @@ def compare_to_baseline(rows: Sequence[dict[str, Any]], bench: Benchmark) -> lis
 
 
 def _run_script(bench: Benchmark, args: Sequence[str], timeout: float) -> dict[str, dict[str, Any]]:
-    """Run the script once in a fresh interpreter; return the tables it wrote, by file name."""
+    """Run the script once in a fresh interpreter; return the tables it wrote, by file name.
+
+    The script's output is passed on line by line as it comes (a full-size run takes hours,
+    and its per-fit rows are the only record if it is stopped), and its tail is kept for the
+    error message.
+    """
     with tempfile.TemporaryDirectory(prefix=f"bench-{bench.name}-") as tmp:
-        cmd = [sys.executable, str(bench.path), *args, "--out", tmp]
-        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout)
-        if proc.returncode != 0:
-            raise BenchmarkError(f"{bench.path.name} exited with {proc.returncode} (command: {' '.join(cmd)}); "
-                                 f"its last output:\n{(proc.stderr or proc.stdout)[-3000:]}")
+        cmd = [sys.executable, "-u", str(bench.path), *args, "--out", tmp]
+        tail: collections.deque[str] = collections.deque(maxlen=60)
+        with subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
+            timer = threading.Timer(timeout, proc.kill)
+            timer.start()
+            try:
+                assert proc.stdout is not None
+                for line in proc.stdout:
+                    print(line, end="", flush=True)
+                    tail.append(line)
+                returncode = proc.wait()
+            finally:
+                timed_out = not timer.is_alive() and proc.returncode != 0
+                timer.cancel()
+        if timed_out:
+            raise BenchmarkError(f"{bench.path.name} ran past --timeout {timeout:g} s and was stopped "
+                                 f"(command: {' '.join(cmd)})")
+        if returncode != 0:
+            raise BenchmarkError(f"{bench.path.name} exited with {returncode} (command: {' '.join(cmd)}); "
+                                 f"its last output:\n{''.join(tail)[-3000:]}")
         tables = {p.stem: json.loads(p.read_text()) for p in sorted(Path(tmp).glob("*.json"))}
     if not tables:
         raise BenchmarkError(f"{bench.path.name} wrote no JSON result into its --out folder; it must write its rows "
