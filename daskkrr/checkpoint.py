@@ -29,7 +29,7 @@ iterations; a sketch that ``preconditioner_rows="auto"`` planned for other ones 
 planned anew, and the CG restarts if that changes it: :meth:`FitCheckpoint.restart_solver`),
 the data's shape, dtype and row chunking, and a digest of the
 content of every row block (its X, encoded targets and row weights; see
-:func:`daskkrr.data.scaling.block_digest`), computed in the statistics pass that
+:func:`daskkrr.data.moments.block_digest`), computed in the statistics pass that
 reads the blocks anyway. The digests are exact and kept in block order, so they
 do not depend on the cluster's shape; no float summed by a reduction is compared.
 A checkpoint whose fingerprint differs is refused with the differing parameters

@@ -10,24 +10,50 @@ row boundaries.
 * :func:`make_regression`, :func:`make_classification`, :func:`make_blobs` and their
   ``write_*_zarr`` counterparts -- lazy synthetic data, one seed per block.
 * :class:`Standardizer` -- per-column scaling fitted in one pass.
+
+The names are imported on first use: a worker that unpickles a task function of one
+module (a block summary, a checked Zarr read) imports that module alone, not the table
+converters (pandas, pyarrow) or the estimator base classes (scikit-learn) beside it.
 """
 
 from __future__ import annotations
 
-from daskkrr.data.chunking import auto_chunk_rows
-from daskkrr.data.loading import open_dataset
-from daskkrr.data.scaling import Standardizer
-from daskkrr.data.synthetic import (
-    make_blobs,
-    make_classification,
-    make_regression,
-    write_blobs_zarr,
-    write_classification_zarr,
-    write_regression_zarr,
-)
-from daskkrr.data.tables import convert_table
-from daskkrr.data.validation import CorruptStoreError
-from daskkrr.data.writing import FORMAT_VERSION, write_array_zarr, write_zarr
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from daskkrr.data.chunking import auto_chunk_rows
+    from daskkrr.data.loading import open_dataset
+    from daskkrr.data.scaling import Standardizer
+    from daskkrr.data.synthetic import (
+        make_blobs,
+        make_classification,
+        make_regression,
+        write_blobs_zarr,
+        write_classification_zarr,
+        write_regression_zarr,
+    )
+    from daskkrr.data.tables import convert_table
+    from daskkrr.data.validation import CorruptStoreError
+    from daskkrr.data.writing import FORMAT_VERSION, write_array_zarr, write_zarr
+
+#: Where each exported name lives (module of this package).
+_LAZY = {
+    "FORMAT_VERSION": "writing",
+    "CorruptStoreError": "validation",
+    "Standardizer": "scaling",
+    "auto_chunk_rows": "chunking",
+    "convert_table": "tables",
+    "make_blobs": "synthetic",
+    "make_classification": "synthetic",
+    "make_regression": "synthetic",
+    "open_dataset": "loading",
+    "write_blobs_zarr": "synthetic",
+    "write_classification_zarr": "synthetic",
+    "write_array_zarr": "writing",
+    "write_regression_zarr": "synthetic",
+    "write_zarr": "writing",
+}
 
 __all__ = [
     "FORMAT_VERSION",
@@ -45,3 +71,24 @@ __all__ = [
     "write_regression_zarr",
     "write_zarr",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """An exported name, or a submodule (``daskkrr.data.tables``), imported on first access."""
+    module = _LAZY.get(name)
+    if module is not None:
+        value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+        globals()[name] = value
+        return value
+    if name.startswith("__"):  # probes (copy, pickle, inspect) for attributes no module defines
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    try:
+        return importlib.import_module(f"{__name__}.{name}")
+    except ModuleNotFoundError as exc:
+        if exc.name != f"{__name__}.{name}":
+            raise  # the submodule exists but an import inside it failed
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+
+
+def __dir__() -> list[str]:
+    return __all__

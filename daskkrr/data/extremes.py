@@ -6,7 +6,7 @@ each target column and the largest weight (:class:`Magnitudes`). After the pass,
 before any kernel is evaluated, the fit decides:
 
 * **Features, ``standardize=True``**: the moments are computed in an exactly
-  rescaled (power of two) unit per column (see :class:`~daskkrr.data.scaling.Moments`),
+  rescaled (power of two) unit per column (see :class:`~daskkrr.data.moments.Moments`),
   so any finite magnitude standardises correctly; only values so large that
   ``x - mean`` would overflow the input's float type are refused.
 * **Features, ``standardize=False``**: the kernel forms squared distances (and
