@@ -26,15 +26,16 @@ if TYPE_CHECKING:
 _BLAS_ONE_THREAD = threadpool_limits(limits=1, user_api="blas")
 
 #: A worker preload that ends a closed worker's process without finalising Python (seconds per cluster
-#: closed or worker restarted; see the file). Through the environment, the clusters that the CLI in a
-#: subprocess starts load it too; pytest_configure adds it to this process's Dask config.
-_WORKER_FAST_EXIT = str(Path(__file__).with_name("worker_fast_exit.py"))
+#: closed or worker restarted; see the module). The clusters daskkrr starts itself (the CLI's) add it on
+#: their own; the tests' own clusters get it from this process's Dask config (pytest_configure), and
+#: through the environment so do any other clusters in subprocesses.
+_WORKER_FAST_EXIT = "daskkrr.parallel.worker_exit"
 os.environ.setdefault("DASK_DISTRIBUTED__WORKER__PRELOAD", repr([_WORKER_FAST_EXIT]))
 
 
 def pytest_configure(config: pytest.Config) -> None:
     """Compile the fused engine into numba's cache first (once per checkout and numba version), and
-    give the run's clusters the worker preload :mod:`tests.worker_fast_exit`.
+    give the run's clusters the worker preload :mod:`daskkrr.parallel.worker_exit`.
 
     Without the compile, ``engine="auto"`` would run the BLAS engine until a background compile
     finished, so which engine a test sees would depend on timing.
@@ -108,11 +109,11 @@ def _one_thread_per_pool_process() -> None:
     """
     import atexit
 
-    from tests.worker_fast_exit import end_process
+    from daskkrr.parallel.worker_exit import end_process
 
     os.environ["DASKKRR_ENGINE_THREADS"] = "1"
     threadpool_limits(limits=1, user_api="blas")
-    # At the end of the run, end without finalising Python (tests/worker_fast_exit.py says why): the
+    # At the end of the run, end without finalising Python (daskkrr/parallel/worker_exit.py says why): the
     # pool's shutdown waits for it. Its tasks' results went back through the pool; nothing else is kept.
     atexit.register(end_process)
 

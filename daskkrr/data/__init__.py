@@ -18,8 +18,9 @@ converters (pandas, pyarrow) or the estimator base classes (scikit-learn) beside
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from daskkrr.utils.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from daskkrr.data.chunking import auto_chunk_rows
@@ -73,22 +74,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    """An exported name, or a submodule (``daskkrr.data.tables``), imported on first access."""
-    module = _LAZY.get(name)
-    if module is not None:
-        value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-        globals()[name] = value
-        return value
-    if name.startswith("__"):  # probes (copy, pickle, inspect) for attributes no module defines
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    try:
-        return importlib.import_module(f"{__name__}.{name}")
-    except ModuleNotFoundError as exc:
-        if exc.name != f"{__name__}.{name}":
-            raise  # the submodule exists but an import inside it failed
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
-
-
-def __dir__() -> list[str]:
-    return __all__
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)

@@ -24,7 +24,6 @@ from zarr.abc.store import Store
 
 from daskkrr.data.chunking import FORMAT_VERSION, align_rows, as_row_blocks, numpy_to_dask
 from daskkrr.data.sparse import is_sparse_array, sparse_to_dask
-from daskkrr.data.sparse_store import is_sparse_group, open_sparse_group
 from daskkrr.data.validation import CorruptStoreError, check_chunk_rows, check_features, check_target
 
 __all__ = ["open_dataset"]
@@ -217,6 +216,10 @@ def _from_zarr_group(group: zarr.Group, x: str, y: Any, where: str) -> tuple[Any
         names = sorted(group.array_keys())
     except Exception as exc:  # an array's metadata is damaged
         raise _corrupt(where, exc) from exc
+    # Imported here: a worker unpickling this module's CheckedZarrArray (every dense store's blocks)
+    # needs none of the sparse store's code.
+    from daskkrr.data.sparse_store import is_sparse_group, open_sparse_group
+
     if x not in names and is_sparse_group(group.get(x)):  # CSR row blocks (daskkrr convert --sparse)
         X = open_sparse_group(cast(zarr.Group, group[x]), where)
         y_name = _target_name(y, names, names, x, where) if isinstance(y, str) else None

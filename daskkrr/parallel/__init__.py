@@ -13,10 +13,34 @@
 - :mod:`~daskkrr.parallel.tasks`: independent whole-function tasks (one model fit each), as a search runs.
 """
 
-from daskkrr.parallel.backends import Backend, DistributedBackend, ThreadedBackend, backend_for, current_client
-from daskkrr.parallel.client import cluster_client, local_cluster_kwargs
-from daskkrr.parallel.executor import BlockPasses, Executor, gather_rows, tree_reduce
-from daskkrr.parallel.tasks import TaskOutcome, TaskRunner, task_slots
+from typing import TYPE_CHECKING
+
+from daskkrr.utils.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from daskkrr.parallel.backends import Backend, DistributedBackend, ThreadedBackend, backend_for, current_client
+    from daskkrr.parallel.client import cluster_client, local_cluster_kwargs
+    from daskkrr.parallel.executor import BlockPasses, Executor, gather_rows, tree_reduce
+    from daskkrr.parallel.tasks import TaskOutcome, TaskRunner, task_slots
+
+#: Where each exported name lives (module of this package): imported on first use, so that a worker
+#: preload (:mod:`~daskkrr.parallel.worker_exit`) or a task of one module imports that module alone.
+_LAZY = {
+    "Backend": "backends",
+    "BlockPasses": "executor",
+    "DistributedBackend": "backends",
+    "Executor": "executor",
+    "TaskOutcome": "tasks",
+    "TaskRunner": "tasks",
+    "ThreadedBackend": "backends",
+    "backend_for": "backends",
+    "cluster_client": "client",
+    "current_client": "backends",
+    "gather_rows": "executor",
+    "local_cluster_kwargs": "client",
+    "task_slots": "tasks",
+    "tree_reduce": "executor",
+}
 
 __all__ = [
     "Backend",
@@ -34,3 +58,5 @@ __all__ = [
     "task_slots",
     "tree_reduce",
 ]
+
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)

@@ -20,7 +20,13 @@ logger = logging.getLogger(__name__)
 
 def local_cluster_kwargs(n_workers: int | None = None, memory_limit: str | int | None = None) -> dict:
     """Defaults for a local cluster sized to this machine: one single-threaded worker process
-    per core (the BLAS inside each task uses that core), bound to 127.0.0.1."""
+    per core (the BLAS inside each task uses that core), bound to 127.0.0.1, whose worker processes
+    end without finalising Python once closed (:mod:`daskkrr.parallel.worker_exit`; the configured
+    worker preloads are kept)."""
+    import dask
+
+    from daskkrr.parallel.worker_exit import with_fast_exit
+
     cores = os.cpu_count() or 1
     kwargs: dict[str, Any] = {
         "n_workers": n_workers or cores,
@@ -28,6 +34,8 @@ def local_cluster_kwargs(n_workers: int | None = None, memory_limit: str | int |
         "processes": True,
         "host": "127.0.0.1",
         "dashboard_address": "127.0.0.1:0",
+        **with_fast_exit(dask.config.get("distributed.worker.preload", []),
+                         dask.config.get("distributed.worker.preload-argv", [])),
     }
     if memory_limit is not None:
         kwargs["memory_limit"] = memory_limit
