@@ -82,6 +82,8 @@ def test_with_fast_exit_keeps_the_configured_preloads():
     assert with_fast_exit(["a", "b"], ["--x"]) == {"preload": ["a", "b", PRELOAD],
                                                    "preload_argv": [["--x"], ["--x"], []]}
     assert with_fast_exit(["a"], [["--y"]]) == {"preload": ["a", PRELOAD], "preload_argv": [["--y"], []]}
+    # a single preload given as a string
+    assert with_fast_exit("my.preload", []) == {"preload": ["my.preload", PRELOAD], "preload_argv": [[], []]}
     # already configured (as the test run does): not twice
     assert with_fast_exit([PRELOAD], []) == {"preload": [PRELOAD], "preload_argv": [[]]}
 

@@ -89,13 +89,14 @@ def dask_teardown(worker: Any) -> None:
     _closed = True
 
 
-def with_fast_exit(preload: list[str], preload_argv: list[str] | list[list[str]]) -> dict[str, list]:
+def with_fast_exit(preload: str | list[str], preload_argv: list[str] | list[list[str]]) -> dict[str, list]:
     """Worker ``preload``/``preload_argv`` (as Dask's configuration gives them) with this module added.
 
     Parameters
     ----------
-    preload : list of str
-        The worker preloads configured (``distributed.worker.preload``); kept, in order.
+    preload : str or list of str
+        The worker preloads configured (``distributed.worker.preload``; one may be given as a
+        plain string); kept, in order.
     preload_argv : list of str, or list of lists of str
         Their arguments (``distributed.worker.preload-argv``): one list for all, or one per preload.
 
@@ -105,7 +106,7 @@ def with_fast_exit(preload: list[str], preload_argv: list[str] | list[list[str]]
         ``preload`` and ``preload_argv`` for :class:`distributed.LocalCluster` (passed on to each
         nanny), with one list of arguments per preload (this module's empty).
     """
-    preload = list(preload)
+    preload = [preload] if isinstance(preload, str) else list(preload)
     if preload_argv and isinstance(preload_argv[0], str):  # one argument list shared by all preloads
         per_preload = [list(preload_argv) for _ in preload]
     else:
