@@ -13,6 +13,7 @@ from daskkrr import FalkonRegressor, NystromRegressor
 from daskkrr import events as ev
 from daskkrr.cli import convergence_note, main
 from daskkrr.dashboard.render import render_fragment
+from daskkrr.data import write_regression_zarr
 from daskkrr.pipeline.stages import FAR_RESIDUAL
 from daskkrr.progress import FitProgress, ProgressBar
 from daskkrr.progress.tracker import FitTracker
@@ -63,9 +64,8 @@ def test_the_cli_summary_says_whether_cg_converged(data, tmp_path, capsys, clust
     note = convergence_note(short)
     assert note.startswith("NOT converged: residual ") and "> tol 1e-07" in note and "--max-iter" in note
 
-    store = tmp_path / "train.zarr"
-    assert main(["generate", str(store), "--n", "2000", "--d", "4", "--chunk-rows", "500"]) == 0
-    capsys.readouterr()
+    # The store is written here (threads): `generate` would start and close a local cluster of its own.
+    store = write_regression_zarr(tmp_path / "train.zarr", 2000, 4, chunk_rows=500)
     with pytest.warns(ConvergenceWarning):
         assert main(["fit", "--data", str(store), "--out", str(tmp_path / "m"), "--centers", "80",
                      "--max-iter", "2", "--scheduler", cluster2.scheduler.address, "--no-progress"]) == 0

@@ -233,8 +233,13 @@ def test_cli_embed_and_cluster_write_stores_and_nothing_on_errors(tmp_path, clus
 
 
 def test_unsupervised_workflow_file_runs_both_models(tmp_path, cluster2):
+    """The example runs both models into its run directory through the fit workflows' driver
+    (``runner.execute_run``): a run a dead process left 'running' is marked failed, the run records
+    its dashboard and its workflow file."""
+    import json
     from pathlib import Path
 
+    from daskkrr.workflow.rundir import read_status
     from daskkrr.workflow.spec import WorkflowError
     from daskkrr.workflow.unsupervised import run_unsupervised_workflow
 
@@ -242,10 +247,16 @@ def test_unsupervised_workflow_file_runs_both_models(tmp_path, cluster2):
     text = example.read_text().replace("n = 20_000", "n = 600").replace("chunk_rows = 5_000", "chunk_rows = 200")
     wf = tmp_path / "wf.toml"
     wf.write_text(text.replace('runs_dir = "../../runs/unsupervised"', 'runs_dir = "runs"'))
+    dead = tmp_path / "runs" / "20200101T000000Z-dead00"
+    dead.mkdir(parents=True)
+    (dead / "status.json").write_text(json.dumps({"status": "running", "run_id": dead.name}))
     result = run_unsupervised_workflow(wf, client=cluster2, overrides=["kmeans.n_centers=100", "kpca.n_centers=100"])
-    assert result.status == "succeeded"
+    assert result.status == "succeeded" and read_status(result.run_dir)["status"] == "succeeded"
+    assert read_status(dead)["status"] == "failed" and "interrupted" in read_status(dead)["error"]
     m = result.metrics
     assert m["kpca"]["n_components"] == 8 and m["kmeans"]["n_centers"] == 100 and 0 <= m["kmeans"]["nmi"] <= 1
+    assert "dashboard" in m
+    assert json.loads((result.run_dir / "config.json").read_text())["source"] == str(wf.resolve())
     for name in ("embedding.zarr", "labels.zarr", "kpca", "kmeans", "metrics.json"):
         assert (result.run_dir / name).exists()
     with pytest.raises(WorkflowError, match=r"\[kmeans\].*n_clusters"):
