@@ -74,8 +74,8 @@ def test_a_falkon_fits_and_predicts_tasks_import_no_pandas_xarray_or_sklearn(tmp
     assert "daskkrr.data.loading" in after_store  # and read the store's blocks there
     assert _new_heavy(baseline, after_array) == [], "a dask array fit's tasks"
     assert _new_heavy(baseline, after_store) == [], "a Zarr store fit's tasks"
-    assert predicted.shape == (600,) and "daskkrr.data.predict_rows" in after_predict  # predicted on the worker
     assert _new_heavy(baseline, after_predict) == [], "predict's tasks"
+    assert predicted.shape == (600,) and "daskkrr.data.predict_rows" in after_predict  # predicted on the worker
 
 
 def test_with_fast_exit_keeps_the_configured_preloads():
