@@ -41,10 +41,10 @@ def _new_heavy(before: list[str], after: list[str]) -> list[str]:
     return sorted(m for m in new if m in HEAVY or m.startswith(NOT_TASK_MODULES))
 
 
-def test_a_falkon_fits_tasks_import_no_pandas_xarray_or_sklearn(tmp_path):
-    """A fresh worker runs a FALKON fit from a dask array, then from a Zarr store. Whatever
+def test_a_falkon_fits_and_predicts_tasks_import_no_pandas_xarray_or_sklearn(tmp_path):
+    """A fresh worker runs a FALKON fit from a dask array, then from a Zarr store, then predict. Whatever
     ``import dask.array`` brings on its own (dask 2026.8 imports xarray, hence pandas and pyarrow,
-    when xarray is installed) is imported first and allowed; the fit's tasks may add none of them,
+    when xarray is installed) is imported first and allowed; the tasks may add none of them,
     nor scikit-learn, nor daskkrr's table, synthetic, writing or estimator modules."""
     import dask.array as da
     from distributed import Client, LocalCluster
@@ -68,10 +68,14 @@ def test_a_falkon_fits_tasks_import_no_pandas_xarray_or_sklearn(tmp_path):
         Xz, yz = open_dataset(store)
         model.fit(Xz, yz)
         after_store = next(iter(client.run(_modules).values()))
+        predicted = np.asarray(model.predict(Xz))
+        after_predict = next(iter(client.run(_modules).values()))
     assert any(m.startswith("daskkrr.kernels") for m in after_array)  # the tasks ran on this worker
     assert "daskkrr.data.loading" in after_store  # and read the store's blocks there
     assert _new_heavy(baseline, after_array) == [], "a dask array fit's tasks"
     assert _new_heavy(baseline, after_store) == [], "a Zarr store fit's tasks"
+    assert _new_heavy(baseline, after_predict) == [], "predict's tasks"
+    assert predicted.shape == (600,) and "daskkrr.data.predict_rows" in after_predict  # predicted on the worker
 
 
 def test_with_fast_exit_keeps_the_configured_preloads():
