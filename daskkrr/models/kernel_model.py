@@ -31,12 +31,14 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 from daskkrr.data.feature_names import check_feature_names
 from daskkrr.data.inputs import is_in_memory, load_features
 
-# predict's block functions, apart from the estimators: a worker unpickling them imports no scikit-learn
-from daskkrr.data.predict_rows import check_extreme_rows as _check_extreme_rows
-from daskkrr.data.predict_rows import check_finite_rows as _check_finite_rows
-from daskkrr.data.predict_rows import checked_rows as _checked_rows
-from daskkrr.data.predict_rows import predict_block as _predict_block
-from daskkrr.data.predict_rows import predict_std_block as _predict_std_block
+# predict's block functions live apart from the estimators: a worker unpickling them imports no scikit-learn
+from daskkrr.data.predict_rows import (
+    check_extreme_rows,
+    check_finite_rows,
+    checked_rows,
+    predict_block,
+    predict_std_block,
+)
 from daskkrr.data.sparse import is_sparse_array
 from daskkrr.kernels import Kernel, kernel_key, make_kernel
 from daskkrr.kernels.engine import engine_for
@@ -252,7 +254,7 @@ class KernelModelBase(BaseEstimator):
         self._refuse_sparse(X)
         Xn = validate_data(self, X, reset=False, accept_sparse=self._sparse_formats(), dtype="numeric",
                            ensure_all_finite=False)
-        _check_finite_rows(Xn, 0)
+        check_finite_rows(Xn, 0)
         return self.scaler_.transform(Xn) if self.scaler_ is not None else Xn
 
     # --------------------------------------------------------------- targets
@@ -279,11 +281,11 @@ class KernelModelBase(BaseEstimator):
             return (out + self.intercept_).astype(self._output_dtype(), copy=False)
         t = coef2.shape[1]
         if self._centers_in_chunks():  # each task reads one chunk of the centers; no process holds them all
-            streamed = chunked_decision(Xs.map_blocks(_checked_rows, dtype=Xs.dtype), self.kernel_, self.centers_,
+            streamed = chunked_decision(Xs.map_blocks(checked_rows, dtype=Xs.dtype), self.kernel_, self.centers_,
                                         coef2) + self.intercept_
             return streamed.astype(self._output_dtype(), copy=False)
         out = Xs.map_blocks(
-            _predict_block, self.kernel_, self.centers_, coef2, self.intercept_,
+            predict_block, self.kernel_, self.centers_, coef2, self.intercept_,
             dtype=np.float64, chunks=(Xs.chunks[0], (t,)),
         )
         return out.astype(self._output_dtype(), copy=False)
@@ -297,7 +299,7 @@ class KernelModelBase(BaseEstimator):
         check_feature_names(self, X)
         if is_in_memory(X):
             Xs = self._check_predict_input(X)
-            _check_extreme_rows(Xs, 0, dtype)
+            check_extreme_rows(Xs, 0, dtype)
             return cast_rows(Xs, dtype), True
         self._refuse_sparse(X)
         Xd = load_features(X, self.chunks)
@@ -325,7 +327,7 @@ class KernelModelBase(BaseEstimator):
                                    self.intercept_, post, exact=exact).astype(self._output_dtype(), copy=False)
             return out[:, :t], out[:, t:]
         both = Xs.map_blocks(
-            _predict_std_block, self.kernel_, centers, coef2, self.intercept_, post, exact,
+            predict_std_block, self.kernel_, centers, coef2, self.intercept_, post, exact,
             dtype=np.float64, chunks=(Xs.chunks[0], (2 * t,)),
         ).astype(self._output_dtype(), copy=False)
         return both[:, :t], both[:, t:]

@@ -28,11 +28,10 @@ from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from daskkrr.data.inputs import is_in_memory
+from daskkrr.data.predict_rows import check_extreme_rows, check_finite_rows
 from daskkrr.models.kernel_model import (
     KernelModelBase,
     ParameterError,
-    _check_extreme_rows,
-    _check_finite_rows,
     positive,
     store_params,
 )
@@ -376,8 +375,8 @@ class NystromKernelKMeans(ClusterMixin, NystromUnsupervisedBase):
 def _checked_labels(Xb: np.ndarray, kernel: Any, Z: np.ndarray, A: np.ndarray, c_sq: np.ndarray,
                     block_info: dict | None = None) -> np.ndarray:
     start = block_info[0]["array-location"][0][0] if block_info and 0 in block_info else 0
-    _check_finite_rows(Xb, start)
-    _check_extreme_rows(Xb, start, np.float64)
+    check_finite_rows(Xb, start)
+    check_extreme_rows(Xb, start, np.float64)
     return labels_block(Xb, kernel, Z, A, c_sq)
 
 
