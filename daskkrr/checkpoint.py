@@ -365,12 +365,16 @@ class FitCheckpoint:
         rows = self._meta.get("sketch_rows")
         return None if rows is None else int(rows)
 
-    def save_sketch_rows(self, rows: int, on: str = "client", planned_for: dict[str, Any] | None = None) -> None:
+    def save_sketch_rows(self, rows: int, on: str = "client", planned_for: dict[str, Any] | None = None,
+                         seed: str | None = None) -> None:
         """Keep the sketch size, and where it is summed, for the checkpoints written from now on
         (the rhs and CG states); ``planned_for``: the ``max_iter`` and ``tol`` the cost model sized
-        it for (None keeps the saved ones)."""
+        it for (None keeps the saved ones); ``seed``: the rule its rows were drawn by
+        (:data:`daskkrr.solvers.sketch.SKETCH_SEED`)."""
         self._meta["sketch_rows"] = int(rows)
         self._meta["sketch_on"] = str(on)
+        if seed is not None:
+            self._meta["sketch_seed"] = str(seed)
         if planned_for is not None:
             self._meta["sketch_planned_for"] = dict(planned_for)
 
@@ -391,6 +395,12 @@ class FitCheckpoint:
         self._cg_state = None
         self._cg_arrays = {k: v for k, v in self._cg_arrays.items() if not k.startswith("cg_")}
         self._meta.pop("iteration", None)
+
+    def saved_sketch_seed(self) -> str | None:
+        """The rule the interrupted fit's sketch rows were drawn by, or None: written before the rule
+        was recorded, when the seed was the centers' bytes (the same rows are not drawn again)."""
+        seed = self._meta.get("sketch_seed")
+        return None if seed is None else str(seed)
 
     def saved_sketch_on(self) -> str | None:
         """Where the interrupted fit summed its sketch ("client" or "workers"), or None: summed

@@ -75,3 +75,29 @@ def test_a_resume_whose_plan_is_unchanged_continues_the_cg(data, budget_sized_sk
         direct.fit(*data)
     assert resumed.preconditioner_rows_ == 0 and resumed.n_iter_ == 6
     np.testing.assert_array_equal(resumed.coef_, direct.coef_)  # the CG continued from its exact state
+
+
+def test_a_checkpoint_whose_sketch_was_seeded_by_the_old_rule_starts_the_cg_over(data, tmp_path):
+    """Checkpoints written before the sketch's seed rule was recorded drew their rows from the centers' bytes
+    (daskkrr.solvers.sketch.SKETCH_SEED): a resume draws other rows, another preconditioner, so its CG state
+    must not be continued."""
+    import json
+
+    params = {**PARAMS, "preconditioner_rows": LONG_FIT_ROWS}
+    ckpt = tmp_path / "ck"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        FalkonRegressor(max_iter=3, **params).fit(*data, checkpoint=ckpt, checkpoint_every=1)
+    (file,) = [p for p in ckpt.rglob("*.npz")] if ckpt.is_dir() else [ckpt]
+    with np.load(file) as saved:
+        arrays = dict(saved)
+    meta = json.loads(str(arrays["meta"]))
+    assert meta["sketch_seed"] == "center-rows"
+    del meta["sketch_seed"]  # as an older daskkrr wrote it
+    arrays["meta"] = np.array(json.dumps(meta, sort_keys=True))
+    with open(file, "wb") as fh:
+        np.savez(fh, **arrays)
+    with pytest.warns(UserWarning, match="CG starts over .* drawn by an older daskkrr"):
+        resumed = FalkonRegressor(max_iter=60, **params).fit(*data, checkpoint=ckpt, resume=True)
+    uninterrupted = FalkonRegressor(max_iter=60, **params).fit(*data)
+    np.testing.assert_array_equal(resumed.coef_, uninterrupted.coef_)

@@ -53,7 +53,7 @@ from daskkrr.solvers import FalkonPreconditioner, falkon_solve
 from daskkrr.solvers.exact import exact_krr_path, exact_krr_solve
 from daskkrr.solvers.falkon import factor_precision, jitter_floor
 from daskkrr.solvers.intercept import centered_gram_matvec
-from daskkrr.solvers.sketch import KernelRowSketch, sketch_indices, sketch_precision
+from daskkrr.solvers.sketch import SKETCH_SEED, KernelRowSketch, sketch_indices, sketch_precision
 from daskkrr.solvers.variance import exact_posterior
 
 logger = logging.getLogger("daskkrr")
@@ -227,6 +227,10 @@ def falkon_preconditioner(ctx: FitContext, *, sketch: bool = True, iterative: bo
         max_iter, tol = int(getattr(p, "max_iter", 1)), float(getattr(p, "tol", 1e-7))
         budget: dict[str, Any] = {"max_iter": max_iter, "tol": tol}
         replan = saved is not None and _sketch_planned_for_other_budget(ctx, budget)
+        if saved and getattr(ctx.store, "saved_sketch_seed", lambda: SKETCH_SEED)() != SKETCH_SEED:
+            ctx.store.restart_solver("its sketch rows were drawn by an older daskkrr, from the centers' last bits "
+                                     "(which the chunking and the CPU change); this one draws them from the "
+                                     "centers' row indices, a different preconditioner")
         ctx.sketch_plan = plan_sketch(
             None if tiled else p._sketch_rows() if saved is None or replan else (saved or None), ctx.X,
             n_centers=Z.shape[0],
@@ -244,13 +248,14 @@ def falkon_preconditioner(ctx: FitContext, *, sketch: bool = True, iterative: bo
         save_rows = getattr(ctx.store, "save_sketch_rows", None)
         if save_rows is not None and getattr(ctx.store, "enabled", False):
             # the budget the rows were planned for; rows kept from an older checkpoint keep its (unknown) one
-            save_rows(rows, ctx.sketch_plan.on, planned_for=budget if saved is None or replan else None)
+            save_rows(rows, ctx.sketch_plan.on, planned_for=budget if saved is None or replan else None,
+                      seed=SKETCH_SEED)
     if tiled:  # FALKON's own preconditioner, no sketch (see daskkrr.parallel.tiled_falkon)
         _tiled_preconditioner(ctx, iterative, factoring)
         return
     row_sketch: KernelRowSketch | WorkerRowSketch | None = None
     if rows:
-        idx = sketch_indices(n, rows, Z)
+        idx = sketch_indices(n, rows, Z, ctx.dictionary.indices)
         weights = sketch_row_weights(ctx, idx)
         if ctx.sketch_plan is not None and ctx.sketch_plan.on == "workers":  # each block sums its own rows
             row_sketch = WorkerRowSketch(ctx.executor.passes(ctx.X), ctx.kernel, idx, Z, row_weights=weights)

@@ -19,8 +19,9 @@ weighs the sketch's cost against the iterations it is expected to save
 (:mod:`daskkrr.parallel.preconditioner_cost`), among none and ``2, 4, 8, 16 M``
 rows.
 
-The rows are chosen from a seed derived from the centers, so a resumed fit (whose
-centers come from its checkpoint) rebuilds the same preconditioner.
+The rows are chosen from a seed derived from the centers (their row indices, see
+:func:`sketch_indices`), so a resumed fit (whose centers come from its checkpoint)
+rebuilds the same preconditioner, and so does a fit of the same rows read another way.
 
 With row weights the rows are still drawn uniformly (drawing them in proportion
 to the weights would need every weight on the client) and each counts
@@ -44,6 +45,9 @@ from daskkrr.kernels.sparse import is_sparse, take_rows
 #: entries). At M = 5000 on the development machine, BLAS trsm with 1024 right-hand sides ran at
 #: 120 GFlop/s (float32) and 55 (float64), with 256 at 69 and 48.
 SKETCH_BLOCK_ROWS = 1024
+#: The rule :func:`sketch_indices` seeds the rows by, recorded in checkpoints: a fit interrupted under
+#: another rule drew other rows, and its CG state belongs to another preconditioner.
+SKETCH_SEED = "center-rows"
 
 
 def sketch_precision(dtype: Any) -> str:
@@ -58,14 +62,27 @@ def sketch_precision(dtype: Any) -> str:
     return "float32" if np.dtype(dtype) == np.float32 else "float64"
 
 
-def sketch_indices(n: int, rows: int, centers: np.ndarray) -> np.ndarray:
-    """``rows`` distinct row indices in ``[0, n)``, sorted, seeded by the centers' bytes."""
+def sketch_indices(n: int, rows: int, centers: np.ndarray, center_rows: np.ndarray | None = None) -> np.ndarray:
+    """``rows`` distinct row indices in ``[0, n)``, sorted, seeded by the centers.
+
+    The seed is the centers' training-row indices ``center_rows`` where every center
+    is a training row (the samplers' centers), else the centers' values rounded to
+    float32 (centers given by the user). It must not depend on the last bits of the
+    centers' values: those come out of the standardisation, whose sums round
+    differently with the chunking, the input route (a Zarr store or a Parquet
+    table) and the CPU, and a seed taken from them drew another sketch, hence another
+    preconditioner and a model that differed by the CG tolerance, not by round-off.
+    """
     if not 0 < rows <= n:
         raise ValueError(f"the sketch needs 0 < rows <= n = {n}; got {rows}")
-    digest = hashlib.sha256(np.ascontiguousarray(centers).tobytes()).digest()
-    rng = np.random.default_rng(np.frombuffer(digest, dtype=np.uint32))
     if rows == n:
         return np.arange(n, dtype=np.int64)
+    if center_rows is not None and len(center_rows) == len(centers) and np.all(np.asarray(center_rows) >= 0):
+        key = np.ascontiguousarray(center_rows, dtype=np.int64).tobytes()
+    else:  # float32 rounding absorbs the round-off of the scaling (but for a value right at a rounding boundary)
+        key = b"values" + np.ascontiguousarray(centers, dtype=np.float32).tobytes()
+    digest = hashlib.sha256(key).digest()
+    rng = np.random.default_rng(np.frombuffer(digest, dtype=np.uint32))
     return np.sort(rng.choice(n, size=rows, replace=False)).astype(np.int64)
 
 
