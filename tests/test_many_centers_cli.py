@@ -51,12 +51,14 @@ def test_memory_budget_from_the_config_or_the_flag(fit_args, tmp_path):
     """``memory_budget`` in TOML spills the tiles to Zarr; ``--memory-budget`` overrides the file."""
     config = tmp_path / "model.toml"
     config.write_text("[model]\nmemory_budget = 100000\n")
-    assert main([*fit_args, "--config", str(config), "--out", str(tmp_path / "toml")]) == 0
+    # the route is chosen before CG starts: one iteration (the last --max-iter given wins) shows it
+    one_step = [*fit_args, "--max-iter", "1"]
+    assert main([*one_step, "--config", str(config), "--out", str(tmp_path / "toml")]) == 0
     route = _route(tmp_path / "toml")
     assert route["route"] == "tiled" and route["storage"] == "zarr", route
     assert route["client_bytes"] == 100_000 and route["worker_bytes"] == 50_000
     assert "more than 50% of its memory budget" in route["reason"]
-    assert main([*fit_args, "--config", str(config), "--memory-budget", "none", "--out", str(tmp_path / "flag")]) == 0
+    assert main([*one_step, "--config", str(config), "--memory-budget", "none", "--out", str(tmp_path / "flag")]) == 0
     assert _route(tmp_path / "flag")["route"] == "dense"
 
 
