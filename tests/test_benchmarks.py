@@ -165,6 +165,26 @@ def test_compare_puts_two_results_side_by_side_with_ratios(tiny, capsys):
     assert "B/A" in out and a["commit"]["sha"][:10] in out
 
 
+def test_the_command_line_runs_a_registered_benchmark_and_compares_it(tiny, tmp_path, monkeypatch, capsys):
+    """``run NAME --quick --output F -- ARGS`` then ``compare F F``, through the runner's command line with the
+    test's tiny script registered (its script's run is a second); the real scripts' quick runs are slow."""
+    monkeypatch.setitem(registry.BENCHMARKS, tiny.name, tiny)
+    out = tmp_path / "tiny.json"
+    assert runner.main(["run", "tiny", "--quick", "--output", str(out), "--", "--extra"]) == 0
+    printed = capsys.readouterr().out
+    result = json.loads(out.read_text())
+    _check_provenance(result)
+    assert result["benchmark"] == "tiny" and result["params"]["script_args"] == ["--quick", "--extra"]
+    assert {c["figure"] for c in result["tables"]["tiny"]["comparison"]} == {"fit_s", "peak_mb"}
+    assert "ratio" in printed and f"wrote {out}" in printed
+    assert runner.main(["compare", str(out), str(out)]) == 0
+    assert re.search(r"fit_s\s+\S+\s+\S+\s+1(\.0)?\s*$", capsys.readouterr().out, re.MULTILINE)
+
+
+# slow: the default run covers the command line's run and compare in
+# tests/test_benchmarks.py::test_the_command_line_runs_a_registered_benchmark_and_compares_it (the tiny script);
+# this one runs the engine_throughput script itself in new processes (18 s under load).
+@pytest.mark.slow
 def test_cli_runs_a_registered_benchmark_quick_and_compares_it(tmp_path):
     """``run engine_throughput --quick`` on tiny blocks (a few seconds), then ``compare`` against itself."""
     out = tmp_path / "engine.json"
