@@ -49,40 +49,12 @@ def expected_failures(estimator: Any) -> dict[str, str]:
     return {}
 
 
-#: (estimator class, check) cases left to the slow run. check_estimator_sparse_array repeats
-#: check_estimator_sparse_matrix's fits with scipy's sparse arrays for its sparse matrices; which of the two an
-#: estimator is given is decided in the validation its base class does (KernelModelBase for the supervised
-#: estimators, NystromUnsupervisedBase for the unsupervised ones), and the kernels' blocks are the same.
-#: slow: the default run covers sparse arrays through those bases in test_sklearn_compatible's
-#: [FalkonRegressor, NystromRegressor, ExactKernelRidge]-check_estimator_sparse_array and
-#: test_sklearn_compatible_unsupervised[NystromKernelPCA-check_estimator_sparse_array], and these estimators' own
-#: sparse fits in their check_estimator_sparse_matrix cases (the three were the slowest sparse-array cases, 2-3 s).
-SLOW_CHECKS = {("FalkonClassifier", "check_estimator_sparse_array"),
-               ("LogisticFalkonClassifier", "check_estimator_sparse_array"),
-               ("NystromKernelKMeans", "check_estimator_sparse_array")}
-
-
-def with_slow_checks(checks: pytest.MarkDecorator) -> pytest.MarkDecorator:
-    """``parametrize_with_checks``' cases (the same ids and expected failures), those in :data:`SLOW_CHECKS` marked
-    slow."""
-    argnames, cases = checks.args
-    marked = []
-    for case in cases:
-        values, marks = (case.values, list(case.marks)) if hasattr(case, "marks") else (case, [])
-        estimator, check = values
-        if (type(estimator).__name__, getattr(check, "func", check).__name__) in SLOW_CHECKS:
-            marks.append(pytest.mark.slow)
-        marked.append(pytest.param(*values, marks=marks))
-    return pytest.mark.parametrize(argnames, marked, **checks.kwargs)
-
-
-@with_slow_checks(parametrize_with_checks([small(cls) for cls in ESTIMATORS.values()],
-                                          expected_failed_checks=expected_failures))
+@parametrize_with_checks([small(cls) for cls in ESTIMATORS.values()], expected_failed_checks=expected_failures)
 def test_sklearn_compatible(estimator, check):
     check(estimator)
 
 
-@with_slow_checks(parametrize_with_checks([small(cls) for cls in UNSUPERVISED.values()]))
+@parametrize_with_checks([small(cls) for cls in UNSUPERVISED.values()])
 def test_sklearn_compatible_unsupervised(estimator, check):
     check(estimator)
 
