@@ -165,6 +165,7 @@ def probe_preconditioner(
     dtype: str = "float32",
     hold_s: float = 5.0,
     seed: int = 0,
+    max_cpu_mem: float | None = None,
     timeout: float = 900.0,
 ) -> dict[str, Any]:
     """Start FALKON's preconditioner for ``M`` centers (``d`` standard normal features) in a fresh process whose
@@ -173,7 +174,9 @@ def probe_preconditioner(
 
     FALKON's preconditioner (``FalkonPreconditioner.init``) holds one ``M x M`` matrix of the centers' dtype:
     ``K_MM`` is written into it, factorised in place (``potrf``), multiplied in place (``lauum``) and factorised
-    again; the factorisation starting means that matrix is allocated and filled. Returns ``held`` (True when
+    again; the factorisation starting means that matrix is allocated and filled. While ``K_MM`` is computed,
+    FALKON's kernel blocks take up to ``max_cpu_mem`` bytes more (its option; without it, no bound: two more
+    ``M x M`` temporaries were measured). Returns ``held`` (True when
     it started), ``matrix_mb`` (``M^2`` entries), ``vm_base_mb`` (the child's address space before the
     matrix), ``rss_mb`` and ``seconds`` when the factorisation started, ``peak_mb`` (the child's RSS peak,
     sampled), ``finished`` (the whole preconditioner was built within ``hold_s``, then ``hwm_mb`` is the
@@ -187,7 +190,8 @@ def probe_preconditioner(
     if python is None:
         return {"error": falkon_unavailable_reason()}
     spec = dict(probe=True, M=int(M), d=int(d), sigma=float(sigma), penalty=float(penalty), dtype=dtype,
-                seed=int(seed), limit_bytes=int(limit_bytes))
+                seed=int(seed), limit_bytes=int(limit_bytes),
+                max_cpu_mem=None if max_cpu_mem is None else float(max_cpu_mem))
     row: dict[str, Any] = {"M": int(M), "matrix_mb": round(np.dtype(dtype).itemsize * M * M / 2**20, 1),
                            "limit_mb": round(limit_bytes / 2**20, 1), "held": False, "finished": False}
     proc = subprocess.Popen([python, __file__, json.dumps(spec)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -282,7 +286,7 @@ def _probe_child(spec: dict[str, Any]) -> None:  # pragma: no cover - runs in th
     import torch
     from falkon.preconditioner import flk_preconditioner
 
-    options = _options({})
+    options = _options(spec)
     kernel = falkon.kernels.GaussianKernel(sigma=spec["sigma"], opt=options)
     centers = torch.from_numpy(
         np.random.default_rng(spec["seed"]).standard_normal((spec["M"], spec["d"])).astype(spec["dtype"]))

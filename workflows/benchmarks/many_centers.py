@@ -54,7 +54,8 @@ and ``equal_error_s`` (the time to reach it): FALKON's and daskkrr's time to equ
 
 ``--falkon-max-m-probe M1,M2,...``: the largest ``M`` FALKON's preconditioner holds here. Each ``M``
 starts FALKON's preconditioner alone (``falkon_cpu.probe_preconditioner``: one ``M x M`` float32
-matrix, factorised in place) in a process limited to ``--falkon-probe-limit`` bytes of address space,
+matrix, factorised in place, and kernel blocks of ``--falkon-max-cpu-mem`` bytes while ``K_MM`` is
+computed, as in the fit) in a process limited to ``--falkon-probe-limit`` bytes of address space,
 and stops it 5 s after its Cholesky factorisation has started (rows ``method = falkon-probe``: ``held``,
 the RSS then, or the error). A probe runs only while the machine has its memory available.
 
@@ -364,7 +365,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     if unknown:
         ap.error(f"--methods: unknown {unknown}; choose among {', '.join((*METHODS, FALKON))}")
     store = sine_store(Path(args.data_dir), "many_centers", n, N_TEST, D)
-    rows: list[dict] = [probe_row(M, args.falkon_probe_limit) for M in
+    rows: list[dict] = [probe_row(M, args.falkon_probe_limit, args.falkon_max_cpu_mem) for M in
                         sorted(int(m) for m in args.falkon_max_m_probe.split(",") if m)]
     for M in sizes:
         saved: dict[str, Path] = {}
@@ -495,13 +496,13 @@ def falkon_fit(args: argparse.Namespace, store: Path, n: int, M: int) -> dict:
 PROBE = "falkon-probe"
 
 
-def probe_row(M: int, limit: float) -> dict:
+def probe_row(M: int, limit: float, block_mem: float) -> dict:
     """One ``--falkon-max-m-probe`` row: FALKON's preconditioner at ``M`` (``falkon_cpu.probe_preconditioner``),
     run only while the machine has the memory it may take available (other processes share the machine)."""
     import psutil
     from falkon_cpu import probe_preconditioner
 
-    need = min(limit, 4.0 * M * M + 2**30)  # the matrix and the interpreter, or all the limit allows
+    need = min(limit, 4.0 * M * M + block_mem + 2**30)  # the matrix, blocks and interpreter, at most the limit
     available = psutil.virtual_memory().available
     if available < need:
         row = {"M": M, "method": PROBE, "held": None,
@@ -509,7 +510,7 @@ def probe_row(M: int, limit: float) -> dict:
                         f"run it again when the machine is free"}
     else:
         row = {"method": PROBE, **probe_preconditioner(M, limit_bytes=limit, d=D, sigma=float(np.sqrt(D)),
-                                                       penalty=PENALTY)}
+                                                       penalty=PENALTY, max_cpu_mem=block_mem)}
     print(json.dumps(row, default=float), flush=True)
     return row
 
