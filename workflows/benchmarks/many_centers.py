@@ -486,7 +486,7 @@ def falkon_fit(args: argparse.Namespace, store: Path, n: int, M: int) -> dict:
     trace = out.pop("rmse_trace", None)
     row = {**out, "rmse": float(np.sqrt(np.mean((pred - y[n:]) ** 2))), **load.summary(),
            "max_process_mb": max(per_process.values(), default=float("nan")),
-           "max_cpu_mem": args.falkon_max_cpu_mem, "route": "falkon-0.9-cpu"}
+           "max_cpu_mem": args.falkon_max_cpu_mem, "route": f"falkon {out.get('falkon', '?')} (cpu)"}
     if trace is not None:
         row["rmse_trace"] = trace_text([{"iteration": it, "t_s": t, "rmse": e} for it, t, e in trace])
     return row
