@@ -202,3 +202,73 @@ def test_cli_runs_a_registered_benchmark_quick_and_compares_it(tmp_path):
     cmp = subprocess.run([*cmd, "compare", str(out), str(out)], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert cmp.returncode == 0, cmp.stderr[-2000:]
     assert re.search(r"fused_Mps\s+\S+\s+\S+\s+1(\.0)?\s*$", cmp.stdout, re.MULTILINE), cmp.stdout
+
+
+# --- FALKON beside daskkrr in many_centers ------------------------------------------------
+
+many_centers = importlib.import_module("workflows.benchmarks.many_centers")
+falkon_cpu = importlib.import_module("workflows.benchmarks.falkon_cpu")
+
+
+def _traced(M, method, rmse, trace):
+    text = many_centers.trace_text([{"iteration": i + 1, "t_s": t, "rmse": e} for i, (t, e) in enumerate(trace)])
+    return {"n": 10, "M": M, "method": method, "rmse": rmse, "rmse_trace": text}
+
+
+def test_many_centers_times_falkon_and_daskkrr_to_each_others_final_error():
+    rows = [_traced(20, "budget", 0.30, [(1.0, 0.50), (2.0, 0.33), (3.0, 0.30)]),
+            _traced(20, "falkon", 0.32, [(4.0, 0.40), (5.0, 0.32)]),
+            _traced(10, "budget", 0.35, [(1.0, 0.40), (1.5, 0.35)]),
+            {"M": 30_000, "method": "falkon-probe", "held": True}]
+    many_centers.add_reach_times(rows)
+    daskkrr, falkon, small = rows[:3]
+    # Each reaches the other's final error at its first iterate at or below it; equal error is the higher, 0.32.
+    assert (daskkrr["reach_falkon_s"], falkon["reach_budget_s"]) == (3.0, None)
+    assert daskkrr["equal_rmse"] == falkon["equal_rmse"] == 0.32
+    assert (daskkrr["equal_error_s"], falkon["equal_error_s"]) == (3.0, 5.0)
+    # Across M the targets stay daskkrr's (the budget fit's), never FALKON's.
+    assert (falkon["reach_M10_s"], daskkrr["reach_M10_s"], small["reach_M20_s"]) == (5.0, 2.0, None)
+    assert "equal_rmse" not in small and "reach_falkon_s" not in small
+
+
+def test_many_centers_compares_each_fit_with_the_dense_route_and_with_falkon():
+    rows = [{"M": 20, "method": m, "fit_s": s, "rmse": 0.3, "peak_mb": mb, "max_process_mb": mb, "equal_error_s": s}
+            for m, s, mb in (("dense", 10.0, 300.0), ("budget", 20.0, 100.0), ("falkon", 40.0, 200.0))]
+    out = runner.compare_to_baseline(rows, registry.BENCHMARKS["many_centers"])
+    ratios = {(c["method"], c["against"], c["figure"]): c["ratio"] for c in out}
+    assert ratios[("budget", "dense", "fit_s")] == 2.0 and ratios[("budget", "falkon", "fit_s")] == 0.5
+    assert ratios[("budget", "falkon", "equal_error_s")] == 0.5 and ratios[("dense", "falkon", "peak_mb")] == 1.5
+    assert ("falkon", "falkon", "fit_s") not in ratios and ("budget", "dense", "equal_error_s") not in ratios
+
+
+FALKON_MISSING = falkon_cpu.falkon_unavailable_reason()
+needs_falkon = pytest.mark.skipif(FALKON_MISSING is not None, reason=str(FALKON_MISSING))
+
+
+@pytest.mark.slow  # two fresh processes, one of them torch's (about 20 s under load)
+@needs_falkon
+def test_many_centers_runs_falkon_with_its_test_rmse_after_every_iteration(tmp_path):
+    rows = many_centers.main(["--methods", "falkon", "--centers", "200", "--n-train-rows", "3000", "--max-iter", "6",
+                              "--trace-rmse", "--data-dir", str(tmp_path), "--out", str(tmp_path)])
+    (row,) = rows
+    assert "error" not in row, row
+    trace = many_centers.parse_trace(row["rmse_trace"])
+    assert [it for it, _, _ in trace] == list(range(1, row["n_iter"] + 1)) and 1 <= row["n_iter"] <= 6
+    times = [t for _, t, _ in trace]
+    assert times == sorted(times) and times[-1] <= row["fit_s"] + 0.01  # the callbacks' time is out of both
+    # The last iterate is the fitted model: its RMSE (FALKON's callback, float32 predictions summed in float64,
+    # written with 6 decimals: 5e-7 absolute on about 0.5) and the final predictions' differ by that rounding and
+    # float32 round-off (eps 1.2e-7 times a few): 1e-5 relative bounds both.
+    assert trace[-1][2] == pytest.approx(row["rmse"], rel=1e-5)
+    assert trace[0][2] > row["rmse"]  # a first CG step does not reach the solution
+
+
+@pytest.mark.slow  # two fresh torch processes (about 20 s under load)
+@needs_falkon
+def test_falkon_probe_holds_a_small_preconditioner_and_reports_the_allocation_error_beyond_its_limit():
+    held = falkon_cpu.probe_preconditioner(500, limit_bytes=8 * 2**30, hold_s=30.0, max_cpu_mem=1e8)
+    assert held["held"] and held["finished"] and "error" not in held, held
+    assert held["M"] == 500 and held["matrix_mb"] == round(4 * 500**2 / 2**20, 1) and held["seconds"] >= 0
+    # A limit 256 MiB above the interpreter's address space: a 1 GiB matrix cannot be allocated.
+    beyond = falkon_cpu.probe_preconditioner(2**14, limit_bytes=(held["vm_base_mb"] + 256) * 2**20, hold_s=1.0)
+    assert not beyond["held"] and "allocate" in beyond["error"], beyond

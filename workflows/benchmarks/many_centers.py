@@ -27,7 +27,11 @@ Methods, each fit in a fresh process:
   spilled where the cost model says they do not fit) and no process holds an ``M x M`` matrix.
   Its coefficients and test predictions are compared with the ``tiled-memory`` fit of the same run
   where there is one (one process, the same algorithm), else the ``dense`` one (``reference``;
-  ``coef_rel_diff``, ``pred_rel_diff``: relative 2-norm differences).
+  ``coef_rel_diff``, ``pred_rel_diff``: relative 2-norm differences);
+- ``falkon``: FALKON itself (``falkon.Falkon``, CPU build without KeOps, its own interpreter: see
+  ``falkon_cpu.py``; not in the default ``--methods``) on the same rows, kernel, sigma, penalty, ``M`` and
+  CG iterations, float32, with kernel blocks of at most ``--falkon-max-cpu-mem`` bytes; with
+  ``--trace-rmse`` its test RMSE after every CG iteration (FALKON's own validation callback).
 
 ``solve_s`` is the CG phase, the figure the tiled route's speed is judged by: run the script
 through ``python -m workflows.benchmarks run many_centers --repeat 3`` for medians of 3, the
@@ -44,7 +48,17 @@ preconditioner's parts too: ``factor_T_s`` (``K_MM``'s tiles and their Cholesky)
 that iterate was there (``rmse_trace``): the iterates' preconditioned vectors are kept during the CG
 and turned into coefficients in one tiled solve after it (its seconds, ``trace_s``, are taken out of
 ``fit_s`` and ``solve_s``). Each traced fit then gets ``reach_M{m}_s``: the first time its iterate's
-test RMSE was at most the final test RMSE of the fit with ``m`` centers (the time to reach it).
+test RMSE was at most the final test RMSE of the fit with ``m`` centers (the time to reach it), and, against
+the other traced methods at the same ``M``, ``reach_{method}_s`` (the time to reach that method's final test
+RMSE), ``equal_rmse`` (the highest final test RMSE of the traced methods at that ``M``, which each reaches)
+and ``equal_error_s`` (the time to reach it): FALKON's and daskkrr's time to equal test error.
+
+``--falkon-max-m-probe M1,M2,...``: the largest ``M`` FALKON's preconditioner holds here. Each ``M``
+starts FALKON's preconditioner alone (``falkon_cpu.probe_preconditioner``: one ``M x M`` float32
+matrix, factorised in place, and kernel blocks of ``--falkon-max-cpu-mem`` bytes while ``K_MM`` is
+computed, as in the fit) in a process limited to ``--falkon-probe-limit`` bytes of address space,
+and stops it 5 s after its Cholesky factorisation has started (rows ``method = falkon-probe``: ``held``,
+the RSS then, or the error). A probe runs only while the machine has its memory available.
 
 Sizes: ``--quick`` n = 50 000, M = 2000 and 6000; the full size is the issue's, n = 1e6,
 M = 10 000, 20 000 and 50 000 (the dense route is left out where its matrices exceed the
@@ -73,6 +87,13 @@ N_TEST = 20_000
 D = 20
 PENALTY = 1e-6
 METHODS = ("dense", "tiled-memory", "tiled-zarr", "budget", "workers")
+#: FALKON itself (not in the default methods: it needs its own interpreter, see falkon_cpu.py).
+FALKON = "falkon"
+#: ``--falkon-max-cpu-mem``: FALKON's default (no bound) asks for the whole ``n x M`` kernel block at once on
+#: the CPU (80 GB at n = 1e6, M = 20 000); 2 GB gives blocks of ``2e9 / (4 M)`` rows (25 000 at M = 20 000).
+FALKON_BLOCK_MEM = 2e9
+#: ``--falkon-probe-limit``: the probe's address space (the machine's 23.5 GiB less room for other sessions).
+FALKON_PROBE_LIMIT = 22 * 2**30
 #: memory_budget of the tiled-zarr method: far below any tiles, so they are spilled.
 SPILL_BUDGET = 64 * 2**20
 
@@ -317,6 +338,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
                     help="the test RMSE of every CG iterate and the time to reach each other M's test RMSE")
     ap.add_argument("--worker-memory", type=int, default=None,
                     help="memory_limit of each worker in bytes (default: 90%% of one M x M float32 matrix)")
+    ap.add_argument("--falkon-max-cpu-mem", type=float, default=FALKON_BLOCK_MEM,
+                    help="bytes of FALKON's kernel blocks (FalkonOptions.max_cpu_mem) in the falkon method")
+    ap.add_argument("--falkon-max-m-probe", default="",
+                    help="comma-separated M: start FALKON's preconditioner at each, alone (see above)")
+    ap.add_argument("--falkon-probe-limit", type=float, default=FALKON_PROBE_LIMIT,
+                    help="address-space limit (bytes) of each FALKON probe process")
     ap.add_argument("--n-train-rows", type=int, default=None, help="training rows (default: by size)")
     ap.add_argument("--data-dir", default="/tmp/daskkrr-bench")
     ap.add_argument("--timeout", type=float, default=24 * 3600)
@@ -334,12 +361,21 @@ def main(argv: list[str] | None = None) -> list[dict]:
     n = args.n_train_rows or (50_000 if args.quick else 1_000_000)
     sizes = [int(m) for m in args.centers.split(",")] if args.centers else (
         [2000, 6000] if args.quick else [10_000, 20_000, 50_000])
+    methods = [m for m in args.methods.split(",") if m]
+    unknown = sorted(set(methods) - {*METHODS, FALKON})
+    if unknown:
+        ap.error(f"--methods: unknown {unknown}; choose among {', '.join((*METHODS, FALKON))}")
     store = sine_store(Path(args.data_dir), "many_centers", n, N_TEST, D)
-    rows: list[dict] = []
+    rows: list[dict] = [probe_row(M, args.falkon_probe_limit, args.falkon_max_cpu_mem) for M in
+                        sorted(int(m) for m in args.falkon_max_m_probe.split(",") if m)]
     for M in sizes:
         saved: dict[str, Path] = {}
-        for method in [m for m in args.methods.split(",") if m]:
+        for method in methods:
             if method == "dense" and M > args.dense_max:
+                continue
+            if method == FALKON:
+                rows.append({"n": n, "M": M, "method": method, **falkon_fit(args, store, n, M)})
+                print(json.dumps(rows[-1], default=float), flush=True)
                 continue
             path = Path(args.data_dir) / f"many_centers_fit_{method}_M{M}.npz"
             row = {"n": n, "M": M, "method": method, **fit_once(args, method, store, n, M, path)}
@@ -354,11 +390,17 @@ def main(argv: list[str] | None = None) -> list[dict]:
     info = machine()
     title = (f"many centers, {info['cores']} cores ({info['cpu']}), {info['memory_gib']} GiB; d = {D}, float32, "
              f"penalty {PENALTY:g}, tol 1e-4, max_iter {args.max_iter}; one run each")
-    reach = sorted({k for r in rows for k in r if k.startswith("reach_M")})
-    print_table(rows, ["n", "M", "method", "fit_s", "centers_s", "preconditioner_s", "factor_T_s", "lauum_s",
-                       "factor_A_s", "operator_s", "solve_s", "iteration_s", "n_iter", "rmse", *reach, "peak_mb",
-                       "max_process_mb", "load_mean", "route", "storage", "strategy", "coef_rel_diff",
-                       "pred_rel_diff"], title)
+    reach = sorted({k for r in rows for k in r if k.startswith("reach_")})
+    fits = [r for r in rows if r["method"] != PROBE]
+    if len(fits) < len(rows):
+        print_table([r for r in rows if r["method"] == PROBE],
+                    ["M", "method", "held", "matrix_mb", "vm_base_mb", "rss_mb", "seconds", "peak_mb", "limit_mb",
+                     "error"], f"FALKON's preconditioner alone, address space limited to "
+                               f"{args.falkon_probe_limit / 2**30:g} GiB")
+    print_table(fits, ["n", "M", "method", "fit_s", "centers_s", "preconditioner_s", "factor_T_s", "lauum_s",
+                       "factor_A_s", "operator_s", "solve_s", "iteration_s", "n_iter", "rmse", *reach, "equal_rmse",
+                       "equal_error_s", "peak_mb", "max_process_mb", "load_mean", "route", "storage", "strategy",
+                       "coef_rel_diff", "pred_rel_diff"], title)
     write_results(rows, args.out, "many_centers_quick" if args.quick else "many_centers",
                   {"machine": info, "args": vars(args)})
     return rows
@@ -382,15 +424,97 @@ def fit_once(args: argparse.Namespace, method: str, store: Path, n: int, M: int,
 def add_reach_times(rows: list[dict]) -> None:
     """``reach_M{m}_s`` of each traced row: when (seconds since its fit started) its iterate first had at most the
     final test RMSE of the fit with ``m`` centers (the budget method's fit where there is one, else the first),
-    None if it never did."""
+    None if it never did; and among the traced rows of one ``M`` (FALKON's beside daskkrr's),
+    ``reach_{method}_s`` (the time to reach that method's final test RMSE), ``equal_rmse`` (the highest of their
+    final test RMSEs) and ``equal_error_s`` (the time to reach it)."""
+    fits = [r for r in rows if "error" not in r and r["method"] != PROBE]
     final = {}
-    for r in rows:
-        if "error" not in r and (r["M"] not in final or r["method"] == "budget"):
+    for r in fits:
+        if r["method"] != FALKON and (r["M"] not in final or r["method"] == "budget"):
             final[r["M"]] = r["rmse"]
-    for r in rows:
+    traced = [r for r in fits if r.get("rmse_trace")]
+    for r in traced:
         for m, target in final.items():
-            if m != r["M"] and r.get("rmse_trace"):
-                r[f"reach_M{m}_s"] = next((t for _, t, rmse in parse_trace(r["rmse_trace"]) if rmse <= target), None)
+            if m != r["M"]:
+                r[f"reach_M{m}_s"] = time_to_reach(r["rmse_trace"], target)
+        peers = [o for o in traced if o["M"] == r["M"]]
+        for o in peers:
+            if o is not r:
+                r[f"reach_{o['method']}_s"] = time_to_reach(r["rmse_trace"], o["rmse"])
+        if len(peers) > 1:
+            r["equal_rmse"] = max(o["rmse"] for o in peers)
+            r["equal_error_s"] = time_to_reach(r["rmse_trace"], r["equal_rmse"])
+
+
+def time_to_reach(trace: str, target: float) -> float | None:
+    """The first time in an RMSE trace (:func:`trace_text`) at which the RMSE was at most ``target``, or None."""
+    return next((t for _, t, rmse in parse_trace(trace) if rmse <= target), None)
+
+
+def falkon_fit(args: argparse.Namespace, store: Path, n: int, M: int) -> dict:
+    """FALKON (``falkon_cpu.run_falkon``: a fresh process in its own interpreter) on the rows the daskkrr methods
+    fit, or ``error`` (why FALKON is not available, or the tail of its stderr).
+
+    Same problem: both libraries minimise ``(1/n) sum (f(x_i) - y_i)^2 + lambda ||f||^2`` over
+    ``f = sum_j c_j k(., z_j)``: daskkrr's ``penalty`` is this ``lambda`` (its docstring), and FALKON's
+    ``penalty`` is too (its CG solves ``(K_nM^T K_nM / n + penalty K_MM) c = K_nM^T y / n``,
+    ``FalkonConjugateGradient.falkon_mmv``). The features are standardised as daskkrr's ``standardize=True``
+    does (the training rows' mean and population std); FALKON has no intercept, so it gets the training targets
+    centred and the mean added back (daskkrr fits an unpenalised intercept, a difference of one constant). Its
+    M centers are drawn uniformly by FALKON's own sampler (``seed=0``), not the same rows as daskkrr's.
+    """
+    import zarr
+    from falkon_cpu import falkon_unavailable_reason, run_falkon
+
+    reason = falkon_unavailable_reason()
+    if reason is not None:
+        return {"error": reason}
+    g = zarr.open_group(store, mode="r")
+    X, y = np.asarray(g["X"][:], dtype=np.float64), np.asarray(g["y"][:], dtype=np.float64)
+    mean, std = X[:n].mean(axis=0), X[:n].std(axis=0)
+    X = ((X - mean) / np.where(std > 0, std, 1.0)).astype(np.float32)
+    y_mean = float(y[:n].mean())
+    with LoadSampler() as load:
+        out = run_falkon(X[:n], y[:n] - y_mean, X[n:], model="regression", sigma=float(np.sqrt(D)), M=M,
+                         penalty=PENALTY, maxiter=args.max_iter, seed=0, dtype="float32",
+                         y_test=(y[n:] - y_mean) if args.trace_rmse else None,
+                         max_cpu_mem=args.falkon_max_cpu_mem, timeout=args.timeout)
+    if "error" in out:
+        print(f"M={M} falkon: failed: {out['error'][-600:]}", flush=True)
+        return {"error": out["error"][-600:], "peak_mb": out.get("peak_mb")}
+    pred = np.asarray(out.pop("decision"), dtype=np.float64).ravel() + y_mean
+    out.pop("classes", None)
+    per_process = out.pop("peak_per_process_mb", {})
+    trace = out.pop("rmse_trace", None)
+    row = {**out, "rmse": float(np.sqrt(np.mean((pred - y[n:]) ** 2))), **load.summary(),
+           "max_process_mb": max(per_process.values(), default=float("nan")),
+           "max_cpu_mem": args.falkon_max_cpu_mem, "route": f"falkon {out.get('falkon', '?')} (cpu)"}
+    if trace is not None:
+        row["rmse_trace"] = trace_text([{"iteration": it, "t_s": t, "rmse": e} for it, t, e in trace])
+    return row
+
+
+#: The method name of a probe row (``--falkon-max-m-probe``).
+PROBE = "falkon-probe"
+
+
+def probe_row(M: int, limit: float, block_mem: float) -> dict:
+    """One ``--falkon-max-m-probe`` row: FALKON's preconditioner at ``M`` (``falkon_cpu.probe_preconditioner``),
+    run only while the machine has the memory it may take available (other processes share the machine)."""
+    import psutil
+    from falkon_cpu import probe_preconditioner
+
+    need = min(limit, 4.0 * M * M + block_mem + 2**30)  # the matrix, blocks and interpreter, at most the limit
+    available = psutil.virtual_memory().available
+    if available < need:
+        row = {"M": M, "method": PROBE, "held": None,
+               "error": f"not run: {available / 2**30:.1f} GiB available, the probe may take {need / 2**30:.1f} GiB; "
+                        f"run it again when the machine is free"}
+    else:
+        row = {"method": PROBE, **probe_preconditioner(M, limit_bytes=limit, d=D, sigma=float(np.sqrt(D)),
+                                                       penalty=PENALTY, max_cpu_mem=block_mem)}
+    print(json.dumps(row, default=float), flush=True)
+    return row
 
 
 def reference_method(method: str, saved: dict) -> str | None:

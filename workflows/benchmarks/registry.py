@@ -13,6 +13,9 @@ A comparison says where each row's baseline is, measured in the same run:
 - :class:`PairedColumns`: columns of the same row, e.g. ``daskkrr_tta_s`` beside
   ``falkon_tta_s``.
 
+A tuple of comparisons holds several baselines (each comparison row then names its own in
+``against``), e.g. the dense route's rows and FALKON's beside the same fits.
+
 Benchmarks with ``comparison=None`` report figures whose ratios the script computes
 itself (``time_per_row_vs_1e6``, ``first_vs_warm``, ...) or that have no baseline.
 """
@@ -55,7 +58,7 @@ class Benchmark:
     script: str
     summary: str
     key: tuple[str, ...]
-    comparison: BaselineRows | PairedColumns | None = None
+    comparison: BaselineRows | PairedColumns | tuple[BaselineRows | PairedColumns, ...] | None = None
     quick_args: tuple[str, ...] | None = ("--quick",)
 
     @property
@@ -108,9 +111,11 @@ BENCHMARKS: dict[str, Benchmark] = {b.name: b for b in (
               key=("case", "method"),
               comparison=_rows("method", "old-default", ("case",), "fit_s", "rmse", "peak_mb")),
     Benchmark("many_centers", "many_centers.py",
-              "the tiled preconditioner (no M x M matrix in one process) against the dense one, by M",
+              "the tiled preconditioner (no M x M matrix in one process) against the dense one and FALKON, by M",
               key=("M", "method"),
-              comparison=_rows("method", "dense", ("M",), "fit_s", "rmse", "peak_mb", "max_process_mb")),
+              comparison=(_rows("method", "dense", ("M",), "fit_s", "rmse", "peak_mb", "max_process_mb"),
+                          _rows("method", "falkon", ("M",), "equal_error_s", "fit_s", "rmse", "peak_mb",
+                                "max_process_mb"))),
     Benchmark("sample_weight_cost", "sample_weight_cost.py", "the cost of sample weights against an unweighted fit",
               key=("strategy", "variant"),
               comparison=_rows("variant", "unweighted", ("strategy",), "fit_s", "peak_mb")),

@@ -28,6 +28,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -151,10 +152,16 @@ def _ratio(value: Any, baseline: Any) -> float | None:
 
 
 def compare_to_baseline(rows: Sequence[dict[str, Any]], bench: Benchmark) -> list[dict[str, Any]]:
-    """Each figure beside its baseline's, measured in the same run, and their ratio (figure / baseline)."""
+    """Each figure beside its baseline's, measured in the same run, and their ratio (figure / baseline).
+
+    With several comparisons (a tuple), each row also says ``against`` which baseline it is."""
     comparison = bench.comparison
     out: list[dict[str, Any]] = []
-    if isinstance(comparison, PairedColumns):
+    if isinstance(comparison, tuple):
+        for part in comparison:
+            against = part.baseline if isinstance(part, BaselineRows) else ",".join(part.pairs)
+            out.extend({**c, "against": against} for c in compare_to_baseline(rows, replace(bench, comparison=part)))
+    elif isinstance(comparison, PairedColumns):
         for row in rows:
             for figure, (col, base_col) in comparison.pairs.items():
                 out.append({**{k: row.get(k) for k in bench.key}, "figure": figure, "value": row.get(col),
@@ -266,7 +273,8 @@ def print_baseline_table(result: dict[str, Any]) -> None:
     key = list(bench.key) if bench else []
     for name, table in result["tables"].items():
         if table.get("comparison"):
-            print_table(table["comparison"], [*key, "figure", "value", "baseline", "ratio"],
+            against = ["against"] if any("against" in c for c in table["comparison"]) else []
+            print_table(table["comparison"], [*key, *against, "figure", "value", "baseline", "ratio"],
                         f"{name}: figure / baseline, both measured in this run ({result['summarised_by']})")
         else:
             print(f"{name}: {len(table['rows'])} rows (no baseline declared in registry.py)")
