@@ -519,9 +519,9 @@ def probe_row(M: int, limit: float, block_mem: float) -> dict:
 
 def reference_method(method: str, saved: dict) -> str | None:
     """The fit of the same run that ``method``'s is compared with: for ``workers`` the single-process
-    ``tiled-memory`` fit where there is one (the same algorithm: FALKON's own preconditioner, no sketch, so
-    the two CGs take the same steps up to round-off), else the ``dense`` fit (whose ``preconditioner_rows``
-    "auto" may add a row sketch: another preconditioner, the same solution to the CG's tolerance)."""
+    ``tiled-memory`` fit where there is one (the same tiled factorisation code, in one process), else the
+    ``dense`` fit. Every method fits with ``preconditioner_rows=None`` (:func:`fit_child`): FALKON's own
+    preconditioner, so the fits differ by round-off and by where CG stops within its tolerance."""
     if method == "workers" and "tiled-memory" in saved:
         return "tiled-memory"
     return "dense" if method != "dense" and "dense" in saved else None
