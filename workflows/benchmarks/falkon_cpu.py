@@ -104,6 +104,7 @@ def run_falkon(
     y_test: np.ndarray | None = None,
     max_cpu_mem: float | None = None,
     timeout: float = 3600.0,
+    cpus: Sequence[int] | None = None,
 ) -> dict[str, Any]:
     """Fit FALKON on ``(X_train, y_train)`` in a fresh process and predict ``X_test``.
 
@@ -113,7 +114,8 @@ def run_falkon(
     ``fit_tools.PeakMemory``), ``wall_s``, ``classes`` and ``decision``
     (``(n_test,)`` for two classes, else ``(n_test, n_classes)``; one-vs-rest
     decision values), or ``error`` with the tail of the child's stderr; with ``y_test``
-    (regression) also ``rmse_trace``, ``trace_s`` and ``n_iter`` (see the module docstring).
+    (regression) also ``rmse_trace``, ``trace_s`` and ``n_iter`` (see the module docstring). ``cpus``: the cores
+    the child is pinned to (``fit_tools.run_child``), and its torch threads (unless ``threads`` is given).
     """
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from fit_tools import run_child
@@ -138,9 +140,10 @@ def run_falkon(
                     maxiter=int(maxiter),
                     penalty_list=None if penalty_list is None else [float(v) for v in penalty_list],
                     iter_list=None if iter_list is None else [int(v) for v in iter_list],
-                    threads=threads, tol=None if tol is None else float(tol), data=str(data), out=str(out),
+                    threads=len(set(cpus)) if threads is None and cpus is not None else threads,
+                    tol=None if tol is None else float(tol), data=str(data), out=str(out),
                     max_cpu_mem=None if max_cpu_mem is None else float(max_cpu_mem))
-        result = run_child([__file__, json.dumps(spec)], timeout=timeout, python=python)
+        result = run_child([__file__, json.dumps(spec)], timeout=timeout, python=python, cpus=cpus)
         if "error" not in result and not out.is_file():
             result["error"] = "the FALKON child reported a result but wrote no predictions"
         if "error" in result:

@@ -133,20 +133,30 @@ class PhaseClock:
 
 
 def run_child(argv: Sequence[str], timeout: float = 3600, python: str | None = None,
-              env: dict[str, str] | None = None) -> dict[str, Any]:
+              env: dict[str, str] | None = None, cpus: Sequence[int] | None = None) -> dict[str, Any]:
     """Run ``python argv...`` in a fresh process; return its result JSON plus memory peaks.
 
     The child prints one line ``BENCH-RESULT {json}``. Adds ``peak_mb`` (sum of
     per-process RSS peaks of the child's tree), ``peak_per_process_mb``,
     ``n_processes`` and ``wall_s``; ``error`` holds the tail of stderr on failure.
     ``python`` is the interpreter (default: this one; FALKON's runs in its own venv);
-    ``env`` holds variables set for the child on top of this process's.
+    ``env`` holds variables set for the child on top of this process's; ``cpus``, the cores the child (and
+    its own children) may run on, with as many BLAS/OpenMP/numba threads (two libraries fitted side by
+    side at the same time, one core each, see the same load).
     """
     env = {**os.environ, **(env or {})}
     env.setdefault("PYTHONUNBUFFERED", "1")
+    pin = None
+    if cpus is not None:
+        cores = sorted(set(cpus))
+        env.update({v: str(len(cores)) for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
+                                                 "NUMBA_NUM_THREADS")})
+
+        def pin() -> None:  # runs in the child before exec: its affinity is inherited by what it starts
+            os.sched_setaffinity(0, cores)
     t0 = time.perf_counter()
     proc = subprocess.Popen([python or sys.executable, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=env, cwd=str(REPO))
+                            text=True, env=env, cwd=str(REPO), preexec_fn=pin)
     with PeakMemory(proc.pid) as mem:
         try:
             out, err = proc.communicate(timeout=timeout)

@@ -53,6 +53,10 @@ the other traced methods at the same ``M``, ``reach_{method}_s`` (the time to re
 RMSE), ``equal_rmse`` (the highest final test RMSE of the traced methods at that ``M``, which each reaches)
 and ``equal_error_s`` (the time to reach it): FALKON's and daskkrr's time to equal test error.
 
+``--pin-cores``: the methods of one ``M`` are fitted at the same time, each in its own process pinned to its own
+core with one BLAS/OpenMP/numba/torch thread (``cores``): FALKON and daskkrr side by side under the same load,
+which fitting them one after the other on a shared machine does not give.
+
 ``--falkon-max-m-probe M1,M2,...``: the largest ``M`` FALKON's preconditioner holds here. Each ``M``
 starts FALKON's preconditioner alone (``falkon_cpu.probe_preconditioner``: one ``M x M`` float32
 matrix, factorised in place, and kernel blocks of ``--falkon-max-cpu-mem`` bytes while ``K_MM`` is
@@ -74,6 +78,7 @@ import os
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -344,6 +349,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
                     help="comma-separated M: start FALKON's preconditioner at each, alone (see above)")
     ap.add_argument("--falkon-probe-limit", type=float, default=FALKON_PROBE_LIMIT,
                     help="address-space limit (bytes) of each FALKON probe process")
+    ap.add_argument("--pin-cores", action="store_true",
+                    help="fit the methods of one M at the same time, each pinned to its own core with one thread "
+                         "(FALKON and daskkrr side by side under the same load)")
     ap.add_argument("--n-train-rows", type=int, default=None, help="training rows (default: by size)")
     ap.add_argument("--data-dir", default="/tmp/daskkrr-bench")
     ap.add_argument("--timeout", type=float, default=24 * 3600)
@@ -369,23 +377,27 @@ def main(argv: list[str] | None = None) -> list[dict]:
     rows: list[dict] = [probe_row(M, args.falkon_probe_limit, args.falkon_max_cpu_mem) for M in
                         sorted(int(m) for m in args.falkon_max_m_probe.split(",") if m)]
     for M in sizes:
+        todo = [m for m in methods if not (m == "dense" and M > args.dense_max)]
+        if args.pin_cores:
+            cores = sorted(os.sched_getaffinity(0))
+            if len(todo) > len(cores):
+                ap.error(f"--pin-cores: {len(todo)} methods at M = {M} but {len(cores)} cores to pin them to")
+            with ThreadPoolExecutor(len(todo)) as pool:
+                jobs = [pool.submit(fit_method, args, method, store, n, M, [core])
+                        for method, core in zip(todo, cores)]
+                fitted = [job.result() for job in jobs]
+        else:
+            fitted = [fit_method(args, method, store, n, M) for method in todo]
         saved: dict[str, Path] = {}
-        for method in methods:
-            if method == "dense" and M > args.dense_max:
-                continue
-            if method == FALKON:
-                rows.append({"n": n, "M": M, "method": method, **falkon_fit(args, store, n, M)})
-                print(json.dumps(rows[-1], default=float), flush=True)
-                continue
-            path = Path(args.data_dir) / f"many_centers_fit_{method}_M{M}.npz"
-            row = {"n": n, "M": M, "method": method, **fit_once(args, method, store, n, M, path)}
-            if "error" not in row:
-                saved[method] = path
-                reference = reference_method(method, saved)
+        for row, path in fitted:
+            if path is not None:
+                saved[row["method"]] = path
+                reference = reference_method(row["method"], saved)
                 if reference is not None:
                     row.update(compare_fits(saved[reference], path), reference=reference)
+                    print(json.dumps({k: row[k] for k in ("M", "method", "reference", "coef_rel_diff",
+                                                          "pred_rel_diff")}, default=float), flush=True)
             rows.append(row)
-            print(json.dumps(row, default=float), flush=True)
     add_reach_times(rows)
     info = machine()
     title = (f"many centers, {info['cores']} cores ({info['cpu']}), {info['memory_gib']} GiB; d = {D}, float32, "
@@ -399,21 +411,38 @@ def main(argv: list[str] | None = None) -> list[dict]:
                                f"{args.falkon_probe_limit / 2**30:g} GiB")
     print_table(fits, ["n", "M", "method", "fit_s", "centers_s", "preconditioner_s", "factor_T_s", "lauum_s",
                        "factor_A_s", "operator_s", "solve_s", "iteration_s", "n_iter", "rmse", *reach, "equal_rmse",
-                       "equal_error_s", "peak_mb", "max_process_mb", "load_mean", "route", "storage", "strategy",
-                       "coef_rel_diff", "pred_rel_diff"], title)
+                       "equal_error_s", "peak_mb", "max_process_mb", "load_mean", "cores", "route", "storage",
+                       "strategy", "coef_rel_diff", "pred_rel_diff"], title)
     write_results(rows, args.out, "many_centers_quick" if args.quick else "many_centers",
                   {"machine": info, "args": vars(args)})
     return rows
 
 
-def fit_once(args: argparse.Namespace, method: str, store: Path, n: int, M: int, save: Path) -> dict:
-    """One fit of ``method`` in a fresh process (its coefficients and predictions saved to ``save``)."""
+def fit_method(args: argparse.Namespace, method: str, store: Path, n: int, M: int,
+               cpus: list[int] | None = None) -> tuple[dict, Path | None]:
+    """One fit of ``method`` (FALKON's or daskkrr's) in a fresh process pinned to ``cpus`` if given: its row
+    (printed as soon as it is there) and where its coefficients and predictions were saved (None for FALKON and
+    for a fit that failed)."""
+    head = {"n": n, "M": M, "method": method, **({"cores": cpus} if cpus is not None else {})}
+    if method == FALKON:
+        row, path = {**head, **falkon_fit(args, store, n, M, cpus)}, None
+    else:
+        path = Path(args.data_dir) / f"many_centers_fit_{method}_M{M}.npz"
+        row = {**head, **fit_once(args, method, store, n, M, path, cpus)}
+    print(json.dumps(row, default=float), flush=True)
+    return row, (path if "error" not in row else None)
+
+
+def fit_once(args: argparse.Namespace, method: str, store: Path, n: int, M: int, save: Path,
+             cpus: list[int] | None = None) -> dict:
+    """One fit of ``method`` in a fresh process (its coefficients and predictions saved to ``save``), pinned to
+    ``cpus`` if given."""
     argv = [__file__, "--child", method, "--store", str(store), "--n-train", str(n), "--centers", str(M),
             "--max-iter", str(args.max_iter), "--workers", str(args.workers), "--save", str(save)]
     if args.worker_memory:
         argv += ["--worker-memory", str(args.worker_memory)]
     argv += ["--memory-budget", str(args.memory_budget)] + (["--trace-rmse"] if args.trace_rmse else [])
-    res = run_child(argv, timeout=args.timeout)
+    res = run_child(argv, timeout=args.timeout, cpus=cpus)
     if "error" in res:
         print(f"M={M} {method}: failed: {res['error'][-600:]}", flush=True)
         return {"error": res["error"][-600:]}
@@ -451,7 +480,7 @@ def time_to_reach(trace: str, target: float) -> float | None:
     return next((t for _, t, rmse in parse_trace(trace) if rmse <= target), None)
 
 
-def falkon_fit(args: argparse.Namespace, store: Path, n: int, M: int) -> dict:
+def falkon_fit(args: argparse.Namespace, store: Path, n: int, M: int, cpus: list[int] | None = None) -> dict:
     """FALKON (``falkon_cpu.run_falkon``: a fresh process in its own interpreter) on the rows the daskkrr methods
     fit, or ``error`` (why FALKON is not available, or the tail of its stderr).
 
@@ -478,7 +507,7 @@ def falkon_fit(args: argparse.Namespace, store: Path, n: int, M: int) -> dict:
         out = run_falkon(X[:n], y[:n] - y_mean, X[n:], model="regression", sigma=float(np.sqrt(D)), M=M,
                          penalty=PENALTY, maxiter=args.max_iter, seed=0, dtype="float32",
                          y_test=(y[n:] - y_mean) if args.trace_rmse else None,
-                         max_cpu_mem=args.falkon_max_cpu_mem, timeout=args.timeout)
+                         max_cpu_mem=args.falkon_max_cpu_mem, timeout=args.timeout, cpus=cpus)
     if "error" in out:
         print(f"M={M} falkon: failed: {out['error'][-600:]}", flush=True)
         return {"error": out["error"][-600:], "peak_mb": out.get("peak_mb")}
