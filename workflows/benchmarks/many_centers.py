@@ -53,6 +53,12 @@ the other traced methods at the same ``M``, ``reach_{method}_s`` (the time to re
 RMSE), ``equal_rmse`` (the highest final test RMSE of the traced methods at that ``M``, which each reaches)
 and ``equal_error_s`` (the time to reach it): FALKON's and daskkrr's time to equal test error.
 
+``--engine fused|blas|numpy``: every daskkrr fit computes its kernel blocks with that engine (``$DASKKRR_ENGINE``,
+in the client and in the workers it starts). Under the default ``auto`` the workers of the ``workers`` method, below
+1 GiB each, use the BLAS engine and a fit in one process the fused one: their float32 kernel entries round differently,
+and at a large ``M`` and a small penalty that alone moves the CG's path and stopping point (see how_it_works,
+"Across workers"); ``--engine fused`` compares the routes on the same kernel entries.
+
 ``--pin-cores``: the methods of one ``M`` are fitted at the same time, each in its own process pinned to its own
 core with one BLAS/OpenMP/numba/torch thread (``cores``): FALKON and daskkrr side by side under the same load,
 which fitting them one after the other on a shared machine does not give.
@@ -349,6 +355,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
                     help="comma-separated M: start FALKON's preconditioner at each, alone (see above)")
     ap.add_argument("--falkon-probe-limit", type=float, default=FALKON_PROBE_LIMIT,
                     help="address-space limit (bytes) of each FALKON probe process")
+    ap.add_argument("--engine", choices=("auto", "fused", "blas", "numpy"), default="auto",
+                    help="the kernel engine of every daskkrr fit, client and workers alike ($DASKKRR_ENGINE; auto: "
+                         "workers below 1 GiB use the BLAS engine, the client the fused one)")
     ap.add_argument("--pin-cores", action="store_true",
                     help="fit the methods of one M at the same time, each pinned to its own core with one thread "
                          "(FALKON and daskkrr side by side under the same load)")
@@ -442,7 +451,9 @@ def fit_once(args: argparse.Namespace, method: str, store: Path, n: int, M: int,
     if args.worker_memory:
         argv += ["--worker-memory", str(args.worker_memory)]
     argv += ["--memory-budget", str(args.memory_budget)] + (["--trace-rmse"] if args.trace_rmse else [])
-    res = run_child(argv, timeout=args.timeout, cpus=cpus)
+    # the variable reaches the child and the workers it starts: their kernel blocks come from one engine
+    env = {} if args.engine == "auto" else {"DASKKRR_ENGINE": args.engine}
+    res = run_child(argv, timeout=args.timeout, cpus=cpus, env=env)
     if "error" in res:
         print(f"M={M} {method}: failed: {res['error'][-600:]}", flush=True)
         return {"error": res["error"][-600:]}
