@@ -164,7 +164,6 @@ def squeak_numpy(
     block_rows: int | None = None,
     first_row: int = 0,
     max_dictionary: int | None = None,
-    keep_gram: bool = False,
 ) -> StreamState:
     """The SQUEAK pass of :class:`~daskkrr.sampling.SqueakSampler` on an in-memory array
     (blocks of ``block_rows``), without Dask."""
@@ -174,4 +173,4 @@ def squeak_numpy(
     for k, start in enumerate(range(0, X.shape[0], step)):
         state = stream_block(state, X[start : start + step], k, first_row + start, kernel,
                              params, seed, max_dictionary)
-    return stream_finish(state, kernel, params, seed, max_dictionary, keep_gram)
+    return stream_finish(state, kernel, params, seed, max_dictionary)

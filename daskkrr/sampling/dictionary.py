@@ -22,6 +22,13 @@ for the dictionary Gram matrix ``K_DD``. We never form an inverse: we factor
 apply ``L^{-1}`` by triangular solves. When a dictionary grows by a block of new
 entries whose old part keeps its weights, the factor is extended by a Schur
 complement instead of being recomputed.
+
+Memory at large m (issue 39): SQUEAK and DISQUEAK do not keep ``gram`` (their states
+travel between tasks with ``m d`` numbers, not ``m^2``). A factor is built in the memory
+of the weighted Gram it factors (:func:`weighted_kernel_gram`, :func:`factor_in_place`)
+and the entries' own estimates need only the diagonal of ``A^{-1}``, computed in the
+factor's memory too (:func:`inverse_diagonal`): one ``m x m`` matrix, two while the factor
+is extended.
 """
 
 from __future__ import annotations
@@ -31,7 +38,9 @@ from typing import Any
 
 import numpy as np
 from scipy.linalg import solve_triangular
+from scipy.linalg.lapack import dtrtri
 
+from daskkrr.kernels import Kernel
 from daskkrr.sampling.base import CenterDictionary
 from daskkrr.utils.linalg import cholesky_jitter
 
@@ -178,6 +187,56 @@ def lower_cholesky(
     """
     T, jitter = cholesky_jitter(A, what=what, advice=_GAMMA_ADVICE)
     return T.T, jitter
+
+
+def weighted_kernel_gram(
+    points: np.ndarray, sqrt_w: np.ndarray, kernel: Kernel, reg: float, block_bytes: int
+) -> np.ndarray:
+    """``D K D + reg I`` of the entries ``points``, computed from the points in row blocks.
+
+    The kernel is evaluated a block of rows at a time (``block_rows x m x 8`` bytes at most
+    ``block_bytes``, and at most a quarter of the rows) into the one ``m x m`` result, so the
+    kernel's temporaries stay well below one more ``m x m`` matrix.
+    Recomputing the Gram (``m^2 d`` flops) costs less than the factorisation that follows
+    (``m^3 / 3``) whenever ``d < m / 3``, and spares carrying it between tasks.
+    """
+    m = points.shape[0]
+    A = np.empty((m, m))
+    step = max(1, min(int(block_bytes) // (8 * max(1, m)), -(-m // 4)))
+    for start in range(0, m, step):
+        rows = slice(start, min(m, start + step))
+        A[rows] = kernel(points[rows], points)
+        A[rows] *= sqrt_w[rows, None]
+        A[rows] *= sqrt_w[None, :]
+    A[np.diag_indices_from(A)] += reg
+    return A
+
+
+def factor_in_place(
+    A: np.ndarray, *, what: str = "regularised dictionary Gram matrix D K D + gamma I"
+) -> tuple[np.ndarray, float]:
+    """:func:`lower_cholesky` of the C-ordered symmetric ``A``, built in ``A``'s own memory.
+
+    ``A.T`` is the same symmetric matrix, Fortran-ordered, so LAPACK factors it in place
+    (its upper factor ``T`` is ``L^T``); ``A`` is given up. Returns ``(L, jitter)``.
+    """
+    T, jitter = cholesky_jitter(A.T, what=what, advice=_GAMMA_ADVICE, overwrite=True)
+    return T.T, jitter
+
+
+def inverse_diagonal(L: np.ndarray) -> np.ndarray:
+    """Diagonal of ``(L L^T)^{-1}``: the squared column norms of ``L^{-1}``, built in ``L``'s memory.
+
+    ``L`` (C-ordered, lower) is given up: ``L^T`` is Fortran-ordered upper-triangular, and
+    LAPACK's ``trtri`` inverts it in place (``m^3 / 3`` flops, against ``m^3`` for solving
+    ``L`` with ``m`` right-hand sides).
+    """
+    if L.shape[0] == 0:
+        return np.zeros(0)
+    inv_T, info = dtrtri(L.T, lower=0, overwrite_c=1)
+    if info != 0:  # a factor from cholesky_jitter has a positive diagonal
+        raise np.linalg.LinAlgError(f"trtri: the dictionary's Cholesky factor is singular at column {info}")
+    return np.einsum("ij,ij->i", inv_T, inv_T)  # row i of (L^{-1})^T is column i of L^{-1}
 
 
 def weighted_gram(gram: np.ndarray, sqrt_w: np.ndarray, reg: float) -> np.ndarray:

@@ -6,7 +6,8 @@ The numerical work (batches, dictionary updates, merges) is in
 - :class:`SqueakSampler` folds the row blocks in order
   (:meth:`~daskkrr.parallel.executor.BlockPasses.fold`): each block task receives the
   dictionary state and one block and returns the new state, so every block is read
-  once and what moves between tasks is O(m^2 + m d). The fold runs in segments of at
+  once and what moves between tasks is O(m d): the dictionary's rows, not its Gram
+  (each update recomputes it). The fold runs in segments of at
   most ``max_inflight_bytes`` of blocks (bounding blocks read ahead of the chain);
   between segments the state stays on the cluster and the ``max_dictionary`` budget
   may stop the pass.
@@ -47,7 +48,6 @@ from daskkrr.sampling.keyed_random import (
 from daskkrr.sampling.squeak_core import (
     SqueakParams,
     StreamState,
-    drop_gram,
     merge_states,
     stream_block,
     stream_finish,
@@ -147,8 +147,23 @@ def pilot_gamma(
 
 
 # ------------------------------------------------------------ shared set-up and finish
-def squeak_params(gamma: float, qbar: int, eps: float, batch_min: int) -> SqueakParams:
-    return SqueakParams(gamma=float(gamma), qbar=int(qbar), eps=float(eps), batch_min=int(batch_min))
+def squeak_params(gamma: float, qbar: int, eps: float, batch_min: int,
+                  memory_budget: int | None = None) -> SqueakParams:
+    return SqueakParams(gamma=float(gamma), qbar=int(qbar), eps=float(eps), batch_min=int(batch_min),
+                        memory_budget=None if memory_budget is None else int(memory_budget))
+
+
+def resolve_memory_budget(memory_budget: int | None, executor: Executor) -> int:
+    """Bytes one dictionary update may take: ``memory_budget``, or (None) the memory available
+    where it runs, the smaller of this machine's and the workers' figures
+    (:func:`~daskkrr.parallel.guards.memory_limits`)."""
+    if memory_budget is not None:
+        if int(memory_budget) < 1:
+            raise ValueError(f"memory_budget must be a positive number of bytes or None; got {memory_budget!r}")
+        return int(memory_budget)
+    from daskkrr.parallel.guards import memory_limits
+
+    return int(min(memory_limits(executor).values()))
 
 
 def sampling_event(name: str, payload: dict[str, Any]) -> SamplingProgress:
@@ -170,7 +185,13 @@ class StreamingRLSSampler(CenterSampler):
     gamma: float | None
     random_state: int | None
     max_rows: int | None
+    batch_min: int
     budget_overshoot: float = 2.0
+    memory_budget: int | None = None
+
+    def _params(self, gamma: float, executor: Executor) -> SqueakParams:
+        return squeak_params(gamma, self.qbar, self.eps, self.batch_min,
+                             resolve_memory_budget(self.memory_budget, executor))
 
     def _setup(
         self, X: Any, kernel: Kernel, n_centers: int | None, penalty: float | None,
@@ -302,6 +323,7 @@ class SqueakSampler(StreamingRLSSampler):
         max_inflight_bytes: int = 256 * 2**20,
         budget_overshoot: float = 2.0,
         progress_interval: float | None = DEFAULT_PROGRESS_INTERVAL,
+        memory_budget: int | None = None,
     ):
         self.gamma = gamma
         self.qbar = qbar
@@ -313,12 +335,13 @@ class SqueakSampler(StreamingRLSSampler):
         self.max_inflight_bytes = max_inflight_bytes
         self.budget_overshoot = budget_overshoot
         self.progress_interval = progress_interval
+        self.memory_budget = memory_budget
 
     def _select(self, X: Any, kernel: Kernel, *, n_centers: int | None, penalty: float | None,
                 random_state: int | None, executor: Executor) -> CenterDictionary:
         """Run one SQUEAK pass over ``X`` and return its dictionary (see the class docstring)."""
         X, n_total, seed, gamma, info = self._setup(X, kernel, n_centers, penalty, random_state, executor)
-        params = squeak_params(gamma, self.qbar, self.eps, self.batch_min)
+        params = self._params(gamma, executor)
         passes = executor.passes(X)
         budget = self.max_dictionary
         with executor.task_progress(functools.partial(sampling_event, self.name),
@@ -403,6 +426,12 @@ class DisqueakSampler(StreamingRLSSampler):
         Use only the first ``max_rows`` rows.
     batch_min : int
         Smallest SQUEAK batch inside a leaf.
+    memory_budget : int or None
+        Bytes one dictionary update or merge may hold (its factor and the factor's extension, two
+        ``m x m`` float64 matrices, plus the batch's tiles): a larger dictionary raises
+        :class:`~daskkrr.parallel.guards.ResourceGuardError`, naming the largest dictionary
+        that fits, before allocating. None: the memory available (the smaller of this
+        machine's free memory and the workers' limits) when ``select`` starts.
 
     Notes
     -----
@@ -422,6 +451,7 @@ class DisqueakSampler(StreamingRLSSampler):
         tree: str = "balanced",
         max_rows: int | None = None,
         batch_min: int = 64,
+        memory_budget: int | None = None,
     ):
         self.gamma = gamma
         self.qbar = qbar
@@ -431,6 +461,7 @@ class DisqueakSampler(StreamingRLSSampler):
         self.tree = tree
         self.max_rows = max_rows
         self.batch_min = batch_min
+        self.memory_budget = memory_budget
 
     def _select(self, X: Any, kernel: Kernel, *, n_centers: int | None, penalty: float | None,
                 random_state: int | None, executor: Executor) -> CenterDictionary:
@@ -438,14 +469,14 @@ class DisqueakSampler(StreamingRLSSampler):
         if self.tree not in TREES:
             raise ValueError(f"tree must be one of {TREES}; got {self.tree!r}")
         X, n_total, seed, gamma, info = self._setup(X, kernel, n_centers, penalty, random_state, executor)
-        params = squeak_params(gamma, self.qbar, self.eps, self.batch_min)
+        params = self._params(gamma, executor)
         bounds = leaf_boundaries(X, self.n_leaves)
         state: StreamState = executor.passes(X).tree_merge(
             stream_block, kernel, params, seed, None, name="disqueak", bounds=bounds.tolist(),
             merge=functools.partial(merge_states, kernel=kernel, params=params, seed=seed),
             leaf_finish=functools.partial(stream_finish, kernel=kernel, params=params, seed=seed,
-                                          max_dictionary=None, keep_gram=True),
-            root_finish=drop_gram, tree=self.tree,
+                                          max_dictionary=None),
+            tree=self.tree,
         )
         info.update(sampler=self.name, qbar=int(self.qbar), eps=float(self.eps), seed=seed,
                     n_leaves=len(bounds) - 1, tree=self.tree)

@@ -34,8 +34,10 @@ the end of a block wait in :attr:`StreamState.pending` for the next block. Batch
 boundaries and the random stream of each batch (keyed by the seed and the batch's
 global first row) therefore do not depend on how ``X`` is chunked, nor on which
 worker runs a step; a merge node's stream is keyed by the row range it covers. The
-state between blocks holds the dictionary (O(m^2 + m d)), fewer than one batch of
-pending rows, and a short per-block history: never anything of size n.
+state between blocks holds the dictionary's rows and per-entry numbers (O(m d): no
+Gram, each update recomputes it from the rows), fewer than one batch of pending rows,
+and a short per-block history: never anything of size n or m^2. Inside an update at
+most two m x m float64 matrices exist at once (:func:`factor_bytes`).
 """
 
 from __future__ import annotations
@@ -53,9 +55,11 @@ from daskkrr.kernels.sparse import dense_pieces, dense_rows, is_sparse
 from daskkrr.sampling.dictionary import (
     DictionaryState,
     extend_cholesky,
+    factor_in_place,
     forward_solve,
-    lower_cholesky,
+    inverse_diagonal,
     weighted_gram,
+    weighted_kernel_gram,
 )
 from daskkrr.sampling.keyed_random import (
     STREAM_MERGE_NODE,
@@ -88,6 +92,10 @@ class SqueakParams:
         Upper bound on ``batch rows x entries x 8`` bytes.
     halving_floor : bool
         Apply the ``p/2``-per-point floor of Alg. 1.
+    memory_budget : int or None
+        Bytes a batch's (or merge's) factorisation may take (:func:`factor_bytes`); above
+        it the update raises :class:`~daskkrr.parallel.guards.ResourceGuardError` before
+        allocating. None: no check.
     """
 
     gamma: float
@@ -96,6 +104,7 @@ class SqueakParams:
     batch_min: int = 64
     batch_bytes: int = DEFAULT_BATCH_BYTES
     halving_floor: bool = True
+    memory_budget: int | None = None
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.gamma) and self.gamma > 0):
@@ -106,6 +115,8 @@ class SqueakParams:
             raise ValueError(f"eps must be in (0, 1); got {self.eps!r}")
         if self.batch_min < 1:
             raise ValueError(f"batch_min must be >= 1; got {self.batch_min!r}")
+        if self.memory_budget is not None and self.memory_budget < 1:
+            raise ValueError(f"memory_budget must be a positive number of bytes or None; got {self.memory_budget!r}")
 
     def batch_rows(self, n_entries: int) -> int:
         """Rows in the next batch for a dictionary of ``n_entries`` unique entries."""
@@ -113,11 +124,53 @@ class SqueakParams:
         return int(max(1, min(max(self.batch_min, n_entries), cap)))
 
 
-def _factor(state: DictionaryState, qbar: int, reg: float) -> tuple[np.ndarray, np.ndarray]:
-    """Cholesky factor of ``D K_DD D + reg I`` and ``sqrt(s)``."""
-    sw = np.sqrt(state.selection_weights(qbar))
-    L, _ = lower_cholesky(weighted_gram(state.gram, sw, reg))
-    return L, sw
+def _factor(
+    state: DictionaryState, kernel: Kernel, params: SqueakParams, reg: float, where: str, new_rows: int = 0
+) -> tuple[np.ndarray, np.ndarray, float]:
+    """Cholesky factor of ``D K_DD D + reg I``, ``sqrt(s)`` and the diagonal shift it holds.
+
+    The Gram is recomputed from the entries' points (states carry none) in the memory the
+    factor then takes. ``new_rows``: rows about to extend the factor, counted in the
+    memory check (``where`` names the update in its message). The shift is ``reg`` plus
+    the jitter the factorisation added.
+    """
+    check_factor_memory(state.size, new_rows, params, where)
+    sw = np.sqrt(state.selection_weights(params.qbar))
+    L, jitter = factor_in_place(weighted_kernel_gram(state.points, sw, kernel, reg, params.batch_bytes))
+    return L, sw, reg + jitter
+
+
+def factor_bytes(m: int, new_rows: int) -> int:
+    """Peak bytes of a batch's dictionary work with ``m`` entries and ``new_rows`` new rows.
+
+    The factor of the ``m`` entries and its extension to at most ``m + new_rows`` are held
+    together while the extension is copied (two ``m x m`` float64 matrices at the peak), beside
+    the batch's ``m x new_rows`` tiles (kernel columns, their scaled copy, the solve and the
+    kept columns: four at most).
+    """
+    m, b = int(m), int(new_rows)
+    return 8 * (m * m + (m + b) ** 2 + 4 * m * b)
+
+
+def check_factor_memory(m: int, new_rows: int, params: SqueakParams, where: str) -> None:
+    """Raise :class:`~daskkrr.parallel.guards.ResourceGuardError` before a factor that exceeds the budget."""
+    budget = params.memory_budget
+    if budget is None or m == 0:
+        return
+    need = factor_bytes(m, new_rows)
+    if need <= budget:
+        return
+    from daskkrr.parallel.guards import ResourceGuardError
+
+    fits = max(1, int(np.sqrt(budget / 16.0)) - 3 * new_rows)  # factor_bytes(fits, new_rows) <= budget
+    raise ResourceGuardError(
+        f"{where}: the dictionary has m = {m} entries (+ {new_rows} new rows) and its factorisation "
+        f"needs {need / 1e9:.2f} GB at once (two m x m float64 matrices and the batch's m x b tiles), over "
+        f"memory_budget = {budget / 1e9:.2f} GB. Fix: stop the dictionary before it grows that large "
+        f"(SqueakSampler's max_dictionary <= {fits} fits this budget), raise gamma "
+        f"(or the penalty) so the dictionary is smaller, pass n_centers with gamma=None, or raise "
+        f"memory_budget if the memory is there"
+    )
 
 
 def estimate_new_rows(
@@ -153,17 +206,21 @@ def estimate_new_rows(
 
 
 def entry_estimates(
-    L: np.ndarray, sqrt_w: np.ndarray, gram: np.ndarray, params: SqueakParams
+    L: np.ndarray, sqrt_w: np.ndarray, shift: np.ndarray | float, params: SqueakParams
 ) -> np.ndarray:
-    """Eq. 4/5 estimates of the entries themselves, given the factor of their weighted Gram.
+    """Eq. 4/5 estimates of the entries themselves from the factor ``L`` of their weighted Gram.
 
-    ``tau~_i = (1 - eps) / gamma * (k_ii - ||L^{-1} D k_D(z_i)||^2)``; the inner
-    regularisation (gamma or (1 + eps) gamma) is whatever ``L`` was built with.
+    ``tau~_i = (1 - eps) / gamma * (k_ii - ||L^{-1} D k_D(z_i)||^2)`` where
+    ``L L^T = A = D K D + diag(shift)`` (the inner regularisation, gamma or (1 + eps) gamma,
+    plus the jitter of each part of the factor). With ``DKD = A - diag(shift)``,
+    ``(DKD A^{-1} DKD)_ii = A_ii - 2 g_i + g_i^2 (A^{-1})_ii`` (``g = shift``), so
+    ``k_ii - ||L^{-1} D k_i||^2 = g_i (1 - g_i (A^{-1})_ii) / w_i``: the diagonal of ``A^{-1}``
+    replaces the solve with ``m`` right-hand sides (``m^3 / 3`` flops, no ``m x m`` copy).
+    ``L`` is overwritten.
     """
-    if gram.shape[0] == 0:
+    if L.shape[0] == 0:
         return np.zeros(0)
-    U = forward_solve(L, sqrt_w[:, None] * gram)
-    resid = np.diag(gram) - np.einsum("ij,ij->j", U, U)
+    resid = shift * (1.0 - shift * inverse_diagonal(L)) / sqrt_w**2
     return (1.0 - params.eps) / params.gamma * np.maximum(resid, 0.0)
 
 
@@ -207,7 +264,8 @@ def squeak_batch(
     if b == 0:
         return state
     qbar, gamma = params.qbar, params.gamma
-    L, sw = _factor(state, qbar, gamma)
+    L, sw, shift = _factor(state, kernel, params, gamma, f"SQUEAK batch of rows [{first_row}, {first_row + b})",
+                           new_rows=b)
     tau_new, K_Db, V = estimate_new_rows(state, L, sw, Xb, kernel, params)
 
     # EXPAND
@@ -224,25 +282,22 @@ def squeak_batch(
     sw_kept = np.sqrt(w_kept)
     K_nn = np.asarray(kernel(Xb[kept], Xb[kept]), dtype=np.float64)
     corner = weighted_gram(K_nn, sw_kept, gamma)
-    L_ext, _ = extend_cholesky(L, V[:, kept] * sw_kept[None, :], corner)
-    m = state.size
-    gram = np.empty((m + kept.size, m + kept.size))
-    gram[:m, :m] = state.gram
-    gram[:m, m:] = K_Db[:, kept]
-    gram[m:, :m] = K_Db[:, kept].T
-    gram[m:, m:] = K_nn
+    del K_Db  # the new entries' kernel columns live on in V
+    L_ext, corner_jitter = extend_cholesky(L, V[:, kept] * sw_kept[None, :], corner)
+    del L, V  # one m x m matrix again
     expanded = DictionaryState(
         points=np.concatenate([state.points, Xb[kept].astype(state.points.dtype, copy=False)]),
         indices=np.concatenate([state.indices, first_row + kept.astype(np.int64)]),
         probs=np.concatenate([state.probs, p_new[kept]]),
         copies=np.concatenate([state.copies, q_new[kept]]),
         rls=np.concatenate([state.rls, tau_new[kept]]),
-        gram=gram,
+        gram=state.gram[:0, :0],
     )
 
     # SHRINK every entry once, against the expanded dictionary.
     sw_ext = np.concatenate([sw, sw_kept])
-    tau = entry_estimates(L_ext, sw_ext, gram, params)
+    shift_ext = np.concatenate([np.full(state.size, shift), np.full(kept.size, gamma + corner_jitter)])
+    tau = entry_estimates(L_ext, sw_ext, shift_ext, params)
     floor = np.concatenate([floor_old, floor_new[kept]])
     probs, copies = resample(expanded.probs, expanded.copies, tau, floor, rng)
     expanded.probs, expanded.copies, expanded.rls = probs, copies, tau
@@ -266,20 +321,17 @@ def merge_dictionaries(
         return right
     if right.size == 0:
         return left
-    m1 = left.size
-    cross = np.asarray(kernel(left.points, right.points), dtype=np.float64)
-    gram = np.block([[left.gram, cross], [cross.T, right.gram]])
     union = DictionaryState(
         points=np.concatenate([left.points, right.points.astype(left.points.dtype, copy=False)]),
         indices=np.concatenate([left.indices, right.indices]),
         probs=np.concatenate([left.probs, right.probs]),
         copies=np.concatenate([left.copies, right.copies]),
         rls=np.concatenate([left.rls, right.rls]),
-        gram=gram,
+        gram=left.gram[:0, :0],
     )
-    L, sw = _factor(union, params.qbar, (1.0 + params.eps) * params.gamma)
-    tau = entry_estimates(L, sw, gram, params)
-    probs, copies = resample(union.probs, union.copies, tau, np.zeros(m1 + right.size), rng)
+    L, sw, shift = _factor(union, kernel, params, (1.0 + params.eps) * params.gamma, "DISQUEAK merge")
+    tau = entry_estimates(L, sw, shift, params)
+    probs, copies = resample(union.probs, union.copies, tau, np.zeros(union.size), rng)
     union.probs, union.copies, union.rls = probs, copies, tau
     return union.take(copies > 0)
 
@@ -421,16 +473,13 @@ def stream_finish(
     params: SqueakParams,
     seed: int,
     max_dictionary: int | None = None,
-    keep_gram: bool = False,
 ) -> StreamState:
-    """Process the pending rows as a last (shorter) batch; drop the Gram unless asked."""
+    """Process the pending rows as a last (shorter) batch."""
     state = _copy(state)
     if state.pending.shape[0] and state.stopped is None:
         state = _run_batches(state, state.pending, kernel, params, seed, max_dictionary, flush=True)
         if state.history:
             state.history[-1].update(_summary(state, params))
-    if not keep_gram:
-        state.dictionary = state.dictionary.without_gram()
     return state
 
 
@@ -489,10 +538,3 @@ def merge_states(
         batches=left.batches + right.batches,
         history=history,
     )
-
-
-def drop_gram(state: StreamState) -> StreamState:
-    """A copy of ``state`` whose dictionary has no Gram (what comes back to the client)."""
-    state = StreamState(**vars(state))
-    state.dictionary = state.dictionary.without_gram()
-    return state
