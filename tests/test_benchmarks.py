@@ -7,6 +7,7 @@ runner must write that provenance and put each figure beside its baseline.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import json
 import re
@@ -241,12 +242,26 @@ def test_many_centers_compares_each_fit_with_the_dense_route_and_with_falkon():
     assert ("falkon", "falkon", "fit_s") not in ratios and ("budget", "dense", "equal_error_s") not in ratios
 
 
-FALKON_MISSING = falkon_cpu.falkon_unavailable_reason()
-needs_falkon = pytest.mark.skipif(FALKON_MISSING is not None, reason=str(FALKON_MISSING))
+@functools.cache
+def _falkon_missing() -> str | None:
+    """Why FALKON cannot run here, or None; asked once, and only by a test that needs it.
+
+    The answer imports torch in FALKON's interpreter (about 7 CPU seconds): asked at the module's
+    import, every run paid it while collecting, also the default run, whose tests here all do without.
+    """
+    return falkon_cpu.falkon_unavailable_reason()
+
+
+@pytest.fixture
+def needs_falkon() -> None:
+    """Skip the test, with the reason, where FALKON's interpreter cannot import falkon and torch."""
+    reason = _falkon_missing()
+    if reason is not None:
+        pytest.skip(reason)
 
 
 @pytest.mark.slow  # two fresh processes, one of them torch's (about 20 s under load)
-@needs_falkon
+@pytest.mark.usefixtures("needs_falkon")
 def test_many_centers_runs_falkon_with_its_test_rmse_after_every_iteration(tmp_path):
     rows = many_centers.main(["--methods", "falkon", "--centers", "200", "--n-train-rows", "3000", "--max-iter", "6",
                               "--trace-rmse", "--data-dir", str(tmp_path), "--out", str(tmp_path)])
@@ -264,7 +279,7 @@ def test_many_centers_runs_falkon_with_its_test_rmse_after_every_iteration(tmp_p
 
 
 @pytest.mark.slow  # two fresh torch processes (about 20 s under load)
-@needs_falkon
+@pytest.mark.usefixtures("needs_falkon")
 def test_falkon_probe_holds_a_small_preconditioner_and_reports_the_allocation_error_beyond_its_limit():
     held = falkon_cpu.probe_preconditioner(500, limit_bytes=8 * 2**30, hold_s=30.0, max_cpu_mem=1e8)
     assert held["held"] and held["finished"] and "error" not in held, held
