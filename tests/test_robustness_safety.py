@@ -115,7 +115,7 @@ def _rule_breaks(path: Path) -> list[str]:
     """``allow_pickle`` not literally False, and ``LocalCluster`` without ``host='127.0.0.1'``, in one file."""
     text = path.read_text()
     # A call either rule flags has allow_pickle or LocalCluster in its text (a keyword's name, the called
-    # name's end): a file without both words has none, and parsing and walking every file was 9/10 of the time.
+    # name's end): a file with neither word has none, and parsing and walking every file was 9/10 of the time.
     if "allow_pickle" not in text and "LocalCluster" not in text:
         return []
     tree = ast.parse(text, filename=str(path))
