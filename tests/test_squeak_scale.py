@@ -132,3 +132,16 @@ def test_memory_budget_fails_before_the_factor_with_the_fix(cls):
 def test_memory_budget_is_validated():
     with pytest.raises(ValueError, match="memory_budget"):
         SqueakParams(gamma=1.0, qbar=4, eps=0.5, memory_budget=0)
+
+
+def test_the_default_budget_on_a_cluster_is_one_workers_limit(cluster2):
+    """An update runs in one worker: the default budget is at most the smallest worker limit (2 GiB here), not
+    the workers' sum (4 GiB); it is lower only where this machine has less free memory than that."""
+    from daskkrr.parallel.executor import Executor
+    from daskkrr.sampling.squeak import resolve_memory_budget
+
+    limits = [w["memory_limit"] for w in cluster2.scheduler_info()["workers"].values()]
+    assert len(limits) == 2 and min(limits) > 0
+    # the free-memory figure moves between readings, so no equality with it
+    assert 0 < resolve_memory_budget(None, Executor(cluster2)) <= min(limits)
+    assert resolve_memory_budget(12345, Executor(cluster2)) == 12345

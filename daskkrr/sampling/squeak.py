@@ -155,15 +155,22 @@ def squeak_params(gamma: float, qbar: int, eps: float, batch_min: int,
 
 def resolve_memory_budget(memory_budget: int | None, executor: Executor) -> int:
     """Bytes one dictionary update may take: ``memory_budget``, or (None) the memory available
-    where it runs, the smaller of this machine's and the workers' figures
-    (:func:`~daskkrr.parallel.guards.memory_limits`)."""
+    where it runs: the smaller of this machine's and the workers' figures
+    (:func:`~daskkrr.parallel.guards.memory_limits`) and, on a cluster, the smallest single
+    worker's memory limit (an update is one task, in one worker, whatever the workers hold in all)."""
     if memory_budget is not None:
         if int(memory_budget) < 1:
             raise ValueError(f"memory_budget must be a positive number of bytes or None; got {memory_budget!r}")
         return int(memory_budget)
     from daskkrr.parallel.guards import memory_limits
 
-    return int(min(memory_limits(executor).values()))
+    budget = int(min(memory_limits(executor).values()))
+    client = getattr(executor, "client", None)
+    if client is not None:
+        # a worker without a limit reports 0 or None: it is bounded by the machine's figure above
+        limits = [int(w.get("memory_limit") or 0) for w in client.scheduler_info()["workers"].values()]
+        budget = min([budget, *(limit for limit in limits if limit > 0)])
+    return budget
 
 
 def sampling_event(name: str, payload: dict[str, Any]) -> SamplingProgress:
@@ -291,6 +298,12 @@ class SqueakSampler(StreamingRLSSampler):
         (default 0.5; ``0``: after every batch; None: never). A block processed faster
         than this publishes nothing: its end is reported anyway. Publishing only reads
         the dictionary, so the result does not depend on it.
+    memory_budget : int or None
+        Bytes one dictionary update may hold (its factor and the factor's extension, two
+        ``m x m`` float64 matrices, plus the batch's tiles): a larger dictionary raises
+        :class:`~daskkrr.parallel.guards.ResourceGuardError`, naming the largest dictionary
+        that fits, before allocating. None: the memory available (the smaller of this
+        machine's free memory and the smallest worker's limit) when ``select`` starts.
 
     Notes
     -----
@@ -431,7 +444,7 @@ class DisqueakSampler(StreamingRLSSampler):
         ``m x m`` float64 matrices, plus the batch's tiles): a larger dictionary raises
         :class:`~daskkrr.parallel.guards.ResourceGuardError`, naming the largest dictionary
         that fits, before allocating. None: the memory available (the smaller of this
-        machine's free memory and the workers' limits) when ``select`` starts.
+        machine's free memory and the smallest worker's limit) when ``select`` starts.
 
     Notes
     -----
