@@ -65,10 +65,13 @@ def test_factor_and_inverse_live_in_the_gram_memory():
     P = rows(m)
     sw = np.full(m, 1.3)
     A = weighted_kernel_gram(P, sw, KERNEL, 0.5, block_bytes=8 * m * 7)  # 7-row blocks
-    # Built in blocks, it is the one-shot D K D + reg I to round-off of the kernel (exp of O(10)).
+    # Built in blocks, it is the one-shot D K D + reg I to round-off of the kernel: an exponent of O(10) carries
+    # about 10 eps of absolute error, so each entry about 10 eps relative (2e-15; rtol 1e-12 leaves 500x margin).
     np.testing.assert_allclose(A, 1.69 * np.asarray(KERNEL(P, P)) + 0.5 * np.eye(m), rtol=1e-12, atol=1e-14)
     L, jitter = factor_in_place(A)
     assert np.shares_memory(L, A), "the factor must overwrite the Gram, not copy it"
+    # Cholesky's backward error: |L L^T - A| <= gamma_{m+1} |L| |L^T| (Higham, Thm. 10.3), entries of |L| |L^T| at
+    # most the diagonal's 1.69 + 0.5: 121 * 1.1e-16 * 2.2 ~ 3e-14, so 1e-12 leaves a margin of 30.
     np.testing.assert_allclose(L @ L.T, 1.69 * np.asarray(KERNEL(P, P)) + (0.5 + jitter) * np.eye(m), atol=1e-12)
     expected = np.diag(np.linalg.inv(L @ L.T))
     d = inverse_diagonal(L)

@@ -101,10 +101,6 @@ class DictionaryState:
             gram=self.gram[np.ix_(keep, keep)] if self.gram.shape[0] else self.gram,
         )
 
-    def without_gram(self) -> DictionaryState:
-        """A copy with an empty Gram matrix (what travels back to the client)."""
-        return dataclasses.replace(self, gram=np.zeros((0, 0)))
-
     def nbytes(self) -> int:
         return int(sum(a.nbytes for a in (self.points, self.indices, self.probs, self.copies,
                                           self.rls, self.gram)))

@@ -28,10 +28,12 @@ the same, its randomness being keyed by rows), ``mxm_mb`` (one ``m x m`` float64
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import resource
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +67,17 @@ def _record_state_bytes() -> list[int]:
     return largest
 
 
+@contextlib.contextmanager
+def _two_worker_client() -> Iterator[Any]:
+    """A ``LocalCluster`` of 2 single-threaded worker processes of 3 GiB each, and its client."""
+    from distributed import Client, LocalCluster
+
+    from daskkrr.parallel.client import local_cluster_kwargs
+
+    with LocalCluster(**local_cluster_kwargs(2, memory_limit="3GiB")) as cluster, Client(cluster) as client:
+        yield client
+
+
 def child(method: str, m: int, seed: int) -> None:
     """One fit; prints its figures (see the module docstring)."""
     import dask.array as da
@@ -77,22 +90,12 @@ def child(method: str, m: int, seed: int) -> None:
     Xd = da.from_array(X, chunks=(-(-m // BLOCKS), D))
     kernel = make_kernel("gaussian", sigma=float(np.sqrt(D)) / 2)
     sampler = SqueakSampler(gamma=GAMMA) if method == "squeak" else DisqueakSampler(gamma=GAMMA)
-    client = cluster = None
-    largest = None if method.endswith("-2w") else _record_state_bytes()
-    if method.endswith("-2w"):
-        from distributed import Client, LocalCluster
-
-        cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0",
-                               host="127.0.0.1", memory_limit="3GiB")
-        client = Client(cluster)
-    try:
+    on_cluster = method.endswith("-2w")
+    largest = None if on_cluster else _record_state_bytes()
+    with _two_worker_client() if on_cluster else contextlib.nullcontext() as client:
         t0 = time.perf_counter()
         result = sampler.select(Xd, kernel, random_state=seed, client=client)
         seconds = time.perf_counter() - t0
-    finally:
-        if client is not None:
-            client.close()
-            cluster.close()  # type: ignore[union-attr]
     cpu = sum(getattr(resource.getrusage(who), f) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
               for f in ("ru_utime", "ru_stime"))
     emit({"unique": int(result.centers.shape[0]), "time_s": round(seconds, 2), "cpu_s": round(cpu, 1),
