@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from scipy import sparse
 
 from daskkrr.kernels import (
     BlasEngine,
@@ -27,6 +28,7 @@ from daskkrr.kernels import (
 )
 from daskkrr.kernels import engine as engine_module
 from daskkrr.kernels._vexp import exp_neg
+from daskkrr.kernels.engine import AutoFusedEngine
 from daskkrr.kernels.thread_rule import current_engine_threads, engine_threads
 
 KERNELS = [
@@ -152,10 +154,10 @@ class Scaled(Kernel):  # a user kernel: the fused engine does not know it
 def test_engine_for_resolves_as_documented(monkeypatch):
     monkeypatch.delenv("DASKKRR_ENGINE", raising=False)
     k = GaussianKernel()
-    assert engine_for(k) is FusedEngine() and engine_for(k, "fused") is FusedEngine()
+    assert engine_for(k) is AutoFusedEngine() and engine_for(k, "fused") is FusedEngine()
     assert engine_for(k, "numpy") is NumpyEngine()
     assert engine_for(Scaled()) is NumpyEngine()  # any other Kernel subclass: the reference
-    assert engine_for(None) is FusedEngine()  # products on a stored block need no kernel
+    assert engine_for(None) is AutoFusedEngine()  # products on a stored block need no kernel
     assert isinstance(engine_for(k), KernelEngine) and NumpyEngine() is NumpyEngine()
     monkeypatch.setenv("DASKKRR_ENGINE", "numpy")
     assert engine_for(k) is NumpyEngine() and engine_for(None) is NumpyEngine()
@@ -163,8 +165,23 @@ def test_engine_for_resolves_as_documented(monkeypatch):
     monkeypatch.setenv("DASKKRR_ENGINE", "blas")
     assert engine_for(k) is BlasEngine() and engine_for(Scaled()) is NumpyEngine()
     assert engine_for(Scaled(), "blas") is BlasEngine()  # it computes any kernel's tiles
-    monkeypatch.setenv("DASKKRR_ENGINE", "fused")
+    monkeypatch.setenv("DASKKRR_ENGINE", "fused")  # the fused loops at every width
     assert engine_for(k) is FusedEngine() and engine_for(Scaled()) is NumpyEngine()
+
+
+def test_auto_computes_wide_blocks_with_blas_and_narrow_ones_fused(monkeypatch):
+    """Past FUSED_MAX_FEATURES the distance GEMM dominates and OpenBLAS's is faster than the fused loops."""
+    monkeypatch.delenv("DASKKRR_ENGINE", raising=False)
+    k, auto = GaussianKernel(sigma=3.0), engine_for(GaussianKernel())
+    wide = engine_module.FUSED_MAX_FEATURES + 1
+    rng = np.random.default_rng(0)
+    for d, expected in ((wide - 1, AutoFusedEngine()), (wide, BlasEngine())):
+        X, Z = rng.standard_normal((30, d)), rng.standard_normal((7, d))
+        assert auto._for_block(X, Z) is expected
+        # and the products are the reference's, whichever computes them
+        _close(auto.gram_matvec(k, X, Z, np.ones(7)), reference.knm_gram_matvec(k, X, Z, np.ones(7)), 1e-12)
+    assert FusedEngine()._for_block(X, Z) is FusedEngine()  # engine="fused" keeps the fused loops
+    assert auto._for_block(sparse.csr_matrix(X), Z) is NumpyEngine()
 
 
 def test_small_dask_workers_run_the_blas_engine(monkeypatch):
@@ -177,7 +194,7 @@ def test_small_dask_workers_run_the_blas_engine(monkeypatch):
     assert engine_for(GaussianKernel()) is FusedEngine()
     monkeypatch.delenv("DASKKRR_ENGINE")
     worker.memory_manager.memory_limit = engine_module.FUSED_MIN_WORKER_MEMORY
-    assert engine_for(GaussianKernel()) is FusedEngine()
+    assert engine_for(GaussianKernel()) is AutoFusedEngine()
 
 
 def test_engine_errors():
@@ -290,7 +307,7 @@ def test_auto_runs_blas_until_the_fused_engine_is_compiled(monkeypatch, tmp_path
     assert engine_for(k) is BlasEngine() and started == [1]
     assert engine_for(k, "fused") is FusedEngine()  # an explicit choice compiles inline
     monkeypatch.setenv("DASKKRR_BACKGROUND_COMPILE", "0")
-    assert engine_for(k) is FusedEngine() and started == [1]  # no background: numba compiles inline
+    assert engine_for(k) is AutoFusedEngine() and started == [1]  # no background: numba compiles inline
 
 
 @pytest.mark.slow  # compiles the engine in fresh processes: about 50 s on 2 cores
@@ -317,6 +334,7 @@ print("first ok")
 """
     later = """
 import numpy as np
+from scipy import sparse
 from daskkrr.kernels import FusedEngine, GaussianKernel, engine_for, fused
 k = GaussianKernel()
 assert engine_for(k) is FusedEngine()

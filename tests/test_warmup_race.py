@@ -54,7 +54,7 @@ def test_a_valid_marker_starts_no_compile_from_concurrent_threads(monkeypatch):
     # Before the fix the first thread stamped the time, then read the marker: the others saw a
     # fresh time with _ready still False, ran on BLAS and started the compile.
     answers, launches = _run_threads(monkeypatch, marker_valid=True)
-    assert answers == ["fused"] * THREADS
+    assert answers == ["fused-auto"] * THREADS
     assert launches == []
 
 
