@@ -13,7 +13,7 @@ Gaussian kernel with ``sigma = sqrt(784)``, ``penalty`` the same for all:
 - ``falkon_M``: ``FalkonClassifier(n_centers=M)`` for each ``--centers`` M
   (5000 and 10000 at full size; scaled down with the rows in ``--quick``), with
   its defaults, or with ``--dtype``, ``--strategy``, ``--preconditioner-rows``,
-  ``--route``, ``--memory-budget-gb`` and ``--falkon-max-iter`` set (the many-centers runs: M = 20 000
+  ``--route``, ``--memory-budget-gb``, ``--falkon-max-iter`` and ``--falkon-tol`` set (the many-centers runs: M = 20 000
   in float32, FALKON's own preconditioner, kernel blocks cached, tiled factors).
   ``--no-exact`` leaves the exact row out (13.6 GB: too much for a shared machine).
 
@@ -121,6 +121,8 @@ def falkon_options(args: argparse.Namespace) -> dict[str, Any]:
         options["chunks"] = args.chunks
     if args.falkon_max_iter:
         options["max_iter"] = args.falkon_max_iter
+    if args.falkon_tol:
+        options["tol"] = args.falkon_tol
     return options
 
 
@@ -140,6 +142,8 @@ def main() -> None:
     parser.add_argument("--memory-budget-gb", type=float, default=None, help="memory_budget in GiB")
     parser.add_argument("--chunks", type=int, default=None, help="FALKON's rows per block (bounds a block's kernel)")
     parser.add_argument("--falkon-max-iter", type=int, default=None, help="FALKON's CG iterations (default: its own)")
+    parser.add_argument("--falkon-tol", type=float, default=None,
+                        help="FALKON's CG tolerance (default: its own, 1e-4; exact KRR's is 1e-3)")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--out", default=None)
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
