@@ -287,3 +287,19 @@ def test_falkon_probe_holds_a_small_preconditioner_and_reports_the_allocation_er
     # A limit 256 MiB above the interpreter's address space: a 1 GiB matrix cannot be allocated.
     beyond = falkon_cpu.probe_preconditioner(2**14, limit_bytes=(held["vm_base_mb"] + 256) * 2**20, hold_s=1.0)
     assert not beyond["held"] and "allocate" in beyond["error"], beyond
+
+
+def test_run_child_counts_the_cpu_seconds_of_the_whole_process_tree():
+    """Each process of the tree burns 0.5 CPU s: the figure holds both (the sampler misses at most
+    its 0.05 s interval per process), and not much more (interpreter start-up, ~0.1 s each)."""
+    sys.path.insert(0, str(ROOT / "workflows" / "benchmarks"))
+    fit_tools = importlib.import_module("fit_tools")
+    burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.5: pass\n"
+    script = burn + textwrap.dedent(f"""
+        import subprocess, sys
+        subprocess.run([sys.executable, "-c", {burn!r}], check=True)
+        print("{fit_tools.RESULT_PREFIX}" + '{{"done": true}}')
+        """)
+    result = fit_tools.run_child(["-c", script], timeout=120)
+    assert result["n_processes"] == 2 and "error" not in result, result
+    assert 0.85 <= result["cpu_s"] <= 2.0, result

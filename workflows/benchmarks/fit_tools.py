@@ -35,13 +35,16 @@ class PeakMemory:
     """Sample the RSS of ``root`` and its descendants every ``interval`` seconds.
 
     Use as a context manager; ``total_mb`` is the sum of the per-process peaks,
-    ``per_process`` maps ``"name[pid]"`` to its peak in MiB.
+    ``per_process`` maps ``"name[pid]"`` to its peak in MiB. ``cpu_s`` is the CPU time (user +
+    system) of the tree, each process's as last sampled (a process's last ``interval`` before
+    it exits is missed): on a shared, loaded machine it compares fits where wall time cannot.
     """
 
     def __init__(self, root: int | None = None, interval: float = 0.05):
         self.root = psutil.Process(root or os.getpid())
         self.interval = interval
         self.peaks: dict[int, tuple[str, float]] = {}
+        self.cpu: dict[int, float] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -54,8 +57,10 @@ class PeakMemory:
             try:
                 rss = p.memory_info().rss / 2**20
                 name = _role(p)
+                times = p.cpu_times()
             except psutil.Error:
                 continue
+            self.cpu[p.pid] = max(self.cpu.get(p.pid, 0.0), times.user + times.system)
             old = self.peaks.get(p.pid, (name, 0.0))
             self.peaks[p.pid] = (name, max(old[1], rss))
 
@@ -76,6 +81,10 @@ class PeakMemory:
     @property
     def total_mb(self) -> float:
         return sum(peak for _, peak in self.peaks.values())
+
+    @property
+    def cpu_s(self) -> float:
+        return sum(self.cpu.values())
 
     @property
     def per_process(self) -> dict[str, float]:
@@ -138,7 +147,8 @@ def run_child(argv: Sequence[str], timeout: float = 3600, python: str | None = N
 
     The child prints one line ``BENCH-RESULT {json}``. Adds ``peak_mb`` (sum of
     per-process RSS peaks of the child's tree), ``peak_per_process_mb``,
-    ``n_processes`` and ``wall_s``; ``error`` holds the tail of stderr on failure.
+    ``n_processes``, ``wall_s`` and ``cpu_s`` (the tree's CPU seconds, :class:`PeakMemory`);
+    ``error`` holds the tail of stderr on failure.
     ``python`` is the interpreter (default: this one; FALKON's runs in its own venv);
     ``env`` holds variables set for the child on top of this process's; ``cpus``, the cores the child (and
     its own children) may run on, with as many BLAS/OpenMP/numba threads (two libraries fitted side by
@@ -171,7 +181,7 @@ def run_child(argv: Sequence[str], timeout: float = 3600, python: str | None = N
     if not result:
         result = {"error": (err or out)[-2000:]}
     result.update(peak_mb=round(mem.total_mb, 1), peak_per_process_mb=mem.per_process,
-                  n_processes=len(mem.peaks), wall_s=round(time.perf_counter() - t0, 2))
+                  n_processes=len(mem.peaks), wall_s=round(time.perf_counter() - t0, 2), cpu_s=round(mem.cpu_s, 1))
     return result
 
 
