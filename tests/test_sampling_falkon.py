@@ -32,10 +32,12 @@ def _fit(X, y, sampler, n_centers, preconditioner_rows=None):
 # slow: the default run covers DISQUEAK's centers in tests/test_sampling_disqueak.py::test_disqueak_guarantees[8]
 # (its dictionary's weights meet SQUEAK's spectral bound) and the fit on such a dictionary in the [squeak] case
 # here (the same weighted preconditioner and CG; only the selection differs).
+# slow, for the same reason: BLESS's dictionary is checked against its spectral bound and size by
+# tests/test_sampling_bless.py::test_bless_accuracy_and_size, the fit on weighted centers by the [squeak] case.
 @pytest.mark.parametrize(
     "sampler",
-    [SqueakSampler(), pytest.param(DisqueakSampler(n_leaves=4), marks=pytest.mark.slow), BlessSampler(),
-     pytest.param("squeak", marks=pytest.mark.slow)],
+    [SqueakSampler(), pytest.param(DisqueakSampler(n_leaves=4), marks=pytest.mark.slow),
+     pytest.param(BlessSampler(), marks=pytest.mark.slow), pytest.param("squeak", marks=pytest.mark.slow)],
     ids=["squeak", "disqueak-4-leaves", "bless", "squeak-by-name"],
 )
 def test_rls_centers_converge_no_slower_than_uniform(regression, sampler):
