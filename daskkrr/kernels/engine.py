@@ -70,10 +70,10 @@ ENGINES = ("auto", "fused", "blas", "numpy")
 FUSED_MIN_WORKER_MEMORY = 2**30
 #: Under ``engine="auto"``, blocks with more features than this compute their kernel with the BLAS engine.
 #: Past it the distance GEMM (2 d flops an entry) outweighs the kernel function, and OpenBLAS's
-#: GEMM beats the fused loops' inner products: measured on 2 AMD EPYC cores, 2000 x 5000 blocks,
-#: fused / BLAS seconds were 0.8-1.1 at d = 10-64, 1.2-1.7 at d = 80-784 (float32), and
-#: 1.9 for a 4000 x 10 000 x 784 block with 10 right-hand sides. Products on a stored block
-#: (the cache strategy's) stay fused: they read the block once, the BLAS pair twice.
+#: GEMM beats the fused loops' inner products (the performance guide's "The kernel engine",
+#: ``workflows/benchmarks/results/engine_throughput_width.json``: single-thread fused / BLAS 1.07
+#: at d = 64, 0.86 at 100, 0.74 at 784 in float32). Products on a stored block (the cache
+#: strategy's) stay fused: they read the block once, the BLAS pair twice.
 FUSED_MAX_FEATURES = 64
 
 
@@ -453,7 +453,8 @@ def engine_for(kernel: Kernel | None, engine: str = "auto") -> KernelEngine:
         ``"auto"``: :class:`FusedEngine` for the built-in kernels and
         :class:`NumpyEngine` for any other Kernel subclass, unless ``$DASKKRR_ENGINE``
         (``fused``, ``blas`` or ``numpy``) says otherwise for a built-in kernel.
-        Without that variable, :class:`BlasEngine` runs instead of the fused engine
+        Without that variable, :class:`BlasEngine` computes the kernel of blocks with
+        more than :data:`FUSED_MAX_FEATURES` features, and runs instead of the fused engine
         when the caller is a Dask worker with less than
         :data:`FUSED_MIN_WORKER_MEMORY` of memory, when numba is missing, and until
         the fused engine is compiled on this machine (a background process
