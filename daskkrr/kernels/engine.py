@@ -388,10 +388,11 @@ class AutoFusedEngine(FusedEngine):
 _NUMPY = NumpyEngine()
 _BLAS = BlasEngine()
 _FUSED = FusedEngine()
-_AUTO_FUSED = AutoFusedEngine()
-#: :func:`_auto_choice`'s name for :class:`AutoFusedEngine` (``$DASKKRR_ENGINE=fused`` forces the plain one).
+#: :func:`_auto_choice`'s name for :class:`AutoFusedEngine` (``$DASKKRR_ENGINE=fused`` forces the plain one);
+#: not in :data:`ENGINES`, so only ``"auto"`` resolves to it.
 _WIDTH_AWARE = "fused-auto"
-_BY_NAME: dict[str, KernelEngine] = {"numpy": _NUMPY, "blas": _BLAS, "fused": _FUSED}
+_BY_NAME: dict[str, KernelEngine] = {"numpy": _NUMPY, "blas": _BLAS, "fused": _FUSED,
+                                     _WIDTH_AWARE: AutoFusedEngine()}
 
 
 def _worker_memory_limit() -> int | None:
@@ -477,8 +478,7 @@ def engine_for(kernel: Kernel | None, engine: str = "auto") -> KernelEngine:
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {ENGINES}; got {engine!r}")
     if engine == "auto":
-        choice = _auto_choice(kernel)
-        return _AUTO_FUSED if choice == _WIDTH_AWARE else _BY_NAME[choice]
+        return _BY_NAME[_auto_choice(kernel)]
     if engine in ("numpy", "blas"):
         return _BY_NAME[engine]
     if kernel is not None and not supports(kernel):
