@@ -38,6 +38,25 @@ def test_a_cg_stopped_above_tol_warns_with_residual_tol_max_iter_and_advice(data
     assert residual > FAR_RESIDUAL and "may be far from the Nystrom solution" in message
 
 
+@pytest.mark.parametrize(("n_iter", "stagnated", "says"), [
+    (5, False, "max_iter=5 iterations were not enough"),
+    (3, True, "the residual stopped falling after 3 iterations"),
+    (3, False, "round-off made the system look indefinite (p^T A p <= 0)"),
+])
+def test_the_warning_names_why_cg_stopped(n_iter, stagnated, says):
+    """Each way a CG ends above tol gets its own reason: blaming max_iter for a solve that
+    stopped before it (a column stopped where p^T A p <= 0) sends the user the wrong way."""
+    from types import SimpleNamespace
+
+    from daskkrr.pipeline.stages import warn_not_converged
+
+    result = SimpleNamespace(residuals=np.array([[1.0], [2e-3]]), stagnated=stagnated, n_iter=n_iter)
+    with pytest.warns(ConvergenceWarning) as record:
+        warn_not_converged(result, tol=1e-3, max_iter=5, dtype="float32")
+    assert says in str(record[0].message)
+    assert ("raise max_iter" in str(record[0].message)) == (n_iter == 5 and not stagnated)
+
+
 def test_a_cg_stopped_close_to_tol_calls_its_model_usable(data):
     X, y = data
     with pytest.warns(ConvergenceWarning) as record:

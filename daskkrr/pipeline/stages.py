@@ -540,6 +540,11 @@ def warn_not_converged(result: Any, *, tol: float, max_iter: int, dtype: str) ->
         why = (f"the residual stopped falling after {result.n_iter} iterations (the attainable accuracy"
                f" of {dtype} kernel blocks)")
         advice = "raise tol" + (", or use dtype='float64'" if dtype == "float32" else "")
+    elif result.n_iter < max_iter:
+        # every column left either converged or stopped where p^T A p <= 0
+        why = (f"after {result.n_iter} iterations round-off made the system look indefinite (p^T A p <= 0)"
+               f" for a column still above tol")
+        advice = "raise tol" + (", or use dtype='float64'" if dtype == "float32" else "")
     else:
         why = f"max_iter={max_iter} iterations were not enough"
         advice = "raise max_iter, or raise tol"

@@ -89,7 +89,7 @@ class CGState:
     rz : ndarray (t,)
         ``r^T M^{-1} r`` per column (M the preconditioner).
     active : ndarray (t,) of bool
-        Columns that have not converged.
+        Columns still iterating (not converged, not stopped).
     history : ndarray (iteration + 1, t)
         Relative residuals so far.
     best_x, best_phi, best_rel
@@ -98,6 +98,9 @@ class CGState:
     low_x, low_rel : ndarray (m, t) and (t,), or None
         Per column, the iterate with the lowest residual so far and that residual
         (the divergence guard; None in states saved before it existed).
+    stopped : ndarray (t,) of bool, or None
+        Columns stopped for good because round-off made ``p^T A p <= 0`` (None in
+        states saved before it was kept: inferred on resume).
     iteration, n_matvec, last_true, checks_without_progress : int
         Iterations done, matvecs done, iteration of the last true-residual
         recomputation, consecutive checks without progress.
@@ -122,10 +125,11 @@ class CGState:
     stagnated: bool = False
     low_x: np.ndarray | None = None
     low_rel: np.ndarray | None = None
+    stopped: np.ndarray | None = None
 
     _ARRAYS = ("b", "x", "r", "p", "rz", "active", "history", "best_x", "best_phi", "best_rel")
     _SCALARS = ("iteration", "n_matvec", "last_true", "checks_without_progress", "stagnated")
-    _OPTIONAL = ("low_x", "low_rel")
+    _OPTIONAL = ("low_x", "low_rel", "stopped")
 
     def to_arrays(self) -> dict[str, np.ndarray]:
         """Plain numpy arrays (no objects) for ``np.savez``; scalars as 0-d arrays."""
@@ -155,12 +159,13 @@ class CGState:
             last_true=int(arrays["last_true"]),
             checks_without_progress=int(arrays["checks_without_progress"]),
             stagnated=bool(arrays["stagnated"]),
-            **{k: np.asarray(arrays[k], dtype=np.float64) for k in cls._OPTIONAL if k in arrays},
+            **{k: np.asarray(arrays[k], dtype=np.float64) for k in ("low_x", "low_rel") if k in arrays},
+            stopped=np.asarray(arrays["stopped"], dtype=bool) if "stopped" in arrays else None,
         )
         for k in ("x", "r", "p", "best_x", "low_x"):
             if getattr(state, k) is not None and getattr(state, k).shape != (m, t):
                 raise ValueError(f"CG state: {k} has shape {getattr(state, k).shape}, expected {(m, t)}")
-        for k in ("rz", "best_phi", "best_rel", "active", "low_rel"):
+        for k in ("rz", "best_phi", "best_rel", "active", "low_rel", "stopped"):
             if getattr(state, k) is not None and getattr(state, k).shape != (t,):
                 raise ValueError(f"CG state: {k} has shape {getattr(state, k).shape}, expected {(t,)}")
         if state.history.shape != (state.iteration + 1, t):
@@ -302,6 +307,7 @@ class _CG:
         rel = np.where(self.bnorm > 0, 1.0, 0.0) if x0 is None else self.relative(self.R)
         self.history = [rel.copy()]
         self.active = rel > self.tol
+        self.stopped = np.zeros(self.t, dtype=bool)
         Zr = self.M(self.R)
         self.P = Zr
         (self.rz,) = ops.dots([(self.R, Zr)])
@@ -320,7 +326,11 @@ class _CG:
         self.history = [row.copy() for row in state.history]
         self.it, self.n_matvec, self.last_true = state.iteration, state.n_matvec, state.last_true
         # Columns stopped where p^T A p <= 0 stay stopped; a changed tol applies to the others.
-        self.active = state.active & (self.history[-1] > self.tol)
+        # A state saved before ``stopped`` was kept: a column inactive above tol stays stopped,
+        # as every inactive column did then.
+        self.stopped = (state.stopped.copy() if state.stopped is not None
+                        else ~state.active & (self.history[-1] > self.tol))
+        self.active = ~self.stopped & (self.history[-1] > self.tol)
         self.stagnated = bool(state.stagnated)
         if stagnation_checks is not None:
             # A state saved before the divergence guard existed starts it here.
@@ -336,6 +346,7 @@ class _CG:
         return CGState(
             b=np.array(ops.to_numpy(self.b)), x=x, r=np.array(ops.to_numpy(self.R)),
             p=np.array(ops.to_numpy(self.P)), rz=self.rz.copy(), active=self.active.copy(),
+            stopped=self.stopped.copy(),
             history=np.array(self.history), iteration=self.it, n_matvec=self.n_matvec, last_true=self.last_true,
             stagnated=self.stagnated,
             best_x=x if g is None else np.array(ops.to_numpy(g.best_x)),
@@ -376,6 +387,7 @@ class _CG:
         (pAp,) = ops.dots([(self.P, AP)])
         # p^T A p <= 0 only when round-off makes the operator look indefinite: that column stops.
         ok = self.active & (pAp > 0)
+        self.stopped |= self.active & ~ok
         alpha = np.where(ok, _safe_div(self.rz, pAp), 0.0)
         self.alphas.append(alpha)
         self.X, self.R = _lincombs(ops, [[(1.0, self.X), (alpha, self.P)], [(1.0, self.R), (-alpha, AP)]])
@@ -401,12 +413,15 @@ class _CG:
                 g.low_rel = np.where(lower, rel, g.low_rel)
         if callback is not None:
             callback(self.it, rel.copy())
-        self.active = (rel > self.tol) & ok
+        # A column is frozen once its recursive residual reaches tol, but that residual drifts
+        # from the true one: a true-residual check that finds a frozen column above tol takes
+        # it up again, restarted along its preconditioned residual (beta = 0).
+        was_active, self.active = self.active, (rel > self.tol) & ~self.stopped
         if not self.active.any():
             return False
         Zr = self.M(self.R)
         (rz_new,) = ops.dots([(self.R, Zr)])
-        beta = np.where(self.active, _safe_div(rz_new, self.rz), 0.0)
+        beta = np.where(self.active & was_active, _safe_div(rz_new, self.rz), 0.0)
         self.betas.append(beta)
         self.P = ops.lincomb([(1.0, Zr), (beta, self.P)])
         self.rz = rz_new
