@@ -407,3 +407,20 @@ def test_the_loops_give_way_to_a_512_bit_blas_sooner(monkeypatch):
         X, Z = _data(np.float64, n=9, M=7, d=20)[:2]
         jc = fused._prepare(GaussianKernel(sigma=3.0), X, Z)[2][7]
         assert (jc > 0) == (not wide)  # float64, d = 20: BLAS when it is 512-bit
+
+
+@pytest.mark.parametrize("engine", ENGINES, ids=lambda e: e.name)
+def test_float32_blocks_give_one_symmetric_operator(engine):
+    """``U -> K^T K U`` on float32 blocks is the exact product of one float32 kernel matrix,
+    summed in float64: ``u^T G v = v^T G u`` to float64 round-off. Products in float32
+    (GEMMs on the tile) break that symmetry at float32's 1e-7, and CG on FALKON's system
+    (penalty 1e-6) then stalls near a residual of 1e-3 (Fashion-MNIST, n = 20 000)."""
+    rng = np.random.default_rng(3)
+    X = rng.normal(size=(3000, 70)).astype(np.float32)  # > 64 features: auto's BLAS width too
+    Z = X[rng.choice(len(X), 400, replace=False)]
+    u, v = rng.normal(size=(2, 400))
+    k = GaussianKernel(sigma=6.0)
+    Gu, Gv = (engine.gram_matvec(k, X, Z, w, n_threads=2, max_tile_bytes=400 * 4 * 256) for w in (u, v))
+    scale = np.linalg.norm(u) * np.linalg.norm(Gv)
+    # float64 sums of 3000 x 400 products: about sqrt(3000 * 400) * 1.1e-16 relative, far below 1e-11
+    assert abs(u @ Gv - v @ Gu) <= 1e-11 * scale

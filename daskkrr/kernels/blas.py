@@ -154,12 +154,16 @@ def gram_matvec(kernel: Kernel, Xb: Any, Z: Any, U: Any, *, max_tile_bytes: int 
                 n_threads: int = 1) -> np.ndarray:
     """``k(Xb, Z)^T (k(Xb, Z) U)`` as float64 of shape ``(M, t)`` (``U``: ``(M,)`` or ``(M, t)``)."""
     T = _Tiles(kernel, Xb, Z)
-    Uc = as_2d(U, T.n_centers).astype(T.dtype)
+    U2 = as_2d(U, T.n_centers)
 
     def add(K: np.ndarray, s: int, e: int, out: np.ndarray) -> None:
-        out += K.T @ (K @ Uc)
+        # float64 products of the (float32) tile, as in the other engines: a float32 GEMM's
+        # round-off is not that of any kernel matrix, so the operator would stop being one
+        # symmetric matrix and CG would stall far above float32's accuracy (penalty 1e-6).
+        K64 = K.astype(np.float64, copy=False)
+        out += K64.T @ (K64 @ U2)
 
-    return _summed(T, T.rows(max_tile_bytes), n_threads, (T.n_centers, Uc.shape[1]), add)
+    return _summed(T, T.rows(max_tile_bytes), n_threads, (T.n_centers, U2.shape[1]), add)
 
 
 def t_matvec(kernel: Kernel, Xb: Any, Z: Any, V: Any, *, max_tile_bytes: int | None = None,

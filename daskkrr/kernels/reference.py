@@ -41,11 +41,12 @@ def knm_gram_matvec(
     """``k(Xb, Z)^T (k(Xb, Z) U)`` for one row block, as float64 of shape ``(M, t)``."""
     Xb, Z = _cast(Xb, Z)
     U2 = np.asarray(U, dtype=np.float64).reshape(Z.shape[0], -1)
-    Uc = U2.astype(Xb.dtype, copy=False)
     out = np.zeros((Z.shape[0], U2.shape[1]), dtype=np.float64)
     for sl in _row_tiles(Xb.shape[0], Z.shape[0], Xb.dtype.itemsize, max_tile_bytes):
-        Kt = kernel(Xb[sl], Z)
-        out += (Kt.T @ (Kt @ Uc)).astype(np.float64, copy=False)
+        # float64 products of float32 tiles: float32 GEMMs would make K^T K U inconsistent (not
+        # one symmetric matrix) at float32's round-off, which CG amplifies by the condition
+        Kt = kernel(Xb[sl], Z).astype(np.float64, copy=False)
+        out += Kt.T @ (Kt @ U2)
     return out.reshape((Z.shape[0],) + np.shape(U)[1:])
 
 
