@@ -71,8 +71,8 @@ FUSED_MIN_WORKER_MEMORY = 2**30
 #: Under ``engine="auto"``, blocks with more features than this compute their kernel with the BLAS engine.
 #: Past it the distance GEMM (2 d flops an entry) outweighs the kernel function, and OpenBLAS's
 #: GEMM beats the fused loops' inner products (the performance guide's "The kernel engine",
-#: ``workflows/benchmarks/results/engine_throughput_width.json``: single-thread fused / BLAS 1.07
-#: at d = 64, 0.86 at 100, 0.74 at 784 in float32). Products on a stored block (the cache
+#: ``workflows/benchmarks/results/engine_throughput_width.json``: single-thread fused / BLAS 1.20
+#: at d = 64, 0.94 at 100, 0.79 at 784 in float32). Products on a stored block (the cache
 #: strategy's) stay fused: they read the block once, the BLAS pair twice.
 FUSED_MAX_FEATURES = 64
 
