@@ -50,6 +50,17 @@ for _key, _value in _QUIET_CLUSTERS.items():
     os.environ.setdefault(_dask_env(_key), str(_value))
 
 
+#: Most test processes ``-n auto`` starts (``addopts`` in pyproject.toml): each starts its own session
+#: clusters and seed pool, and the tests' own threads and worker processes already fill a few cores.
+MAX_TEST_PROCESSES = 4
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``-n auto``: one test process per core, at most :data:`MAX_TEST_PROCESSES`."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(MAX_TEST_PROCESSES, cores))
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """Compile the fused engine into numba's cache first (once per checkout and numba version), and
     give the run's clusters the worker preload :mod:`daskkrr.parallel.worker_exit` and the quiet settings
