@@ -52,11 +52,12 @@ class CGResult:
     converged : bool
         Whether every column reached ``tol``.
     stagnated : bool
-        True when the solve stopped because the true residual stopped falling
-        (the attainable accuracy of the operator was reached), or stopped more than
+        True when a column stopped because its true residual stopped falling (the
+        attainable accuracy of the operator was reached; that column keeps its best
+        iterate while the others go on), or the solve stopped more than
         :data:`DIVERGED_FACTOR` times above the lowest residual it had reached (CG
-        diverged on a nearly singular system); ``x`` is then the iterate with the
-        smallest true residual among those compared.
+        diverged on a nearly singular system; ``x`` is then, per column, the iterate
+        with the smaller true residual of the two compared).
     alphas, betas : ndarray of shape (n_iter, t)
         CG step lengths and direction updates (for :func:`daskkrr.solvers.pcg.ritz_bounds`).
     """
@@ -101,11 +102,17 @@ class CGState:
     stopped : ndarray (t,) of bool, or None
         Columns stopped for good because round-off made ``p^T A p <= 0`` (None in
         states saved before it was kept: inferred on resume).
-    iteration, n_matvec, last_true, checks_without_progress : int
+    stagnated_columns : ndarray (t,) of bool, or None
+        Columns stopped for good by the stagnation guard, at their best iterate (None in
+        states saved before it was kept: every column when ``stagnated``).
+    iteration, n_matvec, last_true : int
         Iterations done, matvecs done, iteration of the last true-residual
-        recomputation, consecutive checks without progress.
+        recomputation.
+    checks_without_progress : ndarray (t,) of int
+        Per column, consecutive checks without progress (one number for all columns in
+        states saved before the guard worked per column).
     stagnated : bool
-        The solve stopped on stagnation (it will not continue).
+        A column stopped on stagnation, or the divergence guard chose an earlier iterate.
     """
 
     b: np.ndarray
@@ -121,15 +128,16 @@ class CGState:
     iteration: int = 0
     n_matvec: int = 0
     last_true: int = 0
-    checks_without_progress: int = 0
+    checks_without_progress: np.ndarray | int = 0
     stagnated: bool = False
     low_x: np.ndarray | None = None
     low_rel: np.ndarray | None = None
     stopped: np.ndarray | None = None
+    stagnated_columns: np.ndarray | None = None
 
     _ARRAYS = ("b", "x", "r", "p", "rz", "active", "history", "best_x", "best_phi", "best_rel")
     _SCALARS = ("iteration", "n_matvec", "last_true", "checks_without_progress", "stagnated")
-    _OPTIONAL = ("low_x", "low_rel", "stopped")
+    _OPTIONAL = ("low_x", "low_rel", "stopped", "stagnated_columns")
 
     def to_arrays(self) -> dict[str, np.ndarray]:
         """Plain numpy arrays (no objects) for ``np.savez``; scalars as 0-d arrays."""
@@ -157,15 +165,17 @@ class CGState:
             iteration=int(arrays["iteration"]),
             n_matvec=int(arrays["n_matvec"]),
             last_true=int(arrays["last_true"]),
-            checks_without_progress=int(arrays["checks_without_progress"]),
+            # one count for all columns in states saved before the guard worked per column
+            checks_without_progress=np.broadcast_to(
+                np.asarray(arrays["checks_without_progress"], dtype=np.int64), (t,)).copy(),
             stagnated=bool(arrays["stagnated"]),
             **{k: np.asarray(arrays[k], dtype=np.float64) for k in ("low_x", "low_rel") if k in arrays},
-            stopped=np.asarray(arrays["stopped"], dtype=bool) if "stopped" in arrays else None,
+            **{k: np.asarray(arrays[k], dtype=bool) for k in ("stopped", "stagnated_columns") if k in arrays},
         )
         for k in ("x", "r", "p", "best_x", "low_x"):
             if getattr(state, k) is not None and getattr(state, k).shape != (m, t):
                 raise ValueError(f"CG state: {k} has shape {getattr(state, k).shape}, expected {(m, t)}")
-        for k in ("rz", "best_phi", "best_rel", "active", "low_rel", "stopped"):
+        for k in ("rz", "best_phi", "best_rel", "active", "low_rel", "stopped", "stagnated_columns"):
             if getattr(state, k) is not None and getattr(state, k).shape != (t,):
                 raise ValueError(f"CG state: {k} has shape {getattr(state, k).shape}, expected {(t,)}")
         if state.history.shape != (state.iteration + 1, t):
@@ -249,9 +259,10 @@ def _safe_div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 class _Guards:
     """The stagnation and divergence guards' memory (see :func:`cg_solve`).
 
-    ``best_*``: the iterate with the lowest CG energy at a true-residual check, that
-    energy and the lowest residuals seen at checks; ``low_*``: per column, the iterate
-    with the lowest residual of any iteration.
+    All per column: ``best_*``, the iterate with the lowest CG energy at a true-residual
+    check, that energy and the lowest residuals seen at checks; ``low_*``, the iterate
+    with the lowest residual of any iteration; ``without_progress``, consecutive checks
+    without a lower energy.
     """
 
     checks: int
@@ -260,7 +271,7 @@ class _Guards:
     best_rel: np.ndarray
     low_x: Vector
     low_rel: np.ndarray
-    without_progress: int = 0
+    without_progress: np.ndarray
 
 
 class _CG:
@@ -278,6 +289,7 @@ class _CG:
         self.betas: list[np.ndarray] = []
         self.guards: _Guards | None = None
         self.stagnated = False
+        self.gave_up = np.zeros(self.t, dtype=bool)  # columns the stagnation guard stopped
 
     def relative(self, R: Vector) -> np.ndarray:
         """``||r_j|| / ||b_j||`` per column (0 for a zero right-hand side)."""
@@ -316,7 +328,7 @@ class _CG:
             # arithmetic (the residual norm need not fall); an increase at a check means
             # round-off has taken over. phi comes free with the true residual r = b - A x.
             self.guards = _Guards(stagnation_checks, self.X, self.energy(self.X, self.R), rel.copy(),
-                                  self.X, rel.copy())
+                                  self.X, rel.copy(), np.zeros(self.t, dtype=np.int64))
 
     def resume(self, state: CGState, stagnation_checks: int | None) -> None:
         ops = self.ops
@@ -330,15 +342,20 @@ class _CG:
         # as every inactive column did then.
         self.stopped = (state.stopped.copy() if state.stopped is not None
                         else ~state.active & (self.history[-1] > self.tol))
-        self.active = ~self.stopped & (self.history[-1] > self.tol)
         self.stagnated = bool(state.stagnated)
+        # A state saved before the guard worked per column ended the whole solve on stagnation.
+        self.gave_up = (state.stagnated_columns.copy() if state.stagnated_columns is not None
+                        else np.full(self.t, self.stagnated))
+        self.active = ~self.stopped & ~self.gave_up & (self.history[-1] > self.tol)
         if stagnation_checks is not None:
             # A state saved before the divergence guard existed starts it here.
             low_x, low_rel = self.X, self.history[-1].copy()
             if state.low_x is not None and state.low_rel is not None:
                 low_x, low_rel = ops.from_numpy(state.low_x), state.low_rel.copy()
             self.guards = _Guards(stagnation_checks, ops.from_numpy(state.best_x), state.best_phi.copy(),
-                                  state.best_rel.copy(), low_x, low_rel, state.checks_without_progress)
+                                  state.best_rel.copy(), low_x, low_rel,
+                                  np.broadcast_to(np.asarray(state.checks_without_progress, dtype=np.int64),
+                                                  (self.t,)).copy())
 
     def snapshot(self) -> CGState:
         ops, g = self.ops, self.guards
@@ -346,37 +363,39 @@ class _CG:
         return CGState(
             b=np.array(ops.to_numpy(self.b)), x=x, r=np.array(ops.to_numpy(self.R)),
             p=np.array(ops.to_numpy(self.P)), rz=self.rz.copy(), active=self.active.copy(),
-            stopped=self.stopped.copy(),
+            stopped=self.stopped.copy(), stagnated_columns=self.gave_up.copy(),
             history=np.array(self.history), iteration=self.it, n_matvec=self.n_matvec, last_true=self.last_true,
             stagnated=self.stagnated,
             best_x=x if g is None else np.array(ops.to_numpy(g.best_x)),
             best_phi=np.zeros(self.t) if g is None else np.array(g.best_phi, dtype=np.float64),
             best_rel=self.history[-1].copy() if g is None else g.best_rel.copy(),
-            checks_without_progress=0 if g is None else g.without_progress,
+            checks_without_progress=np.zeros(self.t, dtype=np.int64) if g is None else g.without_progress.copy(),
             low_x=None if g is None else np.array(ops.to_numpy(g.low_x)),
             low_rel=None if g is None else g.low_rel.copy(),
         )
 
-    def check_progress(self, rel: np.ndarray) -> None:
-        """The stagnation guard, at a true-residual check: stop at the best iterate when
-        the energy rose (or the residual exploded) ``checks`` times in a row."""
+    def check_progress(self, rel: np.ndarray) -> np.ndarray:
+        """The stagnation guard, at a true-residual check, per column: the columns whose energy
+        rose (or residual exploded) ``checks`` times in a row, to be stopped at their best iterate."""
         g = self.guards
         if g is None:
-            return
+            return np.zeros(self.t, dtype=bool)
         phi = self.energy(self.X, self.R)
         # The residual may rise in exact CG too, but not by orders of magnitude from its
         # best once near the round-off floor.
-        diverging = np.any(rel > 100 * np.maximum(g.best_rel, self.tol))
-        if np.all(phi <= g.best_phi + 1e-12 * np.abs(g.best_phi)) and not diverging:
-            g.best_phi, g.best_x = phi, self.X
-            g.best_rel = np.minimum(g.best_rel, rel)
-            g.without_progress = 0
-        elif (rel > self.tol).any():
-            g.without_progress += 1
-            if g.without_progress >= g.checks:
-                # Round-off in the operator bounds the attainable accuracy; going on
-                # would only amplify it. Keep the best iterate.
-                self.X, self.stagnated = g.best_x, True
+        diverging = rel > 100 * np.maximum(g.best_rel, self.tol)
+        better = (phi <= g.best_phi + 1e-12 * np.abs(g.best_phi)) & ~diverging
+        if better.all():
+            g.best_x = self.X
+        elif better.any():
+            g.best_x = self.ops.select(better, self.X, g.best_x)  # type: ignore[attr-defined]
+        g.best_phi = np.where(better, phi, g.best_phi)
+        g.best_rel = np.where(better, np.minimum(g.best_rel, rel), g.best_rel)
+        # Only a column still above tol and still iterating can stagnate; one that stagnates
+        # no longer holds the others back (they keep their own progress).
+        counting = ~better & (rel > self.tol) & ~self.stopped & ~self.gave_up
+        g.without_progress = np.where(better, 0, g.without_progress + counting)
+        return counting & (g.without_progress >= g.checks)
 
     def step(self, true_residual_every: int, callback: Callable[[int, np.ndarray], None] | None) -> bool:
         """One iteration; False when the solve is over."""
@@ -398,12 +417,15 @@ class _CG:
             self.R = self.true_residual(self.X)
             self.last_true = self.it
             rel = self.relative(self.R)
-            self.check_progress(rel)
-        if self.stagnated:
-            self.R = self.true_residual(self.X)
-            self.history.append(self.relative(self.R))
-            self.active = np.zeros(self.t, dtype=bool)
-            return False
+            give_up = self.check_progress(rel)
+            if give_up.any():
+                # Round-off in the operator bounds these columns' attainable accuracy; going on
+                # would only amplify it. They stop at their best iterate.
+                self.X = ops.select(give_up, self.guards.best_x, self.X)  # type: ignore[attr-defined,union-attr]
+                self.R = self.true_residual(self.X)
+                rel = self.relative(self.R)
+                self.gave_up |= give_up
+                self.stagnated = True
         self.history.append(rel.copy())
         g = self.guards
         if g is not None:
@@ -416,7 +438,7 @@ class _CG:
         # A column is frozen once its recursive residual reaches tol, but that residual drifts
         # from the true one: a true-residual check that finds a frozen column above tol takes
         # it up again, restarted along its preconditioned residual (beta = 0).
-        was_active, self.active = self.active, (rel > self.tol) & ~self.stopped
+        was_active, self.active = self.active, (rel > self.tol) & ~self.stopped & ~self.gave_up
         if not self.active.any():
             return False
         Zr = self.M(self.R)
@@ -432,12 +454,15 @@ class _CG:
         CG diverged on a nearly singular system: return the better of the two iterates per
         column (by true residual) rather than one that fits worse than an earlier one."""
         g = self.guards
-        if g is None or self.stagnated or not np.any(self.history[-1] > DIVERGED_FACTOR * np.maximum(g.low_rel,
-                                                                                                     self.tol)):
+        if g is None:
+            return
+        # a column the stagnation guard stopped already holds its best iterate
+        far = ~self.gave_up & (self.history[-1] > DIVERGED_FACTOR * np.maximum(g.low_rel, self.tol))
+        if not far.any():
             return
         self.R = self.true_residual(self.X)
         rel, rel_low = self.relative(self.R), self.relative(self.true_residual(g.low_x))
-        better = rel_low < rel
+        better = far & (rel_low < rel)
         if better.any():
             self.X = self.ops.select(better, g.low_x, self.X)  # type: ignore[attr-defined]
             rel = np.where(better, rel_low, rel)
@@ -504,7 +529,7 @@ def cg_solve(
         cg.start(x0, stagnation_checks)
     else:
         cg.resume(state, stagnation_checks)
-    while cg.it < max_iter and cg.active.any() and not cg.stagnated:
+    while cg.it < max_iter and cg.active.any():
         if not cg.step(true_residual_every, callback):
             break
         if on_state is not None and cg.it % int(state_every) == 0 and cg.it < max_iter:
@@ -557,12 +582,12 @@ def conjugate_gradient(
         Recompute the true residual every this many iterations (0 disables the
         periodic recomputation; it is still done before declaring convergence).
     stagnation_checks : int
-        Stop, returning the best iterate, when this many consecutive true-residual
-        checks find the CG energy ``x^T A x / 2 - b^T x`` higher than its best (in
-        exact arithmetic it only falls) or the residual 100 times above its best:
-        round-off in the operator has taken over. When the solve ends more than
-        :data:`DIVERGED_FACTOR` times above the lowest residual it reached, the
-        iterate with the smaller true residual of the two is returned.
+        Stop a column at its best iterate when this many consecutive true-residual
+        checks find its CG energy ``x^T A x / 2 - b^T x`` higher than its best (in
+        exact arithmetic it only falls) or its residual 100 times above its best:
+        round-off in the operator has taken over. The other columns go on. When a
+        column ends more than :data:`DIVERGED_FACTOR` times above the lowest residual
+        it reached, the iterate with the smaller true residual of the two is returned.
     callback : callable, optional
         ``callback(iteration, relative_residuals)`` after each iteration.
     state : CGState, optional
