@@ -4,11 +4,13 @@ The matrix is never needed: the caller passes a ``matvec`` (for FALKON, one
 distributed pass over the data) and optionally a ``preconditioner`` (any
 approximation of the inverse). Each column of the right-hand side runs its own
 CG recurrence; columns that have converged stop moving, and the solve stops when
-every column has, or after ``max_iter`` iterations.
+every column has stopped (converged, stagnated, or where ``p^T A p <= 0``), or after
+``max_iter`` iterations.
 
 The recursive residual drifts from the true one in finite precision, so the true
 residual ``b - A x`` is recomputed every ``true_residual_every`` iterations and
-before declaring convergence ("residual replacement").
+before declaring convergence ("residual replacement"); a column that stopped on its
+recursive residual but is above ``tol`` by the true one is taken up again.
 
 Long solves can be interrupted and continued exactly: ``on_state`` receives a
 :class:`CGState` (everything the recurrence needs, as arrays and scalars) every
