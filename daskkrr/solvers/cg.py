@@ -293,6 +293,11 @@ class _CG:
         self.stagnated = False
         self.gave_up = np.zeros(self.t, dtype=bool)  # columns the stagnation guard stopped
 
+    @property
+    def halted(self) -> np.ndarray:
+        """Columns stopped for good: where ``p^T A p <= 0``, or by the stagnation guard."""
+        return self.stopped | self.gave_up
+
     def relative(self, R: Vector) -> np.ndarray:
         """``||r_j|| / ||b_j||`` per column (0 for a zero right-hand side)."""
         (rr,) = self.ops.dots([(R, R)])
@@ -348,7 +353,7 @@ class _CG:
         # A state saved before the guard worked per column ended the whole solve on stagnation.
         self.gave_up = (state.stagnated_columns.copy() if state.stagnated_columns is not None
                         else np.full(self.t, self.stagnated))
-        self.active = ~self.stopped & ~self.gave_up & (self.history[-1] > self.tol)
+        self.active = ~self.halted & (self.history[-1] > self.tol)
         if stagnation_checks is not None:
             # A state saved before the divergence guard existed starts it here.
             low_x, low_rel = self.X, self.history[-1].copy()
@@ -395,7 +400,7 @@ class _CG:
         g.best_rel = np.where(better, np.minimum(g.best_rel, rel), g.best_rel)
         # Only a column still above tol and still iterating can stagnate; one that stagnates
         # no longer holds the others back (they keep their own progress).
-        counting = ~better & (rel > self.tol) & ~self.stopped & ~self.gave_up
+        counting = ~better & (rel > self.tol) & ~self.halted
         g.without_progress = np.where(better, 0, g.without_progress + counting)
         return counting & (g.without_progress >= g.checks)
 
@@ -440,7 +445,7 @@ class _CG:
         # A column is frozen once its recursive residual reaches tol, but that residual drifts
         # from the true one: a true-residual check that finds a frozen column above tol takes
         # it up again, restarted along its preconditioned residual (beta = 0).
-        was_active, self.active = self.active, (rel > self.tol) & ~self.stopped & ~self.gave_up
+        was_active, self.active = self.active, (rel > self.tol) & ~self.halted
         if not self.active.any():
             return False
         Zr = self.M(self.R)
