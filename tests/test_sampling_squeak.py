@@ -153,6 +153,20 @@ def _stats_over_seeds(problem, seed_pool, checks):
     return stats
 
 
+#: Batches cut by the fraction rule alone: a byte cap of one row leaves ``ceil(m / 8)`` rows (the rule
+#: that takes over past m = 8192 with the default 64 MiB), instead of the ``max(64, m)`` of the other runs.
+FRACTION_PARAMS = {"batch_bytes": 8, "batch_fraction": 0.125}
+
+
+def _fraction_batch_checks(X, kernel, gamma: float, tau, seed: int):
+    """:func:`dictionary_checks` of a pass whose batches are ``ceil(m / 8)`` rows (run in a pool process)."""
+    params = SqueakParams(gamma=gamma, qbar=QBAR, eps=EPS, **FRACTION_PARAMS)
+    state = squeak_numpy(X, kernel, params, seed, block_rows=70)
+    assert params.batch_rows(state.dictionary.size) == max(1, -(-state.dictionary.size // 8))
+    D = state.dictionary.to_center_dictionary(QBAR, X.shape[0], {})
+    return dictionary_checks(X, kernel, D, gamma, tau, ALPHA_SQUEAK)
+
+
 @pytest.fixture(scope="module")
 def reference_stats(problem, seed_pool):
     """gamma -> the reference's summary over the seeds."""
@@ -181,6 +195,20 @@ def test_production_matches_reference(reference_stats, production_stats, gamma):
     for key in ("size", "error"):
         rel = abs(prod[key] - ref[key]) / ref[key]
         assert rel <= 0.15, f"mean {key}: batched {prod[key]:.3g} vs reference {ref[key]:.3g}"
+
+
+def test_batches_of_an_eighth_of_the_dictionary_keep_the_guarantees(problem, seed_pool, reference_stats):
+    """Past m = 8192 a batch is ``m / 8`` rows (the byte cap alone would leave ``8.4e6 / m``): a batch is a
+    DISQUEAK merge of the dictionary with the batch's rows at probability 1, so Thm. 1 and Lemma 2 still
+    hold, and the dictionary's size and spectral error match Alg. 1's over the seeds as the default
+    batches' do. Checked on the small problem with the byte cap forced to one row."""
+    gamma = GAMMAS[0]
+    stats = _stats_over_seeds(problem, seed_pool, _fraction_batch_checks)(gamma)
+    assert_guarantees(stats, f"batches of m / 8 rows, gamma={gamma}")
+    ref = reference_stats(gamma)
+    for key in ("size", "error"):
+        rel = abs(stats[key] - ref[key]) / ref[key]
+        assert rel <= 0.15, f"mean {key}: batches of m / 8 {stats[key]:.3g} vs reference {ref[key]:.3g}"
 
 
 def test_the_fast_point_by_point_squeak_is_the_reference(problem):

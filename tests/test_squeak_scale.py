@@ -148,3 +148,32 @@ def test_the_default_budget_on_a_cluster_is_one_workers_limit(cluster2):
     # the free-memory figure moves between readings, so no equality with it
     assert 0 < resolve_memory_budget(None, Executor(cluster2)) <= min(limits)
     assert resolve_memory_budget(12345, Executor(cluster2)) == 12345
+
+
+def test_a_batch_is_never_under_an_eighth_of_the_dictionary():
+    """The 64 MiB cap alone gives ``8.4e6 / m`` rows (419 at m = 20 000): each batch refactors the dictionary,
+    so a row would cost ``m^4 / 1.3e7`` flops. The fraction rule keeps ``m / 8`` rows, and the batch does not
+    depend on the memory found at run time (the dictionary drawn for a seed is the same on every machine)."""
+    p = SqueakParams(gamma=1.0, qbar=16, eps=0.5)
+    assert p.batch_rows(0) == 64 and p.batch_rows(1000) == 1000  # small dictionaries: max(batch_min, m)
+    assert p.batch_rows(2000) == 2000 and p.batch_rows(5000) == (64 * 2**20) // (8 * 5000)  # the byte cap
+    assert p.batch_rows(20_000) == 2500 and p.batch_rows(35_000) == 4375
+    budgeted = SqueakParams(gamma=1.0, qbar=16, eps=0.5, memory_budget=10**9)
+    assert all(budgeted.batch_rows(m) == p.batch_rows(m) for m in (100, 5000, 20_000))
+    assert SqueakParams(gamma=1.0, qbar=16, eps=0.5, batch_fraction=0.0).batch_rows(20_000) == 419
+    with pytest.raises(ValueError, match="batch_fraction"):
+        SqueakParams(gamma=1.0, qbar=16, eps=0.5, batch_fraction=1.5)
+
+
+@pytest.mark.parametrize("batches", [True, False])
+def test_the_largest_dictionary_named_in_the_error_is_the_largest_that_fits(batches):
+    from daskkrr.sampling.squeak_core import check_factor_memory, largest_dictionary
+
+    for budget in (10**8, 10**9, 2 * 10**10):
+        p = SqueakParams(gamma=1.0, qbar=16, eps=0.5, memory_budget=budget)
+        m = largest_dictionary(p, budget, batches=batches)
+        b = p.batch_rows if batches else (lambda _m: 0)
+        assert factor_bytes(m, b(m)) <= budget < factor_bytes(m + 1, b(m + 1))
+        check_factor_memory(m, b(m), p, "fits")
+        with pytest.raises(ResourceGuardError, match=f"max_dictionary <= {m} fits"):
+            check_factor_memory(m + 1, b(m + 1), p, "over")

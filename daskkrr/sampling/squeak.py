@@ -281,8 +281,10 @@ class SqueakSampler(StreamingRLSSampler):
         Dictionary budget: stop the pass as soon as the dictionary has this many unique
         entries; the remaining blocks are not read when they are in a later segment.
     batch_min : int
-        Smallest batch of rows per update (the batch is ``max(batch_min, m)`` rows,
-        bounded by ``batch_bytes``).
+        Smallest batch of rows per update (the batch is ``max(batch_min, m)`` rows for a
+        dictionary of ``m`` entries, bounded by 64 MiB of ``m x batch`` float64 tiles but
+        never under ``m / 8`` rows: each batch refactors the dictionary, so a batch shrinking
+        as ``1 / m`` would make a row cost ``m^4`` flops).
     max_inflight_bytes : int
         Bytes of row blocks per computed segment of the pass.
     budget_overshoot : float
@@ -317,7 +319,7 @@ class SqueakSampler(StreamingRLSSampler):
     to exactly ``n_centers`` by keeping each copy with one common probability (a SHRINK
     step, equivalent to a smaller qbar).
 
-    The result depends on the seed, the data order and ``batch_min``/``batch_bytes``, but
+    The result depends on the seed, the data order and ``batch_min``, but
     not on the chunking of ``X`` nor on the number of workers: batches are cut from the
     row stream and each batch's random stream is keyed by its first row.
     """
@@ -438,7 +440,7 @@ class DisqueakSampler(StreamingRLSSampler):
     max_rows : int or None
         Use only the first ``max_rows`` rows.
     batch_min : int
-        Smallest SQUEAK batch inside a leaf.
+        Smallest SQUEAK batch inside a leaf (batches follow :class:`SqueakSampler`'s rule).
     memory_budget : int or None
         Bytes one dictionary update or merge may hold (its factor and the factor's extension, two
         ``m x m`` float64 matrices, plus the batch's tiles): a larger dictionary raises

@@ -70,8 +70,10 @@ from daskkrr.sampling.keyed_random import (
 if TYPE_CHECKING:
     from daskkrr.parallel.task_progress import TaskProgress
 
-#: Kernel/solve tiles are bounded by this many bytes (rows of a batch x entries x 8).
+#: Kernel/solve tiles are bounded by this many bytes (rows of a batch x entries x 8) ...
 DEFAULT_BATCH_BYTES = 64 * 2**20
+#: ... unless that leaves a batch under this fraction of the dictionary (see ``SqueakParams``).
+DEFAULT_BATCH_FRACTION = 0.125
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,7 +91,15 @@ class SqueakParams:
     batch_min : int
         Smallest batch of new rows (the batch grows with the dictionary: ``max(batch_min, m)``).
     batch_bytes : int
-        Upper bound on ``batch rows x entries x 8`` bytes.
+        Bound on ``batch rows x entries x 8`` bytes, lifted where it would leave a batch under
+        ``batch_fraction * m`` rows.
+    batch_fraction : float
+        Fewest rows of a batch, as a fraction of the dictionary's ``m`` entries (default 1/8). Each
+        batch refactors the dictionary (about ``(2/3) m^3`` flops), so a row costs
+        ``(2/3) m^3 / b``: with ``b`` bounded by ``batch_bytes`` alone (``b ~ 8.4e6 / m``) that is
+        ``m^4 / 1.3e7``, the time wall of large dictionaries; with ``b >= m / 8`` it is about
+        ``5.3 m^2``. The batch's ``m x b`` tiles then take at most half an ``m x m`` matrix beside the
+        factor's two (:func:`factor_bytes`: 2.8 instead of 2 at the peak).
     halving_floor : bool
         Apply the ``p/2``-per-point floor of Alg. 1.
     memory_budget : int or None
@@ -103,6 +113,7 @@ class SqueakParams:
     eps: float
     batch_min: int = 64
     batch_bytes: int = DEFAULT_BATCH_BYTES
+    batch_fraction: float = DEFAULT_BATCH_FRACTION
     halving_floor: bool = True
     memory_budget: int | None = None
 
@@ -115,13 +126,21 @@ class SqueakParams:
             raise ValueError(f"eps must be in (0, 1); got {self.eps!r}")
         if self.batch_min < 1:
             raise ValueError(f"batch_min must be >= 1; got {self.batch_min!r}")
+        if not 0.0 <= self.batch_fraction <= 1.0:
+            raise ValueError(f"batch_fraction must be in [0, 1]; got {self.batch_fraction!r}")
         if self.memory_budget is not None and self.memory_budget < 1:
             raise ValueError(f"memory_budget must be a positive number of bytes or None; got {self.memory_budget!r}")
 
     def batch_rows(self, n_entries: int) -> int:
-        """Rows in the next batch for a dictionary of ``n_entries`` unique entries."""
-        cap = max(1, self.batch_bytes // (8 * max(1, n_entries)))
-        return int(max(1, min(max(self.batch_min, n_entries), cap)))
+        """Rows in the next batch for a dictionary of ``n_entries`` unique entries.
+
+        ``max(batch_min, m)`` rows, bounded by ``batch_bytes`` but never below ``batch_fraction * m``.
+        The rule depends on the parameters and ``m`` only (not on the memory found at run time), so
+        the batches, hence the dictionary drawn for a seed, are the same on every machine.
+        """
+        m = max(0, int(n_entries))
+        cap = max(1, self.batch_bytes // (8 * max(1, m)), math.ceil(self.batch_fraction * m))
+        return int(max(1, min(max(self.batch_min, m), cap)))
 
 
 def _factor(
@@ -162,7 +181,7 @@ def check_factor_memory(m: int, new_rows: int, params: SqueakParams, where: str)
         return
     from daskkrr.parallel.guards import ResourceGuardError
 
-    fits = max(1, int(np.sqrt(budget / 16.0)) - 3 * new_rows)  # factor_bytes(fits, new_rows) <= budget
+    fits = largest_dictionary(params, budget, batches=new_rows > 0)
     raise ResourceGuardError(
         f"{where}: the dictionary has m = {m} entries (+ {new_rows} new rows) and its factorisation "
         f"needs {need / 1e9:.2f} GB at once (two m x m float64 matrices and the batch's m x b tiles), over "
@@ -171,6 +190,19 @@ def check_factor_memory(m: int, new_rows: int, params: SqueakParams, where: str)
         f"(or the penalty) so the dictionary is smaller, pass n_centers with gamma=None, or raise "
         f"memory_budget if the memory is there"
     )
+
+
+def largest_dictionary(params: SqueakParams, budget: int, batches: bool = True) -> int:
+    """Largest ``m`` whose update fits ``budget`` bytes: a batch of ``params.batch_rows(m)`` rows
+    (``batches``) or a merge (no new rows). At least 1."""
+    def fits(m: int) -> bool:
+        return factor_bytes(m, params.batch_rows(m) if batches else 0) <= budget
+
+    lo, hi = 1, max(2, math.isqrt(max(1, budget // 16)) + 1)  # factor_bytes(m, 0) = 16 m^2 > budget at hi
+    while hi - lo > 1:  # the bytes grow with m (the batch rule never shrinks a batch faster than m grows)
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo
 
 
 def estimate_new_rows(
