@@ -54,3 +54,70 @@ def test_a_cap_set_on_the_workers_reaches_the_client():
     assert (seen[""].cores, seen[""].thread_budget) == (cores, cores)
     assert (seen["1"].cores, seen["1"].thread_budget) == (1, 1)
     assert seen["1"].slots == seen[""].slots == 1
+
+
+def _threads_seen(state, block, block_id, first_row):
+    """A fold step that records the engine and BLAS threads it runs with."""
+    from threadpoolctl import threadpool_info
+
+    from daskkrr.kernels.thread_rule import current_engine_threads
+
+    blas = max(lib["num_threads"] for lib in threadpool_info() if lib["user_api"] == "blas")
+    return [*(state or []), (current_engine_threads(), blas)]
+
+
+def _blas_threads_now(block):
+    import numpy as np
+    from threadpoolctl import threadpool_info
+
+    return np.array([max(lib["num_threads"] for lib in threadpool_info() if lib["user_api"] == "blas")])
+
+
+#: Run in a fresh process whose BLAS may use every core (this run's sets ``OPENBLAS_NUM_THREADS=1`` before numpy
+#: loads, which OpenBLAS cannot raise later).
+_FOLD_THREADS_SCRIPT = """
+import json, os, sys
+import dask.array as da, numpy as np
+sys.path.insert(0, sys.argv[1])
+from test_resources import _threads_seen, _blas_threads_now
+from daskkrr.parallel.executor import Executor
+X = da.from_array(np.zeros((40, 2)), chunks=(10, 2))
+out = {"fold": Executor().passes(X).fold(_threads_seen, None, name="threads"),
+       "map": [int(m[0]) for m in Executor().passes(X).map(_blas_threads_now, name="mapped")]}
+os.environ["DASKKRR_ENGINE_THREADS"] = "1"
+out["capped"] = Executor().passes(X).fold(_threads_seen, None, name="threads")
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.skipif(available_cores() < 2, reason="needs a host with at least 2 cores")
+def test_a_folds_steps_take_every_core_on_the_threaded_scheduler():
+    """A fold (SQUEAK's pass) is a chain: one step runs at a time, so each takes every core (engine and BLAS),
+    where a map's block tasks share them (one BLAS thread each); ``$DASKKRR_ENGINE_THREADS`` caps both."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "DASKKRR_ENGINE_THREADS")}
+    done = subprocess.run([sys.executable, "-c", _FOLD_THREADS_SCRIPT, str(Path(__file__).parent)], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    cores = available_cores()
+    assert seen["fold"] == [[cores, cores]] * 4
+    assert seen["map"] == [1] * 4
+    assert seen["capped"] == [[1, 1]] * 4
+
+
+def test_a_folds_steps_keep_the_task_budget_on_a_cluster(cluster2):
+    import dask.array as da
+    import numpy as np
+
+    from daskkrr.parallel.executor import Executor
+
+    X = da.from_array(np.zeros((40, 2)), chunks=(10, 2))
+    seen = Executor(cluster2).passes(X).fold(_threads_seen, None, name="threads")
+    assert [engine for engine, _ in seen] == [1] * 4
