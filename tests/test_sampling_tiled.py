@@ -71,3 +71,77 @@ def test_auto_keeps_the_dense_factor_within_the_client_memory(data):
     X, kernel = data
     out = BlessSampler(gamma=1.0).select(X, kernel, random_state=4)
     assert {lv["factor_route"] for lv in out.info["levels"][1:]} == {"dense"}
+
+
+# ------------------------------------------------------------ DISQUEAK's merges as tiles
+def disqueak_tolerance(dictionary, gamma: float, eps: float, qbar: int) -> float:
+    """``m eps cond(A)`` for the root merge's ``A = D K D + (1 + eps) gamma I`` (``D^2 = q / (qbar p)``)."""
+    m = len(dictionary.indices)
+    s_max = float(np.max(dictionary.counts / (qbar * dictionary.probabilities)))
+    return m * np.finfo(np.float64).eps * (1.0 + m * s_max / ((1.0 + eps) * gamma))
+
+
+def _merge_routes(dictionary) -> list[str]:
+    return [h["factor_route"] for h in dictionary.info["history"] if "node" in h]
+
+
+@pytest.mark.parametrize("tree", ["balanced", "chain"])
+def test_disqueak_tiled_merges_give_the_dense_dictionary(data, monkeypatch, tree):
+    """Forced tiled merges (several tile rows, factors in memory; the tree merged level by level on the
+    client): the same rows and copies as the one-graph dense route, the weights and estimates to the bound."""
+    from daskkrr.sampling import DisqueakSampler
+
+    monkeypatch.setattr(factor_cost, "TILE_ROWS", 48)
+    X, kernel = data
+    kw = dict(gamma=0.5, n_leaves=4, tree=tree, random_state=3)
+    dense = DisqueakSampler(factor_route="dense", **kw).select(X, kernel)
+    tiled = DisqueakSampler(factor_route="tiled", **kw).select(X, kernel)
+    assert _merge_routes(dense) == ["dense"] * 3
+    assert _merge_routes(tiled) == ["tiled (memory)"] * 3
+    assert len(dense.indices) > 100  # the root factor has three tile rows or more
+    np.testing.assert_array_equal(tiled.indices, dense.indices)
+    np.testing.assert_array_equal(tiled.counts, dense.counts)
+    tol = disqueak_tolerance(dense, 0.5, 0.5, 16)
+    assert tol < 1e-8  # the bound says something here
+    np.testing.assert_allclose(tiled.weights, dense.weights, rtol=tol)
+    np.testing.assert_allclose(tiled.info["rls_estimates"], dense.info["rls_estimates"], rtol=tol, atol=tol)
+
+
+def test_disqueak_auto_tiles_the_merges_over_the_budget(data):
+    """A budget that holds the leaves' SQUEAK updates but not the root's dense factor: "auto" merges the first
+    level in tasks and tiles the root (spilled: the budget also caps the workers' share), with the dictionary of
+    the dense route under no budget. Without a budget nothing is tiled."""
+    from daskkrr.sampling import DisqueakSampler
+    from daskkrr.sampling.squeak_core import SqueakParams, factor_bytes
+
+    X, kernel = data
+    kw = dict(gamma=0.5, n_leaves=4, random_state=3)
+    free = DisqueakSampler(**kw).select(X, kernel)
+    assert _merge_routes(free) == ["dense"] * 3
+    leaves = [h["unique"] for h in free.info["history"] if "block" in h and h.get("block") == 0]
+    assert len(leaves) == 4
+    p = SqueakParams(gamma=0.5, qbar=16, eps=0.5)
+    budget = max(factor_bytes(m, p.batch_rows(m)) for m in range(1, max(leaves) + 1))
+    root = len(free.indices)  # the root's union had at least this many entries
+    assert factor_bytes(root, 0) > budget, "the root's dense factor must exceed the budget"
+    tiled = DisqueakSampler(memory_budget=budget, **kw).select(X, kernel)
+    routes = _merge_routes(tiled)
+    assert routes[-1].startswith("tiled") and routes[:2] == ["dense", "dense"], routes
+    np.testing.assert_array_equal(tiled.indices, free.indices)
+    np.testing.assert_array_equal(tiled.counts, free.counts)
+    np.testing.assert_allclose(tiled.weights, free.weights, rtol=disqueak_tolerance(free, 0.5, 0.5, 16))
+
+
+def test_disqueak_tiled_merges_on_a_cluster(data, cluster2):
+    """On two worker processes: the leaves and dense merges run as tasks, the tiled root's tiles on the
+    workers; the same dictionary as the threaded dense route."""
+    from daskkrr.sampling import DisqueakSampler
+
+    X, kernel = data
+    kw = dict(gamma=0.5, n_leaves=4, random_state=3)
+    dense = DisqueakSampler(factor_route="dense", **kw).select(X, kernel)
+    tiled = DisqueakSampler(factor_route="tiled", **kw).select(X, kernel, client=cluster2)
+    assert _merge_routes(tiled) == ["tiled (memory)"] * 3
+    np.testing.assert_array_equal(tiled.indices, dense.indices)
+    np.testing.assert_array_equal(tiled.counts, dense.counts)
+    np.testing.assert_allclose(tiled.weights, dense.weights, rtol=disqueak_tolerance(dense, 0.5, 0.5, 16))

@@ -120,9 +120,10 @@ def test_the_state_between_tasks_carries_rows_not_the_gram():
 def test_memory_budget_fails_before_the_factor_with_the_fix(cls):
     X = da.from_array(rows(400), chunks=(100, D))
     budget = factor_bytes(150, 64)  # the dictionary grows past 150 entries
+    dense = {"factor_route": "dense"} if cls is DisqueakSampler else {}  # "auto" tiles a merge over the budget
     with dask.config.set(scheduler="sync"):
         with pytest.raises(ResourceGuardError) as err:
-            cls(gamma=0.5, memory_budget=budget).select(X, KERNEL, random_state=0)
+            cls(gamma=0.5, memory_budget=budget, **dense).select(X, KERNEL, random_state=0)
         msg = str(err.value)
         assert "m = " in msg and "memory_budget = " in msg and "GB" in msg, msg
         assert "max_dictionary <= " in msg and "raise gamma" in msg, msg

@@ -354,7 +354,8 @@ class BlockPasses:
 
     def tree_merge(self, step: Callable[..., Any], *args: Any, name: str, bounds: Sequence[int],
                    merge: Callable[[Any, Any], Any], leaf_finish: Callable[[Any], Any] | None = None,
-                   root_finish: Callable[[Any], Any] | None = None, tree: str = "balanced") -> Any:
+                   root_finish: Callable[[Any], Any] | None = None, tree: str = "balanced",
+                   merge_here: Callable[[Any, Any], Callable[[Any, Any], Any] | None] | None = None) -> Any:
         """Fold each row range ``[bounds[i], bounds[i+1])`` independently, then merge along a tree.
 
         A leaf folds its blocks in order from ``None`` with ``step`` (as :meth:`fold`:
@@ -362,6 +363,11 @@ class BlockPasses:
         leaves are merged pairwise level by level (``tree="balanced"``) or left to
         right (``"chain"``); ``root_finish`` is applied to the root. One graph: leaves
         run in parallel on the workers and only the root comes back.
+
+        ``merge_here(left, right)``, if given, sees each pair before it is merged and may return the
+        function that merges it *here* (one that drives graphs of its own, e.g. a factorisation as
+        tiles on the workers); None leaves the pair to ``merge`` in a task. The leaves then come back
+        first (one graph) and the tree is merged a level at a time (a level's tasks in one graph).
         """
         if tree not in TREES:
             raise ValueError(f"tree must be one of {TREES}; got {tree!r}")
@@ -377,12 +383,50 @@ class BlockPasses:
             if leaf_finish is not None:
                 state = delayed(leaf_finish, pure=True, traverse=False)(state)
             leaves.append(state)
+        if merge_here is not None:
+            with self._pass(name, n_tasks):
+                states = self.backend.compute(leaves)
+            root = self._merge_levels(states, merge, merge_here, tree)
+            if root_finish is not None:
+                root = self.backend.compute([delayed(root_finish, pure=True, traverse=False)(root)])[0]
+            return root
         node = delayed(merge, pure=True, traverse=False)
         root = _merge_along(leaves, lambda left, right: node(left, right), tree)
         if root_finish is not None:
             root = delayed(root_finish, pure=True, traverse=False)(root)
         with self._pass(name, n_tasks):
             return self.backend.compute([root])[0]
+
+    def _merge_levels(self, nodes: list[Any], merge: Callable[[Any, Any], Any],
+                      merge_here: Callable[[Any, Any], Callable[[Any, Any], Any] | None], tree: str) -> Any:
+        """:meth:`tree_merge`'s tree over states held here: pairs that ``merge_here`` takes are merged here,
+        the others by ``merge`` as tasks, one graph per level."""
+        def merge_level(pairs: list[tuple[Any, Any]]) -> list[Any]:
+            out: list[Any] = [None] * len(pairs)
+            tasks, slots = [], []
+            for i, (left, right) in enumerate(pairs):
+                here = merge_here(left, right)
+                if here is not None:
+                    out[i] = here(left, right)
+                else:
+                    tasks.append(delayed(merge, pure=True, traverse=False)(left, right))
+                    slots.append(i)
+            for i, value in zip(slots, self.backend.compute(tasks) if tasks else []):
+                out[i] = value
+            return out
+
+        if tree == "chain":
+            acc = nodes[0]
+            for node in nodes[1:]:
+                acc = merge_level([(acc, node)])[0]
+            return acc
+        level = list(nodes)
+        while len(level) > 1:
+            nxt = merge_level([(level[i], level[i + 1]) for i in range(0, len(level) - 1, 2)])
+            if len(level) % 2:
+                nxt.append(level[-1])
+            level = nxt
+        return level[0]
 
     # ------------------------------------------------ results kept in memory
     def keep(self, fn: Callable[..., np.ndarray], *args: Any, name: str, with_y: bool = False) -> list[Any]:

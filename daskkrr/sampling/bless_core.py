@@ -92,12 +92,13 @@ class TiledBlessFactor:
 
     @classmethod
     def from_dictionary(cls, d: DictionaryState, gamma: float, kernel: Kernel, *, executor: Any, tile: int,
-                        spill: bool = False) -> TiledBlessFactor:
+                        spill: bool = False, qbar: int = 1) -> TiledBlessFactor:
+        """``S = diag(sqrt(q / (qbar p)))``: ``qbar = 1`` for BLESS's one-copy entries, SQUEAK's for DISQUEAK's."""
         from daskkrr.parallel.tiled_linalg import TileStore, kernel_cholesky
 
         if not d.size:
             raise ValueError("the tiled BLESS factor needs a non-empty dictionary")
-        w = d.selection_weights(1)
+        w = d.selection_weights(qbar)
         store = TileStore() if spill else None
         T, _, sw = kernel_cholesky(executor, d.points, kernel, tile=tile, weights=w, store=store, regularizer=gamma,
                                    what="regularised dictionary Gram matrix D K D + gamma I", advice=_GAMMA_ADVICE)

@@ -13,7 +13,9 @@ The numerical work (batches, dictionary updates, merges) is in
   may stop the pass.
 - :class:`DisqueakSampler` folds contiguous row ranges (leaves) in parallel and merges
   their dictionaries pairwise along a tree
-  (:meth:`~daskkrr.parallel.executor.BlockPasses.tree_merge`, Alg. 2).
+  (:meth:`~daskkrr.parallel.executor.BlockPasses.tree_merge`, Alg. 2). A merge whose
+  dense factor would exceed the memory budget is driven from the client with the union's
+  factor as tiles (:func:`tiled_entry_rls`), the others run as merge tasks.
 
 Both may first pick ``gamma`` from a uniform pilot sample so that the dictionary
 fits a center budget (:func:`pilot_gamma`). Randomness is keyed by rows, never by
@@ -40,7 +42,8 @@ from daskkrr.sampling.base import (
     register,
     resolve_gamma,
 )
-from daskkrr.sampling.dictionary import thin_to_size
+from daskkrr.sampling.bless_core import TiledBlessFactor
+from daskkrr.sampling.dictionary import DictionaryState, thin_to_size
 from daskkrr.sampling.keyed_random import (
     STREAM_PILOT,
     STREAM_THINNING,
@@ -50,6 +53,7 @@ from daskkrr.sampling.keyed_random import (
 from daskkrr.sampling.squeak_core import (
     SqueakParams,
     StreamState,
+    factor_bytes,
     merge_states,
     stream_block,
     stream_finish,
@@ -446,16 +450,29 @@ class DisqueakSampler(StreamingRLSSampler):
     batch_min : int
         Smallest SQUEAK batch inside a leaf (batches follow :class:`SqueakSampler`'s rule).
     memory_budget : int or None
-        Bytes one dictionary update or merge may hold (its factor and the factor's extension, two
-        ``m x m`` float64 matrices, plus the batch's tiles): a larger dictionary raises
-        :class:`~daskkrr.parallel.guards.ResourceGuardError`, naming the largest dictionary
-        that fits, before allocating. None: the memory available (the smaller of this
-        machine's free memory and the smallest worker's limit) when ``select`` starts.
+        Bytes one dictionary update or merge may hold in one process (its factor and the factor's
+        extension, two ``m x m`` float64 matrices, plus the batch's tiles). A leaf's SQUEAK update
+        over it raises :class:`~daskkrr.parallel.guards.ResourceGuardError`, naming the largest
+        dictionary that fits, before allocating; a merge over it takes the tiled route (below).
+        None: the memory available (the smaller of this machine's free memory and the smallest
+        worker's limit) when ``select`` starts.
+    factor_route : {"auto", "dense", "tiled"}
+        Where a merge factors the union's ``D K D + (1 + eps) gamma I``: in one merge task
+        ("dense", ``16 m^2`` bytes) or as tiles on the workers, or spilled to Zarr where they do not
+        hold them, driven from the client (``"tiled"``, the tiled Cholesky of
+        :mod:`daskkrr.parallel.tiled_linalg`, as :class:`~daskkrr.sampling.BlessSampler`'s); the
+        entries are then scored by triangular solves a column chunk at a time (``m^3`` flops where
+        the dense route's inverse takes ``m^3 / 3``). ``"auto"`` (default) takes the tiled route
+        for the merges whose dense factor would exceed ``memory_budget``. With "auto" and "tiled"
+        the leaves come back to the client (their rows: O(m d)) and the tree is merged a level at
+        a time; "dense" keeps today's one graph. The route of each merge is in
+        ``info["history"]`` (``factor_route`` of the records with a ``node``).
 
     Notes
     -----
     Weights follow :class:`SqueakSampler`: ``w_j = (M/n) q_j / (qbar p_j)``. For a
-    fixed seed the dictionary depends on the leaves and the tree, not on the workers.
+    fixed seed the dictionary depends on the leaves and the tree, not on the workers, nor on
+    the merges' route (to round-off of the estimates).
     """
 
     name = "disqueak"
@@ -471,6 +488,7 @@ class DisqueakSampler(StreamingRLSSampler):
         max_rows: int | None = None,
         batch_min: int = 64,
         memory_budget: int | None = None,
+        factor_route: str = "auto",
     ):
         self.gamma = gamma
         self.qbar = qbar
@@ -481,22 +499,65 @@ class DisqueakSampler(StreamingRLSSampler):
         self.max_rows = max_rows
         self.batch_min = batch_min
         self.memory_budget = memory_budget
+        self.factor_route = factor_route
 
     def _select(self, X: Any, kernel: Kernel, *, n_centers: int | None, penalty: float | None,
                 random_state: int | None, executor: Executor) -> CenterDictionary:
         """Build the leaf dictionaries in parallel, merge them, return the root's centers."""
         if self.tree not in TREES:
             raise ValueError(f"tree must be one of {TREES}; got {self.tree!r}")
+        if self.factor_route not in FACTOR_ROUTES:
+            raise ValueError(f"factor_route must be one of {FACTOR_ROUTES}; got {self.factor_route!r}")
         X, n_total, seed, gamma, info = self._setup(X, kernel, n_centers, penalty, random_state, executor)
         params = self._params(gamma, executor)
         bounds = leaf_boundaries(X, self.n_leaves)
+        merge_here = None if self.factor_route == "dense" else functools.partial(
+            _tiled_merge_if_needed, kernel=kernel, params=params, seed=seed, executor=executor,
+            route=self.factor_route, memory_budget=self.memory_budget)
         state: StreamState = executor.passes(X).tree_merge(
             stream_block, kernel, params, seed, None, name="disqueak", bounds=bounds.tolist(),
             merge=functools.partial(merge_states, kernel=kernel, params=params, seed=seed),
             leaf_finish=functools.partial(stream_finish, kernel=kernel, params=params, seed=seed,
                                           max_dictionary=None),
-            tree=self.tree,
+            tree=self.tree, merge_here=merge_here,
         )
         info.update(sampler=self.name, qbar=int(self.qbar), eps=float(self.eps), seed=seed,
-                    n_leaves=len(bounds) - 1, tree=self.tree)
+                    n_leaves=len(bounds) - 1, tree=self.tree, factor_route=self.factor_route)
         return self._finish(state, n_centers, seed, n_total, info)
+
+
+#: Where DISQUEAK's merges factor the union (see :class:`DisqueakSampler`'s ``factor_route``).
+FACTOR_ROUTES = ("auto", "dense", "tiled")
+
+
+def _tiled_merge_if_needed(left: StreamState, right: StreamState, *, kernel: Kernel, params: SqueakParams,
+                           seed: int, executor: Executor, route: str,
+                           memory_budget: int | None) -> Any:
+    """The tiled merge of ``left`` and ``right``, driven from here, where the route says so (``"tiled"``, or
+    ``"auto"`` and a dense factor of the union over ``params.memory_budget``: the one that would raise in a
+    merge task); None: the pair is merged densely in a task."""
+    m = left.dictionary.size + right.dictionary.size
+    if route != "tiled" and (params.memory_budget is None or factor_bytes(m, 0) <= params.memory_budget):
+        return None
+    from daskkrr.parallel.strategies import plan_factor_route
+
+    plan = plan_factor_route(m, "float64", route="tiled", memory_budget=memory_budget, executor=executor)
+    entry_rls = functools.partial(tiled_entry_rls, kernel=kernel, params=params, executor=executor,
+                                  tile=plan.tile, spill=plan.storage == "zarr")
+    return functools.partial(merge_states, kernel=kernel, params=params, seed=seed, entry_rls=entry_rls,
+                             factor_route=f"tiled ({plan.storage})")
+
+
+def tiled_entry_rls(union: DictionaryState, reg: float, *, kernel: Kernel, params: SqueakParams,
+                    executor: Executor, tile: int, spill: bool) -> np.ndarray:
+    """Eq. 4/5 estimates of a dictionary's own entries with ``D K D + reg I`` factored as tiles
+    (:class:`~daskkrr.sampling.bless_core.TiledBlessFactor`): ``k_ii - ||L^{-1} D k_D(z_i)||^2`` by triangular
+    solves a column chunk at a time, only the squared column norms coming back. The dense route's
+    ``g (1 - g (A^{-1})_ii) / w_i`` is the same number (see :func:`~daskkrr.sampling.squeak_core.entry_estimates`)."""
+    factor = TiledBlessFactor.from_dictionary(union, reg, kernel, executor=executor, tile=tile, spill=spill,
+                                              qbar=params.qbar)
+    try:
+        resid = factor.residuals(kernel, union.points, np.asarray(kernel.diag(union.points), dtype=np.float64))
+    finally:
+        factor.close()
+    return (1.0 - params.eps) / params.gamma * np.maximum(resid, 0.0)

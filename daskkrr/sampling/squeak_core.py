@@ -187,8 +187,9 @@ def check_factor_memory(m: int, new_rows: int, params: SqueakParams, where: str)
         f"needs {need / 1e9:.2f} GB at once (two m x m float64 matrices and the batch's m x b tiles), over "
         f"memory_budget = {budget / 1e9:.2f} GB. Fix: stop the dictionary before it grows that large "
         f"(SqueakSampler's max_dictionary <= {fits} fits this budget), raise gamma "
-        f"(or the penalty) so the dictionary is smaller, pass n_centers with gamma=None, or raise "
-        f"memory_budget if the memory is there"
+        f"(or the penalty) so the dictionary is smaller, pass n_centers with gamma=None, use DisqueakSampler "
+        f"with more leaves (each leaf's dictionary is smaller, and merges over the budget are factored as "
+        f"tiles), or raise memory_budget if the memory is there"
     )
 
 
@@ -336,18 +337,33 @@ def squeak_batch(
     return expanded.take(copies > 0)
 
 
+#: ``entry_rls(union, reg)``: the Eq. 4/5 estimates of a dictionary's own entries with inner regularisation
+#: ``reg`` (:func:`dense_entry_rls` here; the samplers' driver has a tiled one for dictionaries too large for it).
+EntryRLS = Callable[[DictionaryState, float], np.ndarray]
+
+
+def dense_entry_rls(union: DictionaryState, reg: float, kernel: Kernel, params: SqueakParams,
+                    where: str = "DISQUEAK merge") -> np.ndarray:
+    """The entries' estimates from the factor of ``D K D + reg I`` built in this process (its memory checked
+    against ``params.memory_budget`` first)."""
+    L, sw, shift = _factor(union, kernel, params, reg, where)
+    return entry_estimates(L, sw, shift, params)
+
+
 def merge_dictionaries(
     left: DictionaryState,
     right: DictionaryState,
     kernel: Kernel,
     params: SqueakParams,
     rng: np.random.Generator,
+    entry_rls: EntryRLS | None = None,
 ) -> DictionaryState:
     """DISQUEAK's Dict-Merge then Dict-Update with the Eq. 5 estimator.
 
     ``tau~_i = (1 - eps) / gamma * (k_ii - k_i^T S (S^T K S + (1 + eps) gamma I)^{-1} S^T k_i)``
     for every entry of the union, ``p_i <- min(tau~_i, p_i)``,
-    ``q_i ~ Binomial(q_i, p_new / p_old)``.
+    ``q_i ~ Binomial(q_i, p_new / p_old)``. ``entry_rls`` computes the estimates (None:
+    :func:`dense_entry_rls`).
     """
     if left.size == 0:
         return right
@@ -361,8 +377,8 @@ def merge_dictionaries(
         rls=np.concatenate([left.rls, right.rls]),
         gram=left.gram[:0, :0],
     )
-    L, sw, shift = _factor(union, kernel, params, (1.0 + params.eps) * params.gamma, "DISQUEAK merge")
-    tau = entry_estimates(L, sw, shift, params)
+    reg = (1.0 + params.eps) * params.gamma
+    tau = dense_entry_rls(union, reg, kernel, params) if entry_rls is None else entry_rls(union, reg)
     probs, copies = resample(union.probs, union.copies, tau, np.zeros(union.size), rng)
     union.probs, union.copies, union.rls = probs, copies, tau
     return union.take(copies > 0)
@@ -542,19 +558,22 @@ def _record(state: StreamState, block_id: int, params: SqueakParams) -> None:
 
 # ------------------------------------------------------------ DISQUEAK merge nodes
 def merge_states(
-    left: StreamState, right: StreamState, kernel: Kernel, params: SqueakParams, seed: int
+    left: StreamState, right: StreamState, kernel: Kernel, params: SqueakParams, seed: int,
+    entry_rls: EntryRLS | None = None, factor_route: str = "dense",
 ) -> StreamState:
-    """Merge two adjacent row ranges' dictionaries (the body of one merge task)."""
+    """Merge two adjacent row ranges' dictionaries (the body of one merge task; ``entry_rls`` and its
+    ``factor_route`` label: see :func:`merge_dictionaries`)."""
     if left.next_row != right.first_row:
         raise ValueError(
             f"merge of non-adjacent row ranges [{left.first_row}, {left.next_row}) and "
             f"[{right.first_row}, {right.next_row})"
         )
     rng = keyed_rng(seed, STREAM_MERGE_NODE, left.first_row, right.next_row)
-    merged = merge_dictionaries(left.dictionary, right.dictionary, kernel, params, rng)
+    merged = merge_dictionaries(left.dictionary, right.dictionary, kernel, params, rng, entry_rls)
     history = left.history + right.history
     history.append({
         "node": [int(left.first_row), int(right.next_row)],
+        "factor_route": factor_route,
         "rows_seen": int(left.rows_seen + right.rows_seen),
         "dictionary_size": merged.n_copies,
         "unique": merged.size,

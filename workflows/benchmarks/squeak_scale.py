@@ -12,7 +12,10 @@ Methods, each fit in a fresh process (:func:`fit_tools.run_child`):
 - ``squeak``: :class:`~daskkrr.sampling.SqueakSampler`, Dask's threaded scheduler;
 - ``disqueak``: :class:`~daskkrr.sampling.DisqueakSampler`, one leaf per block (4 blocks), balanced
   tree, threaded scheduler;
-- ``disqueak-2w``: the same on a ``LocalCluster`` of 2 single-threaded worker processes.
+- ``disqueak-2w``: the same on a ``LocalCluster`` of 2 single-threaded worker processes;
+- ``disqueak-budget``: ``DisqueakSampler(memory_budget=--budget-gb)``, threaded: the merges whose dense
+  factor exceeds the budget take the tiled route (tiles spilled to Zarr when the budget cannot hold them),
+  so no process holds the root's ``m x m`` matrices (``routes``: each merge's route, leaves first).
 
 Columns: ``m`` (rows), ``unique`` (dictionary entries at the end), ``time_s`` (the sampler's
 ``select``), ``cpu_s`` (CPU seconds of the child and its worker processes: comparable across a
@@ -43,7 +46,7 @@ if str(REPO) not in sys.path:
 
 from workflows.benchmarks.fit_tools import emit, machine, print_table, run_child, write_results  # noqa: E402
 
-METHODS = ("squeak", "disqueak", "disqueak-2w")
+METHODS = ("squeak", "disqueak", "disqueak-2w", "disqueak-budget")
 D = 10
 GAMMA = 0.5
 BLOCKS = 4
@@ -78,7 +81,7 @@ def _two_worker_client() -> Iterator[Any]:
         yield client
 
 
-def child(method: str, m: int, seed: int) -> None:
+def child(method: str, m: int, seed: int, budget_gb: float = 2.0) -> None:
     """One fit; prints its figures (see the module docstring)."""
     import dask.array as da
     import numpy as np
@@ -89,7 +92,12 @@ def child(method: str, m: int, seed: int) -> None:
     X = np.random.default_rng(seed).standard_normal((m, D))
     Xd = da.from_array(X, chunks=(-(-m // BLOCKS), D))
     kernel = make_kernel("gaussian", sigma=float(np.sqrt(D)) / 2)
-    sampler = SqueakSampler(gamma=GAMMA) if method == "squeak" else DisqueakSampler(gamma=GAMMA)
+    if method == "squeak":
+        sampler = SqueakSampler(gamma=GAMMA)
+    elif method == "disqueak-budget":
+        sampler = DisqueakSampler(gamma=GAMMA, memory_budget=int(budget_gb * 2**30))
+    else:
+        sampler = DisqueakSampler(gamma=GAMMA)
     on_cluster = method.endswith("-2w")
     largest = None if on_cluster else _record_state_bytes()
     with _two_worker_client() if on_cluster else contextlib.nullcontext() as client:
@@ -99,7 +107,8 @@ def child(method: str, m: int, seed: int) -> None:
     cpu = sum(getattr(resource.getrusage(who), f) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
               for f in ("ru_utime", "ru_stime"))
     emit({"unique": int(result.centers.shape[0]), "time_s": round(seconds, 2), "cpu_s": round(cpu, 1),
-          "state_mb": None if largest is None else round(largest[0] / 2**20, 2)})
+          "state_mb": None if largest is None else round(largest[0] / 2**20, 2),
+          "routes": [h["factor_route"] for h in result.info["history"] if "node" in h]})
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -108,20 +117,22 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
     ap.add_argument("--quick", action="store_true", help="m = 500 and 1000")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--budget-gb", type=float, default=2.0, help="memory_budget of disqueak-budget (GiB)")
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per fit")
     ap.add_argument("--out", default=None, help="folder of the result files (default: results/)")
     ap.add_argument("--child", nargs=2, metavar=("METHOD", "M"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
-        child(args.child[0], int(args.child[1]), args.seed)
+        child(args.child[0], int(args.child[1]), args.seed, args.budget_gb)
         return
     sizes = [500, 1000] if args.quick else args.m
     rows = []
     for m in sizes:
         for method in args.methods:
-            r = run_child([str(Path(__file__).resolve()), "--child", method, str(m), "--seed", str(args.seed)],
-                          timeout=args.timeout)
-            row = {"method": method, "m": m, **{k: r.get(k) for k in ("unique", "time_s", "cpu_s", "state_mb")},
+            r = run_child([str(Path(__file__).resolve()), "--child", method, str(m), "--seed", str(args.seed),
+                           "--budget-gb", str(args.budget_gb)], timeout=args.timeout)
+            row = {"method": method, "m": m,
+                   **{k: r.get(k) for k in ("unique", "time_s", "cpu_s", "state_mb", "routes")},
                    "peak_mb": r["peak_mb"], "max_process_mb": max(r["peak_per_process_mb"].values(), default=0.0),
                    "mxm_mb": round(8 * m * m / 2**20, 1), "n_processes": r["n_processes"],
                    "peak_per_process_mb": r["peak_per_process_mb"]}
@@ -132,7 +143,8 @@ def main(argv: list[str] | None = None) -> None:
     print_table(rows, ["method", "m", "unique", "time_s", "cpu_s", "peak_mb", "max_process_mb", "state_mb", "mxm_mb"],
                 title="SQUEAK / DISQUEAK at growing m")
     write_results(rows, args.out, "squeak_scale",
-                  {"machine": machine(), "d": D, "gamma": GAMMA, "blocks": BLOCKS, "seed": args.seed})
+                  {"machine": machine(), "d": D, "gamma": GAMMA, "blocks": BLOCKS, "seed": args.seed,
+                   "budget_gb": args.budget_gb})
 
 
 if __name__ == "__main__":
