@@ -115,13 +115,8 @@ class Backend(ABC):
         """Compute Delayed objects or dask collections; their values, in order."""
 
     @abstractmethod
-    def submit(self, graph: Any, *, chain_threads: int = 1) -> Any:
-        """Compute one graph and leave its result where it was computed.
-
-        ``chain_threads``: the graph is a chain (a fold's segment) whose compute tasks run one at a
-        time, so a local backend lets BLAS use that many threads while it runs (a cluster's workers
-        keep their own settings).
-        """
+    def submit(self, graph: Any) -> Any:
+        """Compute one graph and leave its result where it was computed."""
 
     @abstractmethod
     def fetch(self, handle: Any) -> Any:
@@ -238,12 +233,10 @@ class ThreadedBackend(Backend):
     #: Called with the pass name of every block task that finishes (set by the executor).
     on_block: Callable[[str], None] | None = None
 
-    def _blas(self, threads: int = 1) -> contextlib.ExitStack:
-        """BLAS on one thread (each task has a core; ``threads`` for a chain of tasks) and, if asked,
-        block-task reports. Set here, on the thread that calls the scheduler: a BLAS limit lowered from
-        this thread cannot be raised again from the scheduler's worker threads."""
+    def _blas(self) -> contextlib.ExitStack:
+        """BLAS on one thread (each task has a core) and, if asked, block-task reports."""
         stack = contextlib.ExitStack()
-        stack.enter_context(blas_threads(threads))
+        stack.enter_context(blas_threads(1))
         if self.on_block is not None:
             stack.enter_context(_BlockReporter(self.on_block))
         return stack
@@ -264,9 +257,8 @@ class ThreadedBackend(Backend):
         with self._blas():
             return list(dask.compute(*graphs, **self._options()))
 
-    def submit(self, graph: Any, *, chain_threads: int = 1) -> Any:
-        with self._blas(chain_threads):
-            return dask.compute(graph, **self._options())[0]
+    def submit(self, graph: Any) -> Any:
+        return self.compute([graph])[0]
 
     def fetch(self, handle: Any) -> Any:
         return handle
@@ -305,7 +297,7 @@ class DistributedBackend(Backend):
     def compute(self, graphs: Sequence[Any]) -> list[Any]:
         return list(self.client.gather(self.client.compute(list(graphs))))
 
-    def submit(self, graph: Any, *, chain_threads: int = 1) -> Any:
+    def submit(self, graph: Any) -> Any:
         return self.client.compute(graph)
 
     def fetch(self, handle: Any) -> Any:

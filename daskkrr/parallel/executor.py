@@ -22,8 +22,6 @@ name), which is how the progress bar and the dashboard count blocks.
 
 Threads: block tasks run the engine on ``thread_budget`` threads (1 unless the
 cluster has fewer Dask threads than cores, see :mod:`daskkrr.parallel.resources`).
-A fold's steps run one at a time, so on the threaded scheduler each takes every core
-(engine and BLAS; :meth:`BlockPasses._chain_threads`).
 """
 
 from __future__ import annotations
@@ -41,7 +39,7 @@ from dask.delayed import Delayed, delayed
 
 from daskkrr.events import NULL_BUS, BlockDone, EventBus, PassDone, PassStarted, block_task_prefix
 from daskkrr.kernels.sparse import dense_rows, is_sparse
-from daskkrr.kernels.thread_rule import engine_thread_cap, engine_threads
+from daskkrr.kernels.thread_rule import engine_threads
 from daskkrr.parallel.backends import Backend, ThreadedBackend, backend_for
 from daskkrr.parallel.resources import Resources
 from daskkrr.parallel.task_progress import ProgressRelay, TaskProgress
@@ -248,28 +246,6 @@ class BlockPasses:
                 fn, self.thread_budget, *args, dask_key_name=key)
         return delayed(fn, pure=True, traverse=traverse)(*args, dask_key_name=key)
 
-    def _chain_threads(self) -> int:
-        """Threads of a fold's step. The steps form a chain, so one runs at a time: on the threaded
-        scheduler it may use every core of this process (BLAS and the engine; ``$DASKKRR_ENGINE_THREADS``
-        caps both), where a block task of a map gets one core. On a cluster a step keeps the block
-        tasks' budget: its worker's other threads may be running another fit's tasks."""
-        backend = self.backend
-        if isinstance(backend, ThreadedBackend) and backend.num_workers is None and not backend.in_task:
-            cap = engine_thread_cap()
-            return available_cores() if cap is None else min(available_cores(), cap)
-        return self.thread_budget
-
-    def _chain_task(self, fn: Callable[..., Any], name: str, *args: Any) -> Delayed:
-        """A step of a fold: :meth:`_task` with :meth:`_chain_threads` engine threads (BLAS gets as many
-        from the backend's ``submit``)."""
-        threads = self._chain_threads()
-        key = f"{block_task_prefix(name)}-{tokenize(fn, 'chain', threads, *args)}"
-        return delayed(_with_threads, pure=True, traverse=False)(fn, threads, *args, dask_key_name=key)
-
-    def _chain_finish(self, finish: Callable[[Any], Any], state: Any) -> Delayed:
-        """A fold's ``finish`` (the chain's last link) on :meth:`_chain_threads` threads."""
-        return delayed(_with_threads, pure=True, traverse=False)(finish, self._chain_threads(), state)
-
     def _map_tasks(self, fn: Callable[..., Any], name: str, args: tuple, with_y: bool,
                    blocks: Sequence[int] | None = None, per_block: Sequence[tuple] | None = None) -> list[Delayed]:
         """One task per block: ``fn(X_b, [Y_b,] *per_block[i], *args)``."""
@@ -340,15 +316,15 @@ class BlockPasses:
                 ids = range(seg * per_segment, min(self.n_blocks, (seg + 1) * per_segment))
                 graph = state
                 for b in ids:
-                    graph = self._chain_task(step, name, graph, self.x_blocks[b], b, int(offs[b]), *args)
+                    graph = self._task(step, name, graph, self.x_blocks[b], b, int(offs[b]), *args,
+                                       traverse=False)
                 last = seg == n_segments - 1
                 if last and finish is not None:
-                    graph = self._chain_finish(finish, graph)
-                threads = self._chain_threads()
-                state = self.backend.submit(graph, chain_threads=threads)
+                    graph = delayed(finish, pure=True, traverse=False)(graph)
+                state = self.backend.submit(graph)
                 if not last and stop is not None and self.backend.call(stop, state):
                     if finish is not None:
-                        state = self.backend.submit(self._chain_finish(finish, state), chain_threads=threads)
+                        state = self.backend.submit(delayed(finish, pure=True, traverse=False)(state))
                     break
             return self.backend.fetch(state)
 

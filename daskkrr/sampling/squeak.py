@@ -20,9 +20,7 @@ The numerical work (batches, dictionary updates, merges) is in
 Both may first pick ``gamma`` from a uniform pilot sample so that the dictionary
 fits a center budget (:func:`pilot_gamma`). Randomness is keyed by rows, never by
 workers, so for a fixed seed the dictionary is the same for any number of workers
-and any scheduler (and, for SQUEAK, any chunking), its weights to round-off: on the
-threaded scheduler SQUEAK's chain of block tasks runs BLAS on every core, whose
-factorisations round differently from a single-threaded worker's.
+and any scheduler (and, for SQUEAK, any chunking).
 """
 
 from __future__ import annotations
@@ -326,10 +324,8 @@ class SqueakSampler(StreamingRLSSampler):
     step, equivalent to a smaller qbar).
 
     The result depends on the seed, the data order and ``batch_min``, but
-    not on the chunking of ``X`` nor on the number of workers (the weights to round-off): batches
-    are cut from the row stream and each batch's random stream is keyed by its first row. One
-    block task runs at a time, so on the threaded scheduler it takes every core (BLAS and the
-    kernel engine).
+    not on the chunking of ``X`` nor on the number of workers: batches are cut from the
+    row stream and each batch's random stream is keyed by its first row.
     """
 
     name = "squeak"
