@@ -10,6 +10,9 @@ evaluations are a small part of it.
 Methods, each fit in a fresh process (:func:`fit_tools.run_child`):
 
 - ``squeak``: :class:`~daskkrr.sampling.SqueakSampler`, Dask's threaded scheduler;
+- ``squeak-bytecap``: the same with the batch rule before commit 9899cf4 (``batch_fraction=0``: a batch
+  bounded by 64 MiB of ``m x b`` tiles alone, ``b ~ 8.4e6 / m`` rows past m = 2900), the baseline of the
+  ``m / 8`` floor;
 - ``disqueak``: :class:`~daskkrr.sampling.DisqueakSampler`, one leaf per block (4 blocks), balanced
   tree, threaded scheduler;
 - ``disqueak-2w``: the same on a ``LocalCluster`` of 2 single-threaded worker processes;
@@ -46,7 +49,7 @@ if str(REPO) not in sys.path:
 
 from workflows.benchmarks.fit_tools import emit, machine, print_table, run_child, write_results  # noqa: E402
 
-METHODS = ("squeak", "disqueak", "disqueak-2w", "disqueak-budget")
+METHODS = ("squeak", "squeak-bytecap", "disqueak", "disqueak-2w", "disqueak-budget")
 D = 10
 GAMMA = 0.5
 BLOCKS = 4
@@ -92,7 +95,14 @@ def child(method: str, m: int, seed: int, budget_gb: float = 2.0) -> None:
     X = np.random.default_rng(seed).standard_normal((m, D))
     Xd = da.from_array(X, chunks=(-(-m // BLOCKS), D))
     kernel = make_kernel("gaussian", sigma=float(np.sqrt(D)) / 2)
-    if method == "squeak":
+    if method == "squeak-bytecap":
+        import dataclasses
+
+        import daskkrr.sampling.squeak as sq
+
+        params = sq.squeak_params
+        sq.squeak_params = lambda *a, **k: dataclasses.replace(params(*a, **k), batch_fraction=0.0)
+    if method.startswith("squeak"):
         sampler = SqueakSampler(gamma=GAMMA)
     elif method == "disqueak-budget":
         sampler = DisqueakSampler(gamma=GAMMA, memory_budget=int(budget_gb * 2**30))
