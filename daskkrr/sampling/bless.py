@@ -40,6 +40,7 @@ from daskkrr.sampling.bless_core import (
     candidates_block,
     diag_max,
     dictionary_from_sample,
+    solve_chunk_bytes,
 )
 from daskkrr.sampling.dictionary import DictionaryState, thin_to_size
 from daskkrr.sampling.keyed_random import STREAM_THINNING, keyed_rng, resolve_seed
@@ -222,5 +223,6 @@ class BlessSampler(CenterSampler):
         if plan.route == "dense":
             return BlessFactor.from_dictionary(d, gamma, kernel), "dense"
         factor = TiledBlessFactor.from_dictionary(d, gamma, kernel, executor=executor, tile=plan.tile,
-                                                  spill=plan.storage == "zarr")
+                                                  spill=plan.storage == "zarr",
+                                                  solve_bytes=solve_chunk_bytes(plan.client_bytes))
         return factor, f"tiled ({plan.storage})"

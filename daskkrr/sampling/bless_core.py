@@ -74,9 +74,18 @@ class BlessFactor:
         """Nothing to free (the factor is an array); as :class:`TiledBlessFactor`'s."""
 
 
-#: Bytes of one column chunk of ``V = T^{-T} S K_Jc`` on the tiled route (the candidates are solved a
-#: chunk at a time, so ``V`` is never ``m x candidates`` whole).
+#: Bytes of one column chunk of ``V = T^{-T} S K_Jc`` on the tiled route, at least (the candidates are
+#: solved a chunk at a time, so ``V`` is never ``m x candidates`` whole) ...
 TILED_SOLVE_BYTES = 64 * 2**20
+#: ... or this fraction of the client's memory budget where that is more: each chunk's solve reads every
+#: tile of the factor (from Zarr when spilled), so fewer, wider chunks read it fewer times. The client
+#: holds a chunk's kernel columns, their scaled copy and its blocks (three chunks) while it is solved.
+TILED_SOLVE_CLIENT_FRACTION = 1 / 8
+
+
+def solve_chunk_bytes(client_bytes: int) -> int:
+    """Bytes of one chunk of right-hand sides for :meth:`TiledBlessFactor.residuals` (see the constants)."""
+    return int(max(TILED_SOLVE_BYTES, TILED_SOLVE_CLIENT_FRACTION * client_bytes))
 
 
 @dataclasses.dataclass
@@ -89,11 +98,13 @@ class TiledBlessFactor:
     sqrt_w: np.ndarray
     T: Any
     store: Any = None
+    solve_bytes: int = TILED_SOLVE_BYTES
 
     @classmethod
     def from_dictionary(cls, d: DictionaryState, gamma: float, kernel: Kernel, *, executor: Any, tile: int,
-                        spill: bool = False, qbar: int = 1) -> TiledBlessFactor:
-        """``S = diag(sqrt(q / (qbar p)))``: ``qbar = 1`` for BLESS's one-copy entries, SQUEAK's for DISQUEAK's."""
+                        spill: bool = False, qbar: int = 1, solve_bytes: int = TILED_SOLVE_BYTES) -> TiledBlessFactor:
+        """``S = diag(sqrt(q / (qbar p)))``: ``qbar = 1`` for BLESS's one-copy entries, SQUEAK's for DISQUEAK's;
+        ``solve_bytes``: one chunk of right-hand sides in :meth:`residuals` (:func:`solve_chunk_bytes`)."""
         from daskkrr.parallel.tiled_linalg import TileStore, kernel_cholesky
 
         if not d.size:
@@ -102,13 +113,13 @@ class TiledBlessFactor:
         store = TileStore() if spill else None
         T, _, sw = kernel_cholesky(executor, d.points, kernel, tile=tile, weights=w, store=store, regularizer=gamma,
                                    what="regularised dictionary Gram matrix D K D + gamma I", advice=_GAMMA_ADVICE)
-        return cls(points=d.points, sqrt_w=sw, T=T, store=store)
+        return cls(points=d.points, sqrt_w=sw, T=T, store=store, solve_bytes=int(solve_bytes))
 
     def residuals(self, kernel: Kernel, Xc: np.ndarray, kc: np.ndarray) -> np.ndarray:
         """As :meth:`BlessFactor.residuals`, the solves a column chunk at a time through the tile graphs."""
         from daskkrr.parallel.tiled_linalg import solve_column_norms
 
-        chunk = max(1, TILED_SOLVE_BYTES // (8 * self.T.layout.M))
+        chunk = max(1, self.solve_bytes // (8 * self.T.layout.M))
         out = np.array(kc, dtype=np.float64)
         for a in range(0, Xc.shape[0], chunk):
             K_Jc = np.asarray(kernel(self.points, Xc[a:a + chunk]), dtype=np.float64)

@@ -40,7 +40,7 @@ from daskkrr.sampling.base import (
     register,
     resolve_gamma,
 )
-from daskkrr.sampling.bless_core import TiledBlessFactor
+from daskkrr.sampling.bless_core import TILED_SOLVE_BYTES, TiledBlessFactor, solve_chunk_bytes
 from daskkrr.sampling.dictionary import DictionaryState, thin_to_size
 from daskkrr.sampling.keyed_random import (
     STREAM_PILOT,
@@ -539,19 +539,20 @@ def _tiled_merge_if_needed(left: StreamState, right: StreamState, *, kernel: Ker
 
     plan = plan_factor_route(m, "float64", route="tiled", memory_budget=memory_budget, executor=executor)
     entry_rls = functools.partial(tiled_entry_rls, kernel=kernel, params=params, executor=executor,
-                                  tile=plan.tile, spill=plan.storage == "zarr")
+                                  tile=plan.tile, spill=plan.storage == "zarr",
+                                  solve_bytes=solve_chunk_bytes(plan.client_bytes))
     return functools.partial(merge_states, kernel=kernel, params=params, seed=seed, entry_rls=entry_rls,
                              factor_route=f"tiled ({plan.storage})")
 
 
 def tiled_entry_rls(union: DictionaryState, reg: float, *, kernel: Kernel, params: SqueakParams,
-                    executor: Executor, tile: int, spill: bool) -> np.ndarray:
+                    executor: Executor, tile: int, spill: bool, solve_bytes: int = TILED_SOLVE_BYTES) -> np.ndarray:
     """Eq. 4/5 estimates of a dictionary's own entries with ``D K D + reg I`` factored as tiles
     (:class:`~daskkrr.sampling.bless_core.TiledBlessFactor`): ``k_ii - ||L^{-1} D k_D(z_i)||^2`` by triangular
     solves a column chunk at a time, only the squared column norms coming back. The dense route's
     ``g (1 - g (A^{-1})_ii) / w_i`` is the same number (see :func:`~daskkrr.sampling.squeak_core.entry_estimates`)."""
     factor = TiledBlessFactor.from_dictionary(union, reg, kernel, executor=executor, tile=tile, spill=spill,
-                                              qbar=params.qbar)
+                                              qbar=params.qbar, solve_bytes=solve_bytes)
     try:
         resid = factor.residuals(kernel, union.points, np.asarray(kernel.diag(union.points), dtype=np.float64))
     finally:

@@ -98,8 +98,9 @@ class SqueakParams:
         batch refactors the dictionary (about ``(2/3) m^3`` flops), so a row costs
         ``(2/3) m^3 / b``: with ``b`` bounded by ``batch_bytes`` alone (``b ~ 8.4e6 / m``) that is
         ``m^4 / 1.3e7``, the time wall of large dictionaries; with ``b >= m / 8`` it is about
-        ``6 m^2`` (``5.3 m^2``, plus ``m^2`` for the row's own triangular solve). The batch's ``m x b`` tiles then take at most half an ``m x m`` matrix beside the
-        factor's two (:func:`factor_bytes`: 2.8 instead of 2 at the peak).
+        ``6 m^2`` (``5.3 m^2``, plus ``m^2`` for the row's own triangular solve). The batch's
+        ``m x b`` tiles then take at most half an ``m x m`` matrix beside the factor's two
+        (:func:`factor_bytes`: 2.8 instead of 2 at the peak).
     halving_floor : bool
         Apply the ``p/2``-per-point floor of Alg. 1.
     memory_budget : int or None
