@@ -154,8 +154,7 @@ def test_tiled_solves_take_chunks_of_an_eighth_of_the_client_budget(data, monkey
     an eighth of the client's memory budget where that is more than 64 MB, for BLESS's levels and DISQUEAK's
     merges alike, and the solves give the same scores whatever the chunk."""
     from daskkrr.parallel.strategies import plan_factor_route
-    from daskkrr.sampling import DisqueakSampler
-    from daskkrr.sampling import bless_core
+    from daskkrr.sampling import DisqueakSampler, bless_core
 
     assert bless_core.solve_chunk_bytes(2**33) == 2**30
     assert bless_core.solve_chunk_bytes(2**20) == bless_core.TILED_SOLVE_BYTES
