@@ -107,26 +107,31 @@ def test_disqueak_tiled_merges_give_the_dense_dictionary(data, monkeypatch, tree
     np.testing.assert_allclose(tiled.info["rls_estimates"], dense.info["rls_estimates"], rtol=tol, atol=tol)
 
 
-def test_disqueak_auto_tiles_the_merges_over_the_budget(data):
-    """A budget that holds the leaves' SQUEAK updates but not the root's dense factor: "auto" merges the first
-    level in tasks and tiles the root (spilled: the budget also caps the workers' share), with the dictionary of
-    the dense route under no budget. Without a budget nothing is tiled."""
+def test_disqueak_auto_tiles_the_merges_over_the_budget():
+    """A budget that holds the leaves' SQUEAK updates (a batch: two ``m x m`` matrices and its tiles) but not the
+    upper merges' dense factors (one ``m x m`` matrix each): "auto" merges the first level in tasks and tiles the
+    two upper levels (spilled: the budget also caps the workers' share), with the dictionary of the dense route
+    under no budget. Without a budget nothing is tiled."""
     from daskkrr.sampling import DisqueakSampler
     from daskkrr.sampling.squeak_core import SqueakParams, factor_bytes
 
-    X, kernel = data
-    kw = dict(gamma=0.5, n_leaves=4, random_state=3)
+    X = da.from_array(np.random.default_rng(2).normal(size=(800, 3)), chunks=(100, 3))
+    kernel = make_kernel("gaussian", sigma=1.5)
+    kw = dict(gamma=0.5, n_leaves=8, random_state=3)
     free = DisqueakSampler(**kw).select(X, kernel)
-    assert _merge_routes(free) == ["dense"] * 3
-    leaves = [h["unique"] for h in free.info["history"] if "block" in h and h.get("block") == 0]
-    assert len(leaves) == 4
+    assert _merge_routes(free) == ["dense"] * 7
+    leaves = [h["unique"] for h in free.info["history"] if h.get("block") == 0]
+    assert len(leaves) == 8
     p = SqueakParams(gamma=0.5, qbar=16, eps=0.5)
     budget = max(factor_bytes(m, p.batch_rows(m)) for m in range(1, max(leaves) + 1))
-    root = len(free.indices)  # the root's union had at least this many entries
-    assert factor_bytes(root, 0) > budget, "the root's dense factor must exceed the budget"
+    nodes = {tuple(h["node"]): h["unique"] for h in free.info["history"] if "node" in h}
+    # the upper merges' unions (their two halves' entries) are over the budget as one dense matrix
+    unions = [nodes[(0, 200)] + nodes[(200, 400)], nodes[(400, 600)] + nodes[(600, 800)]]
+    assert min(factor_bytes(u, 0) for u in unions) > budget
     tiled = DisqueakSampler(memory_budget=budget, **kw).select(X, kernel)
-    routes = _merge_routes(tiled)
-    assert routes[-1].startswith("tiled") and routes[:2] == ["dense", "dense"], routes
+    routes = _merge_routes(tiled)  # history order: [0, 200), [200, 400), [0, 400), [400, 600), [600, 800), ...
+    assert [routes[i] for i in (0, 1, 3, 4)] == ["dense"] * 4, routes
+    assert all(routes[i].startswith("tiled") for i in (2, 5, 6)), routes
     np.testing.assert_array_equal(tiled.indices, free.indices)
     np.testing.assert_array_equal(tiled.counts, free.counts)
     np.testing.assert_allclose(tiled.weights, free.weights, rtol=disqueak_tolerance(free, 0.5, 0.5, 16))

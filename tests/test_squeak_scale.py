@@ -105,6 +105,30 @@ def test_a_batch_holds_at_most_two_dictionary_matrices():
     assert peak < 2.5 * 8 * m * m
 
 
+def test_a_merge_holds_one_dictionary_matrix():
+    """A DISQUEAK merge builds the union's Gram, factors it and inverts the factor in the same memory: its peak is
+    one ``m x m`` float64 matrix (:func:`factor_bytes` with no new rows), what its memory check and "auto" price."""
+    from daskkrr.sampling.keyed_random import STREAM_MERGE_NODE
+    from daskkrr.sampling.squeak_core import merge_dictionaries
+
+    params = SqueakParams(gamma=0.5, qbar=16, eps=0.5)
+    left = squeak_numpy(rows(400), KERNEL, params, seed=3).dictionary
+    right = squeak_numpy(rows(400, seed=1), KERNEL, params, seed=4, first_row=400).dictionary
+    m = left.size + right.size
+    assert m > 700, "the data should keep almost every row"
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        base = tracemalloc.get_traced_memory()[0]
+        merged = merge_dictionaries(left, right, KERNEL, params, keyed_rng(3, STREAM_MERGE_NODE, 0, 800))
+        peak = tracemalloc.get_traced_memory()[1] - base
+    finally:
+        tracemalloc.stop()
+    assert 0 < merged.size <= m
+    # one matrix plus the union's rows and per-entry vectors (well under 1 MiB here)
+    assert peak <= factor_bytes(m, 0) + 2**20, f"peak {peak / 2**20:.1f} MiB > {factor_bytes(m, 0) / 2**20:.1f}"
+
+
 def test_the_state_between_tasks_carries_rows_not_the_gram():
     """The pickled pass state is O(m d): well under one m x m float64 matrix when m >> d."""
     st = squeak_numpy(rows(600), KERNEL, SqueakParams(gamma=0.5, qbar=16, eps=0.5), seed=0, block_rows=150)

@@ -446,17 +446,19 @@ class DisqueakSampler(StreamingRLSSampler):
     batch_min : int
         Smallest SQUEAK batch inside a leaf (batches follow :class:`SqueakSampler`'s rule).
     memory_budget : int or None
-        Bytes one dictionary update or merge may hold in one process (its factor and the factor's
-        extension, two ``m x m`` float64 matrices, plus the batch's tiles). A leaf's SQUEAK update
+        Bytes one dictionary update or merge may hold in one process (an update: its factor and the
+        factor's extension, two ``m x m`` float64 matrices, plus the batch's tiles; a merge: one
+        ``m x m`` matrix). A leaf's SQUEAK update
         over it raises :class:`~daskkrr.parallel.guards.ResourceGuardError`, naming the largest
         dictionary that fits, before allocating; a merge over it takes the tiled route (below).
         None: the memory available (the smaller of this machine's free memory and the smallest
         worker's limit) when ``select`` starts.
     factor_route : {"auto", "dense", "tiled"}
         Where a merge factors the union's ``D K D + (1 + eps) gamma I``: in one merge task
-        ("dense", ``16 m^2`` bytes) or as tiles on the workers, or spilled to Zarr where they do not
-        hold them, driven from the client (``"tiled"``, the tiled Cholesky of
-        :mod:`daskkrr.parallel.tiled_linalg`, as :class:`~daskkrr.sampling.BlessSampler`'s); the
+        ("dense", ``8 m^2`` bytes: its Gram, factor and inverse share one matrix) or as tiles on the
+        workers, or spilled to Zarr where they do not hold them, driven from the client
+        (``"tiled"``, the tiled Cholesky of :mod:`daskkrr.parallel.tiled_linalg`, as
+        :class:`~daskkrr.sampling.BlessSampler`'s); the
         entries are then scored by triangular solves a column chunk at a time (``m^3`` flops where
         the dense route's inverse takes ``m^3 / 3``). ``"auto"`` (default) takes the tiled route
         for the merges whose dense factor would exceed ``memory_budget``. With "auto" and "tiled"

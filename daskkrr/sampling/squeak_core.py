@@ -37,7 +37,7 @@ worker runs a step; a merge node's stream is keyed by the row range it covers. T
 state between blocks holds the dictionary's rows and per-entry numbers (O(m d): no
 Gram, each update recomputes it from the rows), fewer than one batch of pending rows,
 and a short per-block history: never anything of size n or m^2. Inside an update at
-most two m x m float64 matrices exist at once (:func:`factor_bytes`).
+most two m x m float64 matrices exist at once, in a merge one (:func:`factor_bytes`).
 """
 
 from __future__ import annotations
@@ -166,9 +166,14 @@ def factor_bytes(m: int, new_rows: int) -> int:
     The factor of the ``m`` entries and its extension to at most ``m + new_rows`` are held
     together while the extension is copied (two ``m x m`` float64 matrices at the peak), beside
     the batch's ``m x new_rows`` tiles (kernel columns, their scaled copy, the solve and the
-    kept columns: four at most).
+    kept columns: four at most). A merge (``new_rows = 0``) has no extension: its Gram, factor and
+    inverse share one ``m x m`` matrix, beside the kernel's temporaries while the Gram is built a
+    block of rows at a time (two blocks of at most a quarter of the rows and ``DEFAULT_BATCH_BYTES``,
+    :func:`~daskkrr.sampling.dictionary.weighted_kernel_gram`).
     """
     m, b = int(m), int(new_rows)
+    if b == 0:
+        return 8 * m * m + 2 * min(DEFAULT_BATCH_BYTES, 2 * m * m)
     return 8 * (m * m + (m + b) ** 2 + 4 * m * b)
 
 
@@ -185,7 +190,8 @@ def check_factor_memory(m: int, new_rows: int, params: SqueakParams, where: str)
     fits = largest_dictionary(params, budget, batches=new_rows > 0)
     raise ResourceGuardError(
         f"{where}: the dictionary has m = {m} entries (+ {new_rows} new rows) and its factorisation "
-        f"needs {need / 1e9:.2f} GB at once (two m x m float64 matrices and the batch's m x b tiles), over "
+        f"needs {need / 1e9:.2f} GB at once ("
+        f"{'two m x m float64 matrices and the batch m x b tiles' if new_rows else 'one m x m float64 matrix'}), over "
         f"memory_budget = {budget / 1e9:.2f} GB. Fix: stop the dictionary before it grows that large "
         f"(SqueakSampler's max_dictionary <= {fits} fits this budget), raise gamma "
         f"(or the penalty) so the dictionary is smaller, pass n_centers with gamma=None, use DisqueakSampler "
@@ -200,7 +206,7 @@ def largest_dictionary(params: SqueakParams, budget: int, batches: bool = True) 
     def fits(m: int) -> bool:
         return factor_bytes(m, params.batch_rows(m) if batches else 0) <= budget
 
-    lo, hi = 1, max(2, math.isqrt(max(1, budget // 16)) + 1)  # factor_bytes(m, 0) = 16 m^2 > budget at hi
+    lo, hi = 1, max(2, math.isqrt(max(1, budget // 8)) + 1)  # factor_bytes(m, b) >= 8 m^2 > budget at hi
     while hi - lo > 1:  # the bytes grow with m (the batch rule never shrinks a batch faster than m grows)
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if fits(mid) else (lo, mid)
