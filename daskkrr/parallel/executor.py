@@ -27,6 +27,7 @@ cluster has fewer Dask threads than cores, see :mod:`daskkrr.parallel.resources`
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -85,16 +86,17 @@ def tree_reduce(parts: Sequence[Delayed], combine: str = "sum", split_every: int
     return level[0]
 
 
-def _merge_along(nodes: list[Any], merge: Callable[[Any, Any], Any], tree: str) -> Any:
-    """Reduce ``nodes`` (in row order) with ``merge(left, right)``: pairwise levels or a chain."""
+def _merge_along(nodes: list[Any], merge_pairs: Callable[[list[tuple[Any, Any]]], list[Any]], tree: str) -> Any:
+    """Reduce ``nodes`` (in row order) along pairwise levels or a chain; ``merge_pairs`` merges the
+    ``(left, right)`` pairs of one level (one pair at a time along a chain) and returns their merges."""
     if tree == "chain":
         acc = nodes[0]
         for node in nodes[1:]:
-            acc = merge(acc, node)
+            acc = merge_pairs([(acc, node)])[0]
         return acc
     level = list(nodes)
     while len(level) > 1:
-        nxt = [merge(level[i], level[i + 1]) for i in range(0, len(level) - 1, 2)]
+        nxt = merge_pairs([(level[i], level[i + 1]) for i in range(0, len(level) - 1, 2)])
         if len(level) % 2:
             nxt.append(level[-1])
         level = nxt
@@ -362,47 +364,34 @@ class BlockPasses:
         if merge_here is not None:
             with self._pass(name, n_tasks):
                 states = self.backend.compute(leaves)
-            root = self._merge_levels(states, merge, merge_here, tree)
+            root = _merge_along(states, functools.partial(self._merge_level, merge, merge_here), tree)
             if root_finish is not None:
                 root = self.backend.compute([delayed(root_finish, pure=True, traverse=False)(root)])[0]
             return root
         node = delayed(merge, pure=True, traverse=False)
-        root = _merge_along(leaves, lambda left, right: node(left, right), tree)
+        root = _merge_along(leaves, lambda pairs: [node(left, right) for left, right in pairs], tree)
         if root_finish is not None:
             root = delayed(root_finish, pure=True, traverse=False)(root)
         with self._pass(name, n_tasks):
             return self.backend.compute([root])[0]
 
-    def _merge_levels(self, nodes: list[Any], merge: Callable[[Any, Any], Any],
-                      merge_here: Callable[[Any, Any], Callable[[Any, Any], Any] | None], tree: str) -> Any:
-        """:meth:`tree_merge`'s tree over states held here: pairs that ``merge_here`` takes are merged here,
-        the others by ``merge`` as tasks, one graph per level."""
-        def merge_level(pairs: list[tuple[Any, Any]]) -> list[Any]:
-            out: list[Any] = [None] * len(pairs)
-            tasks, slots = [], []
-            for i, (left, right) in enumerate(pairs):
-                here = merge_here(left, right)
-                if here is not None:
-                    out[i] = here(left, right)
-                else:
-                    tasks.append(delayed(merge, pure=True, traverse=False)(left, right))
-                    slots.append(i)
-            for i, value in zip(slots, self.backend.compute(tasks) if tasks else []):
-                out[i] = value
-            return out
-
-        if tree == "chain":
-            acc = nodes[0]
-            for node in nodes[1:]:
-                acc = merge_level([(acc, node)])[0]
-            return acc
-        level = list(nodes)
-        while len(level) > 1:
-            nxt = merge_level([(level[i], level[i + 1]) for i in range(0, len(level) - 1, 2)])
-            if len(level) % 2:
-                nxt.append(level[-1])
-            level = nxt
-        return level[0]
+    def _merge_level(self, merge: Callable[[Any, Any], Any],
+                     merge_here: Callable[[Any, Any], Callable[[Any, Any], Any] | None],
+                     pairs: list[tuple[Any, Any]]) -> list[Any]:
+        """One level of :meth:`tree_merge`'s tree over states held here: the pairs ``merge_here`` takes are
+        merged here, the others by ``merge`` as tasks of one graph."""
+        out: list[Any] = [None] * len(pairs)
+        tasks, slots = [], []
+        for i, (left, right) in enumerate(pairs):
+            here = merge_here(left, right)
+            if here is not None:
+                out[i] = here(left, right)
+            else:
+                tasks.append(delayed(merge, pure=True, traverse=False)(left, right))
+                slots.append(i)
+        for i, value in zip(slots, self.backend.compute(tasks) if tasks else []):
+            out[i] = value
+        return out
 
     # ------------------------------------------------ results kept in memory
     def keep(self, fn: Callable[..., np.ndarray], *args: Any, name: str, with_y: bool = False) -> list[Any]:
