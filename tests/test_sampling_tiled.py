@@ -152,14 +152,13 @@ def test_disqueak_tiled_merges_on_a_cluster(data, cluster2):
     np.testing.assert_allclose(tiled.weights, dense.weights, rtol=disqueak_tolerance(dense, 0.5, 0.5, 16))
 
 
-@pytest.mark.parametrize("sampler", ["bless", "disqueak"])
-def test_tiled_solves_take_chunks_of_an_eighth_of_the_client_budget(data, monkeypatch, sampler):
+def test_tiled_solves_take_chunks_of_an_eighth_of_the_client_budget(data, monkeypatch):
     """Each chunk's solve reads every tile of the factor (from Zarr when spilled): at m = 30 000 with a 2 GiB
-    budget, 64 MB chunks made a DISQUEAK root merge spend a third of its time decoding tiles. The chunk is now
-    an eighth of the client's memory budget where that is more than 64 MB, for BLESS's levels and DISQUEAK's
-    merges alike, and the solves give the same scores whatever the chunk."""
+    budget, 64 MB chunks made a DISQUEAK root merge spend a third of its time decoding tiles. BLESS's levels
+    take chunks of an eighth of the client's memory budget where that is more than 64 MB, and the solves give
+    the same scores whatever the chunk (below)."""
     from daskkrr.parallel.strategies import plan_factor_route
-    from daskkrr.sampling import DisqueakSampler, bless_core
+    from daskkrr.sampling import bless_core
 
     assert bless_core.solve_chunk_bytes(2**33) == 2**30
     assert bless_core.solve_chunk_bytes(2**20) == bless_core.TILED_SOLVE_BYTES
@@ -174,18 +173,39 @@ def test_tiled_solves_take_chunks_of_an_eighth_of_the_client_budget(data, monkey
     monkeypatch.setattr(bless_core.TiledBlessFactor, "from_dictionary", classmethod(recording))
     X, kernel = data
     budget = 2**30  # under the free memory of any machine that runs the suite: the client's budget is this
-    if sampler == "bless":
-        BlessSampler(gamma=GAMMA, gamma_0=GAMMA_0, factor_route="tiled", memory_budget=budget).select(
-            X, kernel, random_state=4)
-    else:
-        DisqueakSampler(gamma=0.5, n_leaves=4, factor_route="tiled", memory_budget=budget).select(
-            X, kernel, random_state=3)
+    BlessSampler(gamma=GAMMA, gamma_0=GAMMA_0, factor_route="tiled", memory_budget=budget).select(
+        X, kernel, random_state=4)
     assert seen
     for m, solve_bytes in seen:
         plan = plan_factor_route(m, "float64", route="tiled", memory_budget=budget)
         assert solve_bytes == bless_core.solve_chunk_bytes(plan.client_bytes)
         if plan.client_bytes > 8 * bless_core.TILED_SOLVE_BYTES:
             assert solve_bytes > bless_core.TILED_SOLVE_BYTES
+
+
+def test_disqueak_tiled_merges_score_the_entries_from_the_tiled_inverse(data, monkeypatch):
+    """A tiled merge scores its entries from ``diag(A^{-1})`` (the tiled ``trtri``, ``m^3 / 3`` flops), not by
+    solving the factor with every entry's kernel column (``m^3``), and never builds BLESS's solving factor."""
+    from daskkrr.parallel import tiled_linalg
+    from daskkrr.sampling import DisqueakSampler, bless_core
+
+    calls: list[int] = []
+    inverse = tiled_linalg.inverse_row_squares
+
+    def counting(T):
+        calls.append(T.layout.M)
+        return inverse(T)
+
+    def refused(*args, **kwargs):
+        raise AssertionError("a DISQUEAK merge solved for its entries' scores")
+
+    monkeypatch.setattr(tiled_linalg, "inverse_row_squares", counting)
+    monkeypatch.setattr(bless_core.TiledBlessFactor, "residuals", refused)
+    monkeypatch.setattr(tiled_linalg, "solve_column_norms", refused)
+    X, kernel = data
+    out = DisqueakSampler(gamma=0.5, n_leaves=4, factor_route="tiled", random_state=3).select(X, kernel)
+    assert _merge_routes(out) == ["tiled (memory)"] * 3
+    assert len(calls) == 3 and min(calls) > 0
 
 
 def test_the_residuals_do_not_depend_on_the_chunk(data, monkeypatch):

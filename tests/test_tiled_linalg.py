@@ -6,7 +6,9 @@ operations in another order, which the bounds allow), with ``gamma_k = k u / (1 
 - Cholesky: ``|T^T T - S| <= gamma_{M+1} |T|^T |T|`` (Higham, Theorem 10.3);
 - triangular solve: ``(T + dT) x = v`` with ``|dT| <= gamma_M |T|`` (Theorem 8.5), so the
   residual is at most ``gamma_M |T| |x|``, plus the same again for evaluating it;
-- a product: ``|fl(T T^T) - T T^T| <= gamma_M |T| |T|^T``.
+- a product: ``|fl(T T^T) - T T^T| <= gamma_M |T| |T|^T``;
+- a triangular inverse, by columns or blocks of them: ``|X T - I| <= gamma_M |X| |T|`` (Section 14.2:
+  each column of ``X`` solves a triangular system), so ``|X - T^{-1}| <= gamma_M |X| |T| |T^{-1}|``.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from daskkrr.parallel.tiled_linalg import (
     _op_shifted,
     _op_trsv,
     _task,
+    inverse_row_squares,
     kernel_cholesky,
     solve_upper_tiled,
     tiled_cholesky,
@@ -99,6 +102,40 @@ def test_weighted_kernel_factor(centers):
     S = np.sqrt(weights)[:, None] * KERNEL(centers, centers) * np.sqrt(weights)[None, :]
     assert np.allclose(d, np.sqrt(weights), rtol=0, atol=0)
     _check_factor(T.to_numpy(), S, jitter, "float64")
+
+
+def _check_inverse_row_squares(got: np.ndarray, Tn: np.ndarray) -> None:
+    """``got`` against ``sum_j (T^{-1})_ij^2``: each entry of the tiled inverse and of the reference is within
+    ``E = gamma_M |U| |T| |U|`` of ``U = T^{-1}`` (to first order), so each row's squares within
+    ``sum_j 2 E_ij (2 |U_ij| + 2 E_ij)``."""
+    from scipy.linalg import solve_triangular
+
+    U = solve_triangular(Tn, np.eye(len(Tn)), lower=False)
+    E = gamma(len(Tn), "float64") * (np.abs(U) @ np.abs(Tn) @ np.abs(U))
+    bound = np.sum(2 * E * (2 * np.abs(U) + 2 * E), axis=1)
+    err = np.abs(got - np.sum(U**2, axis=1))
+    assert np.all(err <= bound), float(np.max(err / bound))
+    assert float(np.max(bound / np.sum(U**2, axis=1))) < 1e-6  # the bound says something here
+
+
+@pytest.mark.parametrize(("tile", "spill", "threads"), [(64, False, 2), (70, True, 2), (16, True, 8)])
+def test_inverse_row_squares_match_the_dense_inverse(centers, tile, spill, threads):
+    """``diag((T^T T)^{-1})`` from the tiled ``trtri``: in memory, and spilled, where ``T^{-1}`` is written over
+    ``T``'s tiles (19 tile columns on 8 threads: a tile written before the sums above it read it would show);
+    ``T`` is released."""
+    import dask
+
+    store = TileStore() if spill else None
+    try:
+        T, _, _ = kernel_cholesky(Executor(), centers, KERNEL, tile=tile, store=store, regularizer=0.1)
+        Tn = T.to_numpy()
+        with dask.config.set(scheduler="threads", num_workers=threads):
+            got = inverse_row_squares(T)
+        assert T.tiles == {}
+        _check_inverse_row_squares(got, Tn)
+    finally:
+        if store is not None:
+            store.close()
 
 
 def dense_source(S: np.ndarray, layout: TileLayout):
@@ -202,5 +239,16 @@ def test_on_a_local_cluster(cluster2, centers):
         # the same operations on the same tiles: equal but for BLAS's own kernel choices (per-tile bound)
         assert np.max(np.abs(Tn - Ln)) <= 10 * gamma(M, "float32") * np.max(np.abs(Ln))
         T.release()
+        if store is not None:
+            store.close()
+
+
+def test_inverse_row_squares_on_a_local_cluster(cluster2, centers):
+    """The tiled inverse on two worker processes, with tiles as futures and spilled (the workers write
+    ``T^{-1}`` over ``T``'s tiles): within the bound of the threaded test."""
+    for store in (None, TileStore()):
+        T, _, _ = kernel_cholesky(Executor(cluster2), centers, KERNEL, tile=70, store=store, regularizer=0.1)
+        Tn = T.to_numpy()
+        _check_inverse_row_squares(inverse_row_squares(T), Tn)
         if store is not None:
             store.close()

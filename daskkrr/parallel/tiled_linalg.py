@@ -16,7 +16,9 @@ task is one LAPACK/BLAS call on a few tiles:
   and ``gemm`` on tiles);
 - :func:`solve_graphs` / :func:`solve_upper_tiled`: ``T^{-1} V`` and ``T^{-T} V`` for an
   ``M x k`` block, sequential over the tile rows, each step one ``gemm`` or ``trsm`` of one
-  tile; only the ``b x k`` pieces of ``V`` move between tasks.
+  tile; only the ``b x k`` pieces of ``V`` move between tasks;
+- :func:`inverse_row_squares`: the diagonal of ``(T^T T)^{-1}`` from ``T^{-1}`` (LAPACK's ``trtri``,
+  tiled: ``trtri`` on the diagonal tiles, ``gemm`` on the others), built over ``T``'s own tiles.
 
 Where the tiles live (:class:`TiledMatrix`): in memory where they were computed (futures on
 a ``distributed`` cluster, arrays in this process on the threaded scheduler), or, when
@@ -54,6 +56,7 @@ __all__ = [
     "TiledMatrix",
     "ZarrTile",
     "kernel_cholesky",
+    "inverse_row_squares",
     "kernel_tiles",
     "solve_column_norms",
     "solve_graphs",
@@ -205,7 +208,7 @@ def _lapack(name: str, dtype: Any) -> Any:
     from scipy.linalg import blas, lapack
 
     prefix = "s" if np.dtype(dtype) == np.float32 else "d"
-    return getattr(lapack if name in ("potrf", "lauum") else blas, prefix + name)
+    return getattr(lapack if name in ("potrf", "lauum", "trtri") else blas, prefix + name)
 
 
 def _op_kernel(Zi: np.ndarray, Zj: np.ndarray, kernel: Kernel, di: np.ndarray, dj: np.ndarray,
@@ -256,6 +259,25 @@ def _op_lauum(Tkk: np.ndarray) -> np.ndarray:
     if info != 0:  # pragma: no cover - lauum fails only on bad arguments
         raise np.linalg.LinAlgError(f"LAPACK lauum failed (info={info}) on a diagonal tile")
     return out
+
+
+def _op_trtri(Tkk: np.ndarray) -> np.ndarray:
+    """``T_kk^{-1}`` of an upper-triangular tile (upper triangular; its lower part zero)."""
+    out, info = _lapack("trtri", Tkk.dtype)(Tkk, lower=0, overwrite_c=0)
+    if info != 0:  # a factor from the jittered Cholesky has a positive diagonal
+        raise np.linalg.LinAlgError(f"LAPACK trtri failed (info={info}) on a diagonal tile")
+    return np.triu(out)
+
+
+def _op_times(acc: np.ndarray | None, A: np.ndarray, B: np.ndarray) -> np.ndarray:
+    """``acc + A B`` (``acc`` None: the product alone)."""
+    out = A @ B
+    return out if acc is None else acc + out
+
+
+def _op_minus_times(acc: np.ndarray, B: np.ndarray) -> np.ndarray:
+    """``-acc B``."""
+    return -(acc @ B)
 
 
 def _op_syrk_plus(acc: np.ndarray, Tik: np.ndarray) -> np.ndarray:
@@ -611,3 +633,53 @@ def solve_upper_tiled(T: TiledMatrix, V: np.ndarray, *, trans: bool = False) -> 
     """``T^{-1} V`` (``T^{-T} V`` with ``trans``) for a tiled upper-triangular ``T``, in float64, here."""
     V = np.asarray(V)
     return gather(T.executor, solve_graphs(T, as_blocks(T.layout, V), trans=trans), V.shape)
+
+
+# --------------------------------------------------------------------------- inverse
+def _after(op: Callable[..., np.ndarray], target: ZarrTile | None, after: Any, *args: Any) -> Any:
+    """:func:`_apply`, run after ``after`` (a task whose value is not used: it orders writes in place)."""
+    return _apply(op, target, *args)
+
+
+def _row_squares(first: Any, *rest: Any) -> np.ndarray:
+    """``sum_j ||row r of tile j||^2`` over a tile row, in float64, reading one tile at a time."""
+    a = np.asarray(_load(first), dtype=np.float64)
+    out = np.einsum("ij,ij->i", a, a)
+    for t in rest:
+        a = np.asarray(_load(t), dtype=np.float64)
+        out += np.einsum("ij,ij->i", a, a)
+    return out
+
+
+def inverse_row_squares(T: TiledMatrix) -> np.ndarray:
+    """``diag((T^T T)^{-1})`` for a tiled upper-triangular ``T``: the squared row norms of ``U = T^{-1}``.
+
+    ``U`` is upper triangular, a block column at a time: ``U_jj = T_jj^{-1}`` (``trtri``) and, for
+    ``i < j``, ``U_ij = -(sum_{i <= k < j} U_ik T_kj) U_jj``, which reads ``U`` of the columns before
+    and ``T`` of column ``j`` only: ``M^3 / 3`` flops in all, as one graph, against ``M^3`` for solving
+    ``T^T`` with ``M`` right-hand sides, which also reads every tile once per chunk of them. Only each tile
+    row's squares come here. ``T`` is given up (released): a spilled ``U`` is written over ``T``'s tiles
+    in the store, as LAPACK's ``trtri`` does in memory, each tile of column ``j`` after the rows above it
+    (whose sums read it) are done; in memory, ``U``'s tiles are new, beside ``T``'s until it is freed.
+    """
+    L = T.layout
+    spilled = T.storage == "zarr"
+    U: dict[tuple[int, int], Any] = {}
+    for j in range(L.nb):
+        U[(j, j)] = _task("trtri", _op_trtri, T.tile(j, j) if spilled else None, T.tile(j, j))
+        above: Any = None
+        for i in range(j):
+            acc: Any = None
+            for k in range(i, j):
+                acc = _task("trtri", _op_times, None, acc, U[(i, k)], T.tile(k, j))
+            U[(i, j)] = delayed(_after, pure=True, traverse=False)(
+                _op_minus_times, T.tile(i, j) if spilled else None, above if spilled else None, acc, U[(j, j)],
+                dask_key_name=_key("trtri"))
+            above = U[(i, j)]
+    rows = [delayed(_row_squares, pure=True, traverse=False)(*[U[(i, j)] for j in range(i, L.nb)],
+                                                              dask_key_name=_key("trtri"))
+            for i in range(L.nb)]
+    try:
+        return np.concatenate(T.executor.backend.compute(rows))
+    finally:
+        T.release()

@@ -102,14 +102,14 @@ class TiledBlessFactor:
 
     @classmethod
     def from_dictionary(cls, d: DictionaryState, gamma: float, kernel: Kernel, *, executor: Any, tile: int,
-                        spill: bool = False, qbar: int = 1, solve_bytes: int = TILED_SOLVE_BYTES) -> TiledBlessFactor:
-        """``S = diag(sqrt(q / (qbar p)))``: ``qbar = 1`` for BLESS's one-copy entries, SQUEAK's for DISQUEAK's;
-        ``solve_bytes``: one chunk of right-hand sides in :meth:`residuals` (:func:`solve_chunk_bytes`)."""
+                        spill: bool = False, solve_bytes: int = TILED_SOLVE_BYTES) -> TiledBlessFactor:
+        """``S = diag(sqrt(1 / p))`` (BLESS's one-copy entries); ``solve_bytes``: one chunk of right-hand sides in
+        :meth:`residuals` (:func:`solve_chunk_bytes`)."""
         from daskkrr.parallel.tiled_linalg import TileStore, kernel_cholesky
 
         if not d.size:
             raise ValueError("the tiled BLESS factor needs a non-empty dictionary")
-        w = d.selection_weights(qbar)
+        w = d.selection_weights(1)
         store = TileStore() if spill else None
         T, _, sw = kernel_cholesky(executor, d.points, kernel, tile=tile, weights=w, store=store, regularizer=gamma,
                                    what="regularised dictionary Gram matrix D K D + gamma I", advice=_GAMMA_ADVICE)

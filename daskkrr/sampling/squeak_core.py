@@ -260,7 +260,13 @@ def entry_estimates(
     """
     if L.shape[0] == 0:
         return np.zeros(0)
-    resid = shift * (1.0 - shift * inverse_diagonal(L)) / sqrt_w**2
+    return estimates_from_inverse_diagonal(inverse_diagonal(L), sqrt_w, shift, params)
+
+
+def estimates_from_inverse_diagonal(inv_diag: np.ndarray, sqrt_w: np.ndarray, shift: np.ndarray | float,
+                                    params: SqueakParams) -> np.ndarray:
+    """:func:`entry_estimates` given ``diag(A^{-1})`` (the tiled route computes it from tiles)."""
+    resid = shift * (1.0 - shift * inv_diag) / sqrt_w**2
     return (1.0 - params.eps) / params.gamma * np.maximum(resid, 0.0)
 
 
