@@ -234,3 +234,20 @@ def test_the_residuals_do_not_depend_on_the_chunk(data, monkeypatch):
             f.close()
     m, gamma = 120, 0.3
     np.testing.assert_allclose(out[0], out[1], rtol=0, atol=m * np.finfo(np.float64).eps * (1.0 + m * 2.0 / gamma))
+
+
+def test_a_merge_with_an_empty_side_records_no_factor():
+    """A merge whose one side has no entries factors nothing: its history says "none", not the route it was given."""
+    from daskkrr.sampling.squeak_core import SqueakParams, StreamState, merge_states, stream_block, stream_finish
+
+    kernel = make_kernel("gaussian", sigma=1.5)
+    p = SqueakParams(gamma=0.5, qbar=16, eps=0.5)
+    X = np.random.default_rng(0).normal(size=(60, 3))
+    full = stream_finish(stream_block(None, X, 0, 0, kernel, p, seed=1), kernel, p, seed=1)
+    empty = StreamState.start(3, X.dtype, first_row=60)
+    merged = merge_states(full, empty, kernel, p, seed=1, factor_route="tiled (zarr)")
+    assert merged.history[-1]["factor_route"] == "none"
+    assert merged.dictionary.size == full.dictionary.size > 0
+    both = merge_states(full, stream_finish(stream_block(None, X + 5.0, 0, 60, kernel, p, seed=1), kernel, p, seed=1),
+                        kernel, p, seed=1, factor_route="dense")
+    assert both.history[-1]["factor_route"] == "dense"

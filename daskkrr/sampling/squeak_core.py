@@ -575,7 +575,8 @@ def merge_states(
     entry_rls: EntryRLS | None = None, factor_route: str = "dense",
 ) -> StreamState:
     """Merge two adjacent row ranges' dictionaries (the body of one merge task; ``entry_rls`` and its
-    ``factor_route`` label: see :func:`merge_dictionaries`)."""
+    ``factor_route`` label: see :func:`merge_dictionaries`; a merge with an empty side factors nothing and
+    records "none")."""
     if left.next_row != right.first_row:
         raise ValueError(
             f"merge of non-adjacent row ranges [{left.first_row}, {left.next_row}) and "
@@ -586,7 +587,7 @@ def merge_states(
     history = left.history + right.history
     history.append({
         "node": [int(left.first_row), int(right.next_row)],
-        "factor_route": factor_route,
+        "factor_route": factor_route if left.dictionary.size and right.dictionary.size else "none",
         "rows_seen": int(left.rows_seen + right.rows_seen),
         "dictionary_size": merged.n_copies,
         "unique": merged.size,
