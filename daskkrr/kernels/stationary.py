@@ -59,10 +59,6 @@ class _Stationary(Kernel):
         """``sigma`` as a float64 vector (one entry for an isotropic kernel)."""
         return np.atleast_1d(np.asarray(self.sigma, dtype=np.float64))
 
-    def isotropic(self) -> _Stationary:
-        """The same kernel with ``sigma = 1``: ``k(a, b) = isotropic()(a / sigma, b / sigma)``."""
-        return dataclasses.replace(self, sigma=1.0)
-
     def scale_inputs(self, A: Any) -> np.ndarray:
         """``A / sigma`` column by column, in ``A``'s float dtype; ValueError unless ``A`` has one column
         per length scale. A sparse ``A`` stays sparse (CSR)."""

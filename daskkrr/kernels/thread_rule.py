@@ -11,7 +11,7 @@ comes from one place at a time:
   the threaded scheduler's compute).
 - When a cluster has fewer Dask threads than cores on a host (one worker with
   one thread on a 2-core machine), the orchestrator hands each task the spare
-  cores with :func:`engine_threads` (see :func:`daskkrr.parallel.resources.task_thread_budget`).
+  cores with :func:`engine_threads` (see :attr:`daskkrr.parallel.resources.Resources.thread_budget`).
 - A direct call on the main thread (predict on a numpy array, the benchmarks)
   uses **every core** the process may run on, with BLAS limited to 1 thread
   while the engine's own threads run.

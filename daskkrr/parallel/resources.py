@@ -4,7 +4,7 @@ The thread rule (see :mod:`daskkrr.kernels.thread_rule`) is *Dask threads x engi
 threads x BLAS threads <= cores* on every host. Dask's slots normally cover the
 cores (one single-threaded worker per core, or the threaded scheduler's one
 thread per core), so block tasks run the engine on one thread. When a host has
-more cores than Dask threads, :func:`task_thread_budget` gives each task
+more cores than Dask threads, :attr:`Resources.thread_budget` gives each task
 ``cores // dask threads`` engine threads, so a one-worker, one-thread cluster
 still uses every core.
 """
@@ -163,7 +163,3 @@ def _takes_n_workers(client: Any) -> bool:
     except (TypeError, ValueError):  # pragma: no cover
         return False
 
-
-def task_thread_budget(client: Any | None) -> int:
-    """Engine threads each block task may use on ``client`` (see the module rule)."""
-    return cluster_resources(client).thread_budget
