@@ -13,8 +13,8 @@ Methods, each fit in a fresh process (:func:`fit_tools.run_child`):
 - ``squeak-bytecap``: the same with the batch rule before commit 9899cf4 (``batch_fraction=0``: a batch
   bounded by 64 MiB of ``m x b`` tiles alone, ``b ~ 8.4e6 / m`` rows past m = 2900), the baseline of the
   ``m / 8`` floor;
-- ``disqueak``: :class:`~daskkrr.sampling.DisqueakSampler`, one leaf per block (4 blocks), balanced
-  tree, threaded scheduler;
+- ``disqueak``: :class:`~daskkrr.sampling.DisqueakSampler`, one leaf per block (``--blocks``, 4 by
+  default), balanced tree, threaded scheduler;
 - ``disqueak-2w``: the same on a ``LocalCluster`` of 2 single-threaded worker processes;
 - ``disqueak-budget``: ``DisqueakSampler(memory_budget=--budget-gb)``, threaded: the merges whose dense
   factor exceeds the budget take the tiled route (tiles spilled to Zarr when the budget cannot hold them),
@@ -84,7 +84,7 @@ def _two_worker_client() -> Iterator[Any]:
         yield client
 
 
-def child(method: str, m: int, seed: int, budget_gb: float = 2.0) -> None:
+def child(method: str, m: int, seed: int, budget_gb: float = 2.0, blocks: int = BLOCKS) -> None:
     """One fit; prints its figures (see the module docstring)."""
     import dask.array as da
     import numpy as np
@@ -93,7 +93,7 @@ def child(method: str, m: int, seed: int, budget_gb: float = 2.0) -> None:
     from daskkrr.sampling import DisqueakSampler, SqueakSampler
 
     X = np.random.default_rng(seed).standard_normal((m, D))
-    Xd = da.from_array(X, chunks=(-(-m // BLOCKS), D))
+    Xd = da.from_array(X, chunks=(-(-m // blocks), D))
     kernel = make_kernel("gaussian", sigma=float(np.sqrt(D)) / 2)
     if method == "squeak-bytecap":
         import dataclasses
@@ -128,19 +128,20 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--quick", action="store_true", help="m = 500 and 1000")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--budget-gb", type=float, default=2.0, help="memory_budget of disqueak-budget (GiB)")
+    ap.add_argument("--blocks", type=int, default=BLOCKS, help="row blocks of the data (DISQUEAK's leaves)")
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per fit")
     ap.add_argument("--out", default=None, help="folder of the result files (default: results/)")
     ap.add_argument("--child", nargs=2, metavar=("METHOD", "M"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
-        child(args.child[0], int(args.child[1]), args.seed, args.budget_gb)
+        child(args.child[0], int(args.child[1]), args.seed, args.budget_gb, args.blocks)
         return
     sizes = [500, 1000] if args.quick else args.m
     rows = []
     for m in sizes:
         for method in args.methods:
             r = run_child([str(Path(__file__).resolve()), "--child", method, str(m), "--seed", str(args.seed),
-                           "--budget-gb", str(args.budget_gb)], timeout=args.timeout)
+                           "--budget-gb", str(args.budget_gb), "--blocks", str(args.blocks)], timeout=args.timeout)
             row = {"method": method, "m": m,
                    **{k: r.get(k) for k in ("unique", "time_s", "cpu_s", "state_mb", "routes")},
                    "peak_mb": r["peak_mb"], "max_process_mb": max(r["peak_per_process_mb"].values(), default=0.0),
@@ -153,7 +154,7 @@ def main(argv: list[str] | None = None) -> None:
     print_table(rows, ["method", "m", "unique", "time_s", "cpu_s", "peak_mb", "max_process_mb", "state_mb", "mxm_mb"],
                 title="SQUEAK / DISQUEAK at growing m")
     write_results(rows, args.out, "squeak_scale",
-                  {"machine": machine(), "d": D, "gamma": GAMMA, "blocks": BLOCKS, "seed": args.seed,
+                  {"machine": machine(), "d": D, "gamma": GAMMA, "blocks": args.blocks, "seed": args.seed,
                    "budget_gb": args.budget_gb})
 
 
