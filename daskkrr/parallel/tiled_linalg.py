@@ -661,6 +661,8 @@ def inverse_row_squares(T: TiledMatrix) -> np.ndarray:
     row's squares come here. ``T`` is given up (released): a spilled ``U`` is written over ``T``'s tiles
     in the store, as LAPACK's ``trtri`` does in memory, each tile of column ``j`` after the rows above it
     (whose sums read it) are done; in memory, ``U``'s tiles are new, beside ``T``'s until it is freed.
+    :func:`~daskkrr.parallel.tiled_posterior.inverse_square_norm` keeps its factor (the posterior needs it
+    after): it solves ``R^{-1}`` a column panel at a time instead, holding panels of ``M x b`` in memory.
     """
     L = T.layout
     spilled = T.storage == "zarr"
