@@ -459,8 +459,8 @@ class DisqueakSampler(StreamingRLSSampler):
         workers, or spilled to Zarr where they do not hold them, driven from the client
         (``"tiled"``, the tiled Cholesky of :mod:`daskkrr.parallel.tiled_linalg`, as
         :class:`~daskkrr.sampling.BlessSampler`'s); the
-        entries are then scored by triangular solves a column chunk at a time (``m^3`` flops where
-        the dense route's inverse takes ``m^3 / 3``). ``"auto"`` (default) takes the tiled route
+        entries are then scored, as in the dense route, from the diagonal of the inverse, the factor's
+        inverse built over its tiles (``m^3 / 3`` flops). ``"auto"`` (default) takes the tiled route
         for the merges whose dense factor would exceed ``memory_budget``. With "auto" and "tiled"
         the leaves come back to the client (their rows: O(m d)) and the tree is merged a level at
         a time; "dense" keeps today's one graph. The route of each merge is in
