@@ -452,7 +452,9 @@ class DisqueakSampler(StreamingRLSSampler):
         over it raises :class:`~daskkrr.parallel.guards.ResourceGuardError`, naming the largest
         dictionary that fits, before allocating; a merge over it takes the tiled route (below).
         None: the memory available (the smaller of this machine's free memory and the smallest
-        worker's limit) when ``select`` starts.
+        worker's limit) when ``select`` starts. The budget is per task: leaves (and the dense merges
+        of one tree level) run side by side, one per thread, so a process with ``k`` threads may
+        hold ``k`` budgets at once (pass about ``memory / k`` to bound the process).
     factor_route : {"auto", "dense", "tiled"}
         Where a merge factors the union's ``D K D + (1 + eps) gamma I``: in one merge task
         ("dense", ``8 m^2`` bytes: its Gram, factor and inverse share one matrix) or as tiles on the
