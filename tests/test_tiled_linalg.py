@@ -243,6 +243,31 @@ def test_on_a_local_cluster(cluster2, centers):
             store.close()
 
 
+def test_spilled_inverse_holds_a_few_tiles_per_thread():
+    """Spilled, each tile of ``U`` is one task holding its sum and the two tiles it reads (plus ``U_jj`` and a
+    product): about five tiles per thread, seven with Zarr's read and write buffers. As chains of tasks the
+    scheduler held 85 of the 120 tiles' worth here (6 GB at ``M = 52 000`` under a 2 GiB budget)."""
+    import tracemalloc
+
+    import dask
+
+    Z = np.random.default_rng(4).normal(size=(2400, 5))
+    store = TileStore()
+    try:
+        T, _, _ = kernel_cholesky(Executor(), Z, KERNEL, tile=160, store=store, regularizer=0.1)
+        tile_bytes = 160 * 160 * 8
+        tracemalloc.start()
+        try:
+            with dask.config.set(scheduler="threads", num_workers=2):
+                inverse_row_squares(T)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+    finally:
+        store.close()
+    assert peak <= 2 * 7 * tile_bytes + 16 * tile_bytes, peak / tile_bytes  # 16 tiles' worth: the graph itself
+
+
 def test_inverse_row_squares_on_a_local_cluster(cluster2, centers):
     """The tiled inverse on two worker processes, with tiles as futures and spilled (the workers write
     ``T^{-1}`` over ``T``'s tiles): within the bound of the threaded test."""

@@ -636,9 +636,14 @@ def solve_upper_tiled(T: TiledMatrix, V: np.ndarray, *, trans: bool = False) -> 
 
 
 # --------------------------------------------------------------------------- inverse
-def _after(op: Callable[..., np.ndarray], target: ZarrTile | None, after: Any, *args: Any) -> Any:
-    """:func:`_apply`, run after ``after`` (a task whose value is not used: it orders writes in place)."""
-    return _apply(op, target, *args)
+def _inverse_tile(target: ZarrTile | None, after: Any, n: int, *tiles: Any) -> Any:
+    """``U_ij = -(sum_k U_ik T_kj) U_jj`` from ``tiles`` = ``U_ik`` (``n`` of them), ``T_kj`` (``n``) and
+    ``U_jj``, read one pair at a time, so that a task holds its sum and two tiles whatever ``n``; written to
+    ``target`` where given. ``after``: a task whose value is not used (it orders writes in place)."""
+    acc = _op_times(None, _load(tiles[0]), _load(tiles[n]))  # n >= 1: off-diagonal tiles only
+    for u, t in zip(tiles[1:n], tiles[n + 1:2 * n]):
+        acc = _op_times(acc, _load(u), _load(t))
+    return _apply(_op_minus_times, target, acc, tiles[2 * n])
 
 
 def _row_squares(first: Any, *rest: Any) -> np.ndarray:
@@ -658,9 +663,12 @@ def inverse_row_squares(T: TiledMatrix) -> np.ndarray:
     ``i < j``, ``U_ij = -(sum_{i <= k < j} U_ik T_kj) U_jj``, which reads ``U`` of the columns before
     and ``T`` of column ``j`` only: ``M^3 / 3`` flops in all, as one graph, against ``M^3`` for solving
     ``T^T`` with ``M`` right-hand sides, which also reads every tile once per chunk of them. Only each tile
-    row's squares come here. ``T`` is given up (released): a spilled ``U`` is written over ``T``'s tiles
-    in the store, as LAPACK's ``trtri`` does in memory, each tile of column ``j`` after the rows above it
-    (whose sums read it) are done; in memory, ``U``'s tiles are new, beside ``T``'s until it is freed.
+    row's squares come here. Each ``U_ij`` is one task that reads its tiles a pair at a time: as a chain of
+    tasks, the scheduler started many chains at once and held their partial sums (two thirds of the
+    triangle at ``M = 6000``). ``T`` is given up (released): a spilled ``U`` is written over ``T``'s tiles
+    in the store, as LAPACK's ``trtri`` does in memory, each tile of column ``j`` after the one above it
+    (whose sum read it; so tiles ``(i, j)`` run as a wavefront over ``i + j``); in memory, ``U``'s tiles
+    are new, beside ``T``'s until it is freed.
     :func:`~daskkrr.parallel.tiled_posterior.inverse_square_norm` keeps its factor (the posterior needs it
     after): it solves ``R^{-1}`` a column panel at a time instead, holding panels of ``M x b`` in memory.
     """
@@ -671,12 +679,10 @@ def inverse_row_squares(T: TiledMatrix) -> np.ndarray:
         U[(j, j)] = _task("trtri", _op_trtri, T.tile(j, j) if spilled else None, T.tile(j, j))
         above: Any = None
         for i in range(j):
-            acc: Any = None
-            for k in range(i, j):
-                acc = _task("trtri", _op_times, None, acc, U[(i, k)], T.tile(k, j))
-            U[(i, j)] = delayed(_after, pure=True, traverse=False)(
-                _op_minus_times, T.tile(i, j) if spilled else None, above if spilled else None, acc, U[(j, j)],
-                dask_key_name=_key("trtri"))
+            ks = range(i, j)
+            U[(i, j)] = delayed(_inverse_tile, pure=True, traverse=False)(
+                T.tile(i, j) if spilled else None, above if spilled else None, len(ks),
+                *[U[(i, k)] for k in ks], *[T.tile(k, j) for k in ks], U[(j, j)], dask_key_name=_key("trtri"))
             above = U[(i, j)]
     rows = [delayed(_row_squares, pure=True, traverse=False)(*[U[(i, j)] for j in range(i, L.nb)],
                                                               dask_key_name=_key("trtri"))
