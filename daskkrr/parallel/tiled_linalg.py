@@ -269,12 +269,6 @@ def _op_trtri(Tkk: np.ndarray) -> np.ndarray:
     return np.triu(out)
 
 
-def _op_times(acc: np.ndarray | None, A: np.ndarray, B: np.ndarray) -> np.ndarray:
-    """``acc + A B`` (``acc`` None: the product alone)."""
-    out = A @ B
-    return out if acc is None else acc + out
-
-
 def _op_minus_times(acc: np.ndarray, B: np.ndarray) -> np.ndarray:
     """``-acc B``."""
     return -(acc @ B)
@@ -335,7 +329,7 @@ def _op_minus_product(acc: np.ndarray, Tij: np.ndarray, x: np.ndarray, trans: bo
 
 
 def _op_upper_matvec(acc: np.ndarray | None, Tij: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """``acc + T_ij x`` in float64 (``acc`` None: the product alone)."""
+    """``acc + T_ij x`` in float64 (``acc`` None: the product alone; ``x`` a block of columns or a tile)."""
     out = np.asarray(Tij, dtype=np.float64) @ x
     return out if acc is None else acc + out
 
@@ -640,9 +634,9 @@ def _inverse_tile(target: ZarrTile | None, after: Any, n: int, *tiles: Any) -> A
     """``U_ij = -(sum_k U_ik T_kj) U_jj`` from ``tiles`` = ``U_ik`` (``n`` of them), ``T_kj`` (``n``) and
     ``U_jj``, read one pair at a time, so that a task holds its sum and two tiles whatever ``n``; written to
     ``target`` where given. ``after``: a task whose value is not used (it orders writes in place)."""
-    acc = _op_times(None, _load(tiles[0]), _load(tiles[n]))  # n >= 1: off-diagonal tiles only
+    acc = _op_upper_matvec(None, _load(tiles[0]), _load(tiles[n]))  # n >= 1: off-diagonal tiles only
     for u, t in zip(tiles[1:n], tiles[n + 1:2 * n]):
-        acc = _op_times(acc, _load(u), _load(t))
+        acc = _op_upper_matvec(acc, _load(u), _load(t))
     return _apply(_op_minus_times, target, acc, tiles[2 * n])
 
 
